@@ -1,0 +1,313 @@
+"""Commands of the replicated log and their byte encoding (DESIGN.md section 5).
+
+The Raft log carries opaque bytes; these are the only things written into it
+(besides Raft's own empty no-op entries, ``b""``, which are not commands).
+Every replica decodes the same bytes into the same command, and
+:mod:`arbiter.core.state` applies them.
+
+Rules:
+
+Rule 1. An :class:`Observation` is one replica's opinion of one node at one
+    incarnation: ALIVE (it hears the node) or SUSPECT (its failure detector
+    gave up on it). ``seq`` grows strictly over the replica's lifetime, across
+    restarts, so (incarnation, seq) orders a replica's observations of a node.
+Rule 2. An :class:`ObserveBatch` carries observations of one replica, in the
+    order it made them; the leader appends them as one log entry.
+Rule 3. A :class:`Leave` is a node's graceful departure at an incarnation;
+    ``request_id`` lets the shell answer the RPC waiting for it.
+Rule 4. The encoding is JSON from the standard library, compact
+    (no spaces) and canonical (sorted keys, ASCII only), with a version
+    field ``"v": 1``: encoding the same command gives the same bytes on
+    every replica and every Python version, and ``decode(encode(c)) == c``.
+Rule 5. Decoding is strict: unknown versions, unknown or missing fields,
+    duplicate keys, wrong types (a bool is not an int, a float is not an
+    int) and values the constructors reject all raise
+    :class:`CommandDecodeError`. What decodes is a valid command.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "VERSION",
+    "Command",
+    "CommandDecodeError",
+    "Leave",
+    "Observation",
+    "ObserveBatch",
+    "Opinion",
+    "decode",
+    "encode",
+]
+
+VERSION = 1
+"""The encoding version written by :func:`encode`; :func:`decode` accepts only it."""
+
+
+class CommandDecodeError(ValueError):
+    """The bytes are not a valid command of a known version."""
+
+
+class Opinion(enum.Enum):
+    """What one replica thinks of one node."""
+
+    ALIVE = "alive"
+    SUSPECT = "suspect"
+
+
+def _check_id(what: str, value: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string, got {value!r}")
+
+
+def _check_count(what: str, value: int) -> None:
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{what} must be an int >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Observation:
+    """One replica's opinion of one node (rule 1).
+
+    Attributes:
+        node_id: the node observed.
+        incarnation: the node's incarnation the opinion is about (>= 0).
+        opinion: ALIVE or SUSPECT.
+        seq: the replica's observation sequence number (>= 0), strictly
+            increasing over the replica's lifetime (the shell seeds it at boot
+            from a value above any it used before).
+        labels: the node's static labels as (key, value) pairs sorted by key,
+            keys unique; sent with ALIVE observations, ignored otherwise.
+
+    Raises:
+        ValueError: an empty node_id, a negative or non-int number, or labels
+            that are not sorted (key, value) string pairs with unique keys.
+    """
+
+    node_id: str
+    incarnation: int
+    opinion: Opinion
+    seq: int
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_id("node_id", self.node_id)
+        _check_count("incarnation", self.incarnation)
+        _check_count("seq", self.seq)
+        if not isinstance(self.opinion, Opinion):
+            raise ValueError(f"opinion must be an Opinion, got {self.opinion!r}")
+        if not isinstance(self.labels, tuple):
+            raise ValueError(f"labels must be a tuple of pairs, got {self.labels!r}")
+        for pair in self.labels:
+            if not (
+                isinstance(pair, tuple)
+                and len(pair) == 2
+                and isinstance(pair[0], str)
+                and isinstance(pair[1], str)
+            ):
+                raise ValueError(f"a label must be a (str, str) pair, got {pair!r}")
+        keys = [k for k, _ in self.labels]
+        if any(a >= b for a, b in itertools.pairwise(keys)):
+            raise ValueError(f"labels must be sorted by key with unique keys, got {keys!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObserveBatch:
+    """Observations made by one replica, applied in order as one log entry (rule 2).
+
+    Attributes:
+        replica_id: the arbiter replica that made the observations.
+        observations: its observations, oldest first (may be empty).
+    """
+
+    replica_id: str
+    observations: tuple[Observation, ...]
+
+    def __post_init__(self) -> None:
+        _check_id("replica_id", self.replica_id)
+        if not isinstance(self.observations, tuple) or not all(
+            isinstance(o, Observation) for o in self.observations
+        ):
+            raise ValueError("observations must be a tuple of Observation")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Leave:
+    """A node's graceful leave at an incarnation (rule 3).
+
+    Attributes:
+        node_id: the node leaving.
+        incarnation: the incarnation that leaves (>= 0).
+        request_id: opaque id the shell uses to match the applied outcome to
+            the RPC waiting for it.
+    """
+
+    node_id: str
+    incarnation: int
+    request_id: str
+
+    def __post_init__(self) -> None:
+        _check_id("node_id", self.node_id)
+        _check_count("incarnation", self.incarnation)
+        if not isinstance(self.request_id, str):
+            raise ValueError(f"request_id must be a string, got {self.request_id!r}")
+
+
+Command = ObserveBatch | Leave
+
+
+def encode(command: Command) -> bytes:
+    """Encodes a command as canonical compact JSON (rule 4).
+
+    Args:
+        command: the command.
+
+    Returns:
+        UTF-8 (in fact ASCII) bytes, the same for equal commands.
+    """
+    obj: dict[str, Any]
+    if isinstance(command, ObserveBatch):
+        obj = {
+            "v": VERSION,
+            "type": "observe",
+            "replica": command.replica_id,
+            "obs": [
+                {
+                    "node": o.node_id,
+                    "inc": o.incarnation,
+                    "op": o.opinion.value,
+                    "seq": o.seq,
+                    "labels": [list(p) for p in o.labels],
+                }
+                for o in command.observations
+            ],
+        }
+    elif isinstance(command, Leave):
+        obj = {
+            "v": VERSION,
+            "type": "leave",
+            "node": command.node_id,
+            "inc": command.incarnation,
+            "request_id": command.request_id,
+        }
+    else:
+        raise TypeError(f"not a command: {command!r}")
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def decode(data: bytes) -> Command:
+    """Decodes bytes written by :func:`encode` (rule 5).
+
+    Args:
+        data: one log entry's payload.
+
+    Returns:
+        The command.
+
+    Raises:
+        CommandDecodeError: malformed JSON, unknown version or type, missing,
+            unknown or duplicate fields, wrong types or invalid values.
+    """
+    try:
+        text = bytes(data).decode("utf-8")
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except (ValueError, TypeError, RecursionError) as e:  # ValueError covers JSON and UTF-8
+        raise CommandDecodeError(f"not a JSON command: {e}") from None
+    try:
+        return _decode_obj(obj)
+    except CommandDecodeError:
+        raise
+    except ValueError as e:
+        raise CommandDecodeError(f"invalid command: {e}") from None
+
+
+class _Reject(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        raise _Reject("duplicate key in object")
+    return obj
+
+
+def _no_constant(name: str) -> Any:
+    raise _Reject(f"{name} is not allowed")
+
+
+def _fields(obj: Any, where: str, names: set[str]) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise CommandDecodeError(f"{where}: expected an object, got {type(obj).__name__}")
+    keys = set(obj)
+    if keys != names:
+        missing, unknown = sorted(names - keys), sorted(keys - names)
+        raise CommandDecodeError(f"{where}: missing fields {missing}, unknown fields {unknown}")
+    return obj
+
+
+def _get(obj: dict[str, Any], key: str, kind: type, where: str) -> Any:
+    value = obj[key]
+    if type(value) is not kind:  # exact: a bool is not an int
+        raise CommandDecodeError(
+            f"{where}.{key}: expected {kind.__name__}, got {type(value).__name__}"
+        )
+    return value
+
+
+def _decode_obj(obj: Any) -> Command:
+    if not isinstance(obj, dict):
+        raise CommandDecodeError(f"command: expected an object, got {type(obj).__name__}")
+    version = obj.get("v")
+    if type(version) is not int or version != VERSION:
+        raise CommandDecodeError(
+            f"command: unknown version {version!r} (this code reads {VERSION})"
+        )
+    kind = obj.get("type")
+    if kind == "observe":
+        f = _fields(obj, "observe", {"v", "type", "replica", "obs"})
+        items = _get(f, "obs", list, "observe")
+        return ObserveBatch(
+            replica_id=_get(f, "replica", str, "observe"),
+            observations=tuple(_decode_observation(o, i) for i, o in enumerate(items)),
+        )
+    if kind == "leave":
+        f = _fields(obj, "leave", {"v", "type", "node", "inc", "request_id"})
+        return Leave(
+            node_id=_get(f, "node", str, "leave"),
+            incarnation=_get(f, "inc", int, "leave"),
+            request_id=_get(f, "request_id", str, "leave"),
+        )
+    raise CommandDecodeError(f"command: unknown type {kind!r}")
+
+
+def _decode_observation(obj: Any, i: int) -> Observation:
+    where = f"observe.obs[{i}]"
+    f = _fields(obj, where, {"node", "inc", "op", "seq", "labels"})
+    op = _get(f, "op", str, where)
+    try:
+        opinion = Opinion(op)
+    except ValueError:
+        raise CommandDecodeError(f"{where}.op: unknown opinion {op!r}") from None
+    labels: list[tuple[str, str]] = []
+    for pair in _get(f, "labels", list, where):
+        if not (
+            isinstance(pair, list)
+            and len(pair) == 2
+            and isinstance(pair[0], str)
+            and isinstance(pair[1], str)
+        ):
+            raise CommandDecodeError(f"{where}.labels: expected [key, value] strings, got {pair!r}")
+        labels.append((pair[0], pair[1]))
+    return Observation(
+        node_id=_get(f, "node", str, where),
+        incarnation=_get(f, "inc", int, where),
+        opinion=opinion,
+        seq=_get(f, "seq", int, where),
+        labels=tuple(labels),
+    )

@@ -1,0 +1,321 @@
+"""Per-node failure detectors of one arbiter replica (DESIGN.md section 6).
+
+Sans-I/O: time is the argument ``now`` (monotonic seconds, from the shell's
+clock); nothing here reads a clock, sleeps or logs. The shell calls
+:meth:`FailureDetector.heartbeat` for every heartbeat it receives, sleeps until
+:meth:`FailureDetector.next_deadline` (or until a message arrives) and then
+calls :meth:`FailureDetector.tick`, which reports the nodes that turned SUSPECT.
+What the replica does with a suspicion (propose a SUSPECT observation) is the
+shell's business: a local suspicion is one opinion, never a death.
+
+Rules of :class:`MissedHeartbeatDetector`:
+
+Rule 1. A node is tracked from its first heartbeat until :meth:`remove`
+    (which forgets it entirely; removing an untracked node does nothing). The
+    first heartbeat makes it HEALTHY.
+Rule 2. Its deadline is ``max(last_heard + interval * missed_limit,
+    hold_until)``. A HEALTHY node turns SUSPECT at the first :meth:`tick` whose
+    ``now`` is at or past its deadline, and that tick reports it exactly once.
+    (At, not strictly past: :meth:`next_deadline` is then a time at which the
+    report really happens, so a simulator that jumps its clock straight to the
+    deadline makes progress.)
+Rule 3. A heartbeat moves ``last_heard`` to ``now`` and turns a SUSPECT node
+    HEALTHY again; ``heartbeat`` returns True exactly when the node turns
+    HEALTHY (first heartbeat, or SUSPECT -> HEALTHY). Time never runs
+    backwards for a node: ``now`` below its ``last_heard`` raises ValueError.
+Rule 4. ``interval`` is per node: a heartbeat may carry a new one (the
+    interval the replica suggested in its last ack); it then sticks until
+    another heartbeat changes it. Nodes start with the detector's default.
+Rule 5. :meth:`hold` is a lease promise: the node does not turn SUSPECT before
+    ``until``. Holds only ever extend (a promise made cannot be taken back),
+    and survive heartbeats. Holding a SUSPECT node raises: a replica grants
+    no lease to a node it suspects (DESIGN.md section 5, rule 3).
+Rule 6. Deadlines live in a binary heap with lazy invalidation: every heap
+    entry carries a token; an entry whose token is not its node's current
+    token is stale and is dropped unread. A node has at most one live entry.
+    A heartbeat that only moves the deadline later does not touch the heap
+    (O(1)); when the live entry fires early, it is re-armed at the real
+    deadline. So a tick costs O(expired * log n), not O(nodes). (A later issue
+    swaps the heap for the hashed timing wheel of ``wheel.py``.)
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+__all__ = ["DetectorState", "FailureDetector", "MissedHeartbeatDetector"]
+
+
+class DetectorState(enum.Enum):
+    """A replica's local opinion of one node (never a view state)."""
+
+    HEALTHY = "healthy"
+    SUSPECT = "suspect"
+
+
+class FailureDetector(Protocol):
+    """What the shell needs from a per-node failure detector.
+
+    Implementations: :class:`MissedHeartbeatDetector` (counting missed
+    intervals); phi accrual (Hayashibara et al. 2004) comes later.
+    All times are monotonic seconds.
+    """
+
+    def heartbeat(self, node_id: str, now: float, interval: float | None = None) -> bool:
+        """Records a heartbeat arrival at ``now``.
+
+        Args:
+            node_id: the node heard from.
+            now: arrival time, monotonic seconds.
+            interval: the heartbeat interval expected from now on, seconds;
+                None keeps the node's current one.
+
+        Returns:
+            True when this arrival turns the node HEALTHY (its first heartbeat,
+            or SUSPECT -> HEALTHY), False when it was HEALTHY already.
+        """
+        ...
+
+    def tick(self, now: float) -> list[str]:
+        """Returns the nodes that turned SUSPECT at or before ``now``, sorted.
+
+        Each suspicion is reported once; the node is reported again only after
+        a heartbeat made it HEALTHY and it was missed again.
+        """
+        ...
+
+    def next_deadline(self) -> float | None:
+        """The earliest ``now`` at which :meth:`tick` could report a node; None if none."""
+        ...
+
+    def state(self, node_id: str) -> DetectorState | None:
+        """The node's local state, or None if it is not tracked."""
+        ...
+
+    def suspicion(self, node_id: str, now: float) -> float:
+        """The detector's suspicion level of the node at ``now``.
+
+        Raises:
+            KeyError: the node is not tracked.
+        """
+        ...
+
+    def last_heard(self, node_id: str) -> float | None:
+        """When the node's last heartbeat arrived (seconds), or None if untracked."""
+        ...
+
+    def remove(self, node_id: str) -> None:
+        """Stops tracking the node; does nothing if it is not tracked.
+
+        Idempotent like ``set.discard``: the caller restarts a node's history
+        (a new incarnation) with ``remove`` then ``heartbeat`` without having
+        to ask first whether it was tracked.
+        """
+        ...
+
+    def hold(self, node_id: str, until: float) -> None:
+        """Promises that the node does not turn SUSPECT before ``until`` (seconds).
+
+        Raises:
+            KeyError: the node is not tracked.
+            ValueError: the node is SUSPECT.
+        """
+        ...
+
+
+@dataclass(slots=True, kw_only=True)
+class _Track:
+    """Mutable per-node bookkeeping (private; never handed out)."""
+
+    last_heard: float
+    interval: float
+    hold_until: float = -math.inf
+    state: DetectorState = DetectorState.HEALTHY
+    token: int = 0
+    # Deadline of the node's live heap entry (the one carrying ``token``), or
+    # None when it has none (SUSPECT nodes, which have nothing left to fire).
+    armed: float | None = None
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0 seconds, got {value!r}")
+
+
+class MissedHeartbeatDetector:
+    """Suspects a node after ``missed_limit`` heartbeat intervals without one.
+
+    The classic fixed-timeout detector (the "missed heartbeats" count of
+    Chandra and Toueg style detectors; memberlist's probe timeout works the
+    same way): suspect when ``now - last_heard >= interval * missed_limit``,
+    unless a lease :meth:`hold` is still running.
+    """
+
+    def __init__(self, *, interval: float, missed_limit: float) -> None:
+        """Creates an empty detector.
+
+        Args:
+            interval: default expected heartbeat interval, seconds (> 0).
+            missed_limit: how many intervals may pass without a heartbeat
+                before the node is suspected (>= 1; fractions allowed).
+
+        Raises:
+            ValueError: interval <= 0 or missed_limit < 1 (or not finite).
+        """
+        _check_positive("interval", interval)
+        if not (math.isfinite(missed_limit) and missed_limit >= 1):
+            raise ValueError(f"missed_limit must be a finite number >= 1, got {missed_limit!r}")
+        self._interval = interval
+        self._missed_limit = missed_limit
+        self._nodes: dict[str, _Track] = {}
+        # Entries (deadline, node_id, token); node_id breaks ties deterministically.
+        self._heap: list[tuple[float, str, int]] = []
+        # Tokens come from one counter, so a node removed and tracked again
+        # can never mistake an entry of its former track for a live one.
+        self._tokens = 0
+
+    @property
+    def interval(self) -> float:
+        """The default heartbeat interval, seconds."""
+        return self._interval
+
+    @property
+    def missed_limit(self) -> float:
+        """Intervals without a heartbeat before a node is suspected."""
+        return self._missed_limit
+
+    def heartbeat(self, node_id: str, now: float, interval: float | None = None) -> bool:
+        """See :meth:`FailureDetector.heartbeat` (rules 1, 3 and 4).
+
+        Raises:
+            ValueError: ``interval`` is not > 0, or ``now`` is before the
+                node's last heartbeat.
+        """
+        if interval is not None:
+            _check_positive("interval", interval)
+        track = self._nodes.get(node_id)
+        if track is None:
+            track = _Track(
+                last_heard=now, interval=self._interval if interval is None else interval
+            )
+            self._nodes[node_id] = track
+            self._arm(node_id, track)
+            return True
+        if now < track.last_heard:
+            raise ValueError(
+                f"heartbeat of {node_id!r} at {now!r} is before its last one at "
+                f"{track.last_heard!r}: time must not run backwards"
+            )
+        track.last_heard = now
+        if interval is not None:
+            track.interval = interval
+        revived = track.state is DetectorState.SUSPECT
+        track.state = DetectorState.HEALTHY
+        self._arm(node_id, track)
+        return revived
+
+    def tick(self, now: float) -> list[str]:
+        """See :meth:`FailureDetector.tick` (rule 2)."""
+        suspects: list[str] = []
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            _, node_id, token = heapq.heappop(heap)
+            track = self._live(node_id, token)
+            if track is None:
+                continue  # stale entry: skipped, never acted upon
+            track.armed = None
+            if self._deadline(track) <= now:
+                track.state = DetectorState.SUSPECT
+                suspects.append(node_id)
+            else:
+                self._arm(node_id, track)  # fired early: the deadline moved later
+        suspects.sort()
+        return suspects
+
+    def next_deadline(self) -> float | None:
+        """See :meth:`FailureDetector.next_deadline`.
+
+        Exact, not merely a lower bound: stale entries at the top of the heap
+        are dropped and early ones re-armed first (amortised against the
+        heartbeats that made them so).
+        """
+        heap = self._heap
+        while heap:
+            deadline, node_id, token = heap[0]
+            track = self._live(node_id, token)
+            if track is None:
+                heapq.heappop(heap)
+                continue
+            real = self._deadline(track)
+            if real <= deadline:
+                return deadline
+            heapq.heappop(heap)
+            track.armed = None
+            self._arm(node_id, track)
+        return None
+
+    def state(self, node_id: str) -> DetectorState | None:
+        """See :meth:`FailureDetector.state`."""
+        track = self._nodes.get(node_id)
+        return None if track is None else track.state
+
+    def suspicion(self, node_id: str, now: float) -> float:
+        """Missed intervals: ``(now - last_heard) / interval``, never below 0.
+
+        The node is suspected once this reaches ``missed_limit`` (and no hold
+        runs).
+
+        Raises:
+            KeyError: the node is not tracked.
+        """
+        track = self._nodes[node_id]
+        return max(0.0, (now - track.last_heard) / track.interval)
+
+    def last_heard(self, node_id: str) -> float | None:
+        """See :meth:`FailureDetector.last_heard`."""
+        track = self._nodes.get(node_id)
+        return None if track is None else track.last_heard
+
+    def remove(self, node_id: str) -> None:
+        """See :meth:`FailureDetector.remove`. Its heap entry goes stale."""
+        self._nodes.pop(node_id, None)
+
+    def hold(self, node_id: str, until: float) -> None:
+        """See :meth:`FailureDetector.hold` (rule 5)."""
+        track = self._nodes[node_id]
+        if track.state is DetectorState.SUSPECT:
+            raise ValueError(f"cannot hold {node_id!r}: it is SUSPECT (no lease for a suspect)")
+        if until > track.hold_until:
+            track.hold_until = until
+            self._arm(node_id, track)
+
+    def __len__(self) -> int:
+        """Number of tracked nodes."""
+        return len(self._nodes)
+
+    # -- internals ---------------------------------------------------------
+
+    def _deadline(self, track: _Track) -> float:
+        return max(track.last_heard + track.interval * self._missed_limit, track.hold_until)
+
+    def _live(self, node_id: str, token: int) -> _Track | None:
+        """The node's track if the heap entry with ``token`` is its live one."""
+        track = self._nodes.get(node_id)
+        if track is None or track.token != token or track.armed is None:
+            return None
+        assert track.state is DetectorState.HEALTHY, "a SUSPECT node has a live heap entry"
+        return track
+
+    def _arm(self, node_id: str, track: _Track) -> None:
+        """Ensures a HEALTHY node has a live entry firing no later than its deadline."""
+        deadline = self._deadline(track)
+        if track.armed is not None and track.armed <= deadline:
+            return  # fires early at worst; tick() or next_deadline() re-arms it then
+        self._tokens += 1
+        track.token = self._tokens  # any older entry of this node is stale from here on
+        track.armed = deadline
+        heapq.heappush(self._heap, (deadline, node_id, track.token))

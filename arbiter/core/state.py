@@ -1,0 +1,427 @@
+"""The replicated membership state machine: observations in, views and epochs out.
+
+Every replica applies the same committed log entries in the same order to a
+:class:`MembershipState`, and so holds the same view at the same epoch
+(DESIGN.md section 5, rules 1 and 2). Nothing here depends on time, dict order
+or which replica runs it; outputs are sorted by node_id / replica id. Quorum:
+a strict majority of the configured arbiters; one opinion is never enough.
+
+Rules of the tally, applied to each entry:
+
+Rule 1. Of replica r's observations of node n only the latest is kept, latest
+    meaning highest (incarnation, seq). An observation not newer than the
+    stored one is ignored, so applying a command twice changes nothing and a
+    re-proposed old observation never overrides a newer one.
+Rule 2. An observation below the incarnation of n's record is ignored; so is
+    one at the record's incarnation when the record is DEAD or LEFT (final).
+Rule 3. n becomes ALIVE at incarnation i when a quorum of replicas' latest
+    observations of n are ALIVE at exactly i and n has no record, or a record
+    at an incarnation below i (or, impossible in practice, a non-final record
+    at i that is not ALIVE). Its labels come from the ALIVE observation of
+    the lowest replica id among those ALIVE at i. If n was ALIVE at a lower
+    incarnation k, the same entry emits DEAD at k (the old life is retired)
+    and then ALIVE at i.
+Rule 4. ALIVE at k becomes DEAD at k when a quorum of replicas' latest
+    observations of n are SUSPECT at k. A single suspicion never kills.
+Rule 5. Leave(n, i): a record ALIVE at i becomes LEFT at i. A record above i,
+    or final at i, refuses the leave (no change, the outcome says why). No
+    record, or a record below i: n is recorded LEFT at i, so that incarnation
+    can never become ALIVE (if n was ALIVE at k < i, DEAD at k comes first,
+    as in rule 3). LEFT and DEAD are final for their incarnation.
+Rule 6. An entry that changes the view bumps the epoch by exactly one, however
+    many member changes it carries; an entry that changes nothing leaves the
+    epoch alone. Changes of one entry are ordered by node_id (a DEAD-then-
+    ALIVE or DEAD-then-LEFT pair stays adjacent, in that order).
+Rule 7. SUSPECT is never a view state; it shows only in :meth:`suspected_by`.
+Rule 8. The tally runs once per entry, after all the entry's observations are
+    stored, over the nodes whose observations changed. A batch is one
+    replica's opinions; only the latest of them counts (rule 1).
+Rule 9. Raft no-ops (empty data), undecodable entries and batches from a
+    replica that is not a configured arbiter change nothing but the applied
+    index; the last two return an error, the same on every replica.
+Records stay after DEAD and LEFT (they stop old incarnations from coming back),
+as do observations: O(nodes x arbiters) memory until a later issue prunes them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from arbiter.core.commands import CommandDecodeError, Leave, ObserveBatch, Opinion, decode
+from membership.view import Member, MemberChange, MemberState, View
+
+__all__ = [
+    "ApplyResult",
+    "LeaveOutcome",
+    "MembershipState",
+    "ObservationRecord",
+    "SnapshotDecodeError",
+    "ViewChange",
+]
+
+_SNAPSHOT_VERSION = 1
+
+
+class SnapshotDecodeError(ValueError):
+    """The bytes are not a valid snapshot of a :class:`MembershipState`."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ViewChange:
+    """The view changes one committed entry made; ``epoch`` is the new epoch."""
+
+    epoch: int
+    changes: tuple[MemberChange, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeaveOutcome:
+    """What became of a Leave command (rule 5).
+
+    Attributes:
+        request_id: the command's request_id, to answer the waiting RPC.
+        node_id: the node that asked to leave.
+        accepted: True if the node is now LEFT at the incarnation it gave.
+        reason: why, in words.
+        epoch: the epoch after the entry was applied.
+    """
+
+    request_id: str
+    node_id: str
+    accepted: bool
+    reason: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApplyResult:
+    """The outcome of applying the entry at log index ``index``.
+
+    ``change`` is set when the view changed, ``leave`` for Leave commands,
+    ``error`` when the entry was rejected (rule 9).
+    """
+
+    index: int
+    change: ViewChange | None = None
+    leave: LeaveOutcome | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObservationRecord:
+    """A replica's latest committed observation of a node (rule 1).
+
+    ``labels`` are those the observation carried (sorted pairs).
+    """
+
+    incarnation: int
+    opinion: Opinion
+    seq: int
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+class MembershipState:
+    """The membership tally, replicated by applying the Raft log (see module rules)."""
+
+    def __init__(self, arbiters: Sequence[str]) -> None:
+        """Creates the empty state (epoch 0, nothing applied).
+
+        Args:
+            arbiters: ids of the configured arbiter replicas (static). The
+                quorum is ``len(arbiters) // 2 + 1``.
+
+        Raises:
+            ValueError: no arbiters, an empty id or a duplicate id.
+        """
+        ids = tuple(sorted(arbiters))
+        if not ids or not all(isinstance(a, str) and a for a in ids) or len(set(ids)) < len(ids):
+            raise ValueError(f"arbiters must be distinct non-empty ids, got {list(arbiters)!r}")
+        self._arbiters = ids
+        self._quorum = len(ids) // 2 + 1
+        self._epoch = 0
+        self._applied = 0
+        self._members: dict[str, Member] = {}
+        self._obs: dict[str, dict[str, ObservationRecord]] = {}  # node -> replica -> latest
+        self._view: View | None = View()
+
+    @property
+    def arbiters(self) -> tuple[str, ...]:
+        """The configured arbiter ids, sorted."""
+        return self._arbiters
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the current view (0 before any change)."""
+        return self._epoch
+
+    @property
+    def applied_index(self) -> int:
+        """Log index of the last applied entry (0 before any)."""
+        return self._applied
+
+    @property
+    def quorum(self) -> int:
+        """How many replicas make a strict majority of the arbiters."""
+        return self._quorum
+
+    def apply(self, index: int, data: bytes) -> ApplyResult:
+        """Applies the committed entry at ``index`` (rules 1 to 9).
+
+        Args:
+            index: the entry's log index; greater than :attr:`applied_index`.
+            data: the entry's payload: ``b""`` for a Raft no-op, otherwise
+                bytes from :func:`arbiter.core.commands.encode`.
+
+        Returns:
+            What the entry did.
+        """
+        assert index > self._applied, f"apply({index}) after {self._applied}: log order broken"
+        self._applied = index
+        if not data:
+            return ApplyResult(index=index)
+        try:
+            command = decode(data)
+        except CommandDecodeError as e:
+            return ApplyResult(index=index, error=f"undecodable entry: {e}")
+        if isinstance(command, ObserveBatch):
+            if command.replica_id not in self._arbiters:
+                return ApplyResult(
+                    index=index, error=f"observations from unknown replica {command.replica_id!r}"
+                )
+            changes = [c for n in sorted(self._store(command)) for c in self._tally(n)]
+            return ApplyResult(index=index, change=self._commit(changes))
+        changes, accepted, reason = self._leave(command)
+        change = self._commit(changes)
+        leave = LeaveOutcome(
+            request_id=command.request_id,
+            node_id=command.node_id,
+            accepted=accepted,
+            reason=reason,
+            epoch=self._epoch,
+        )
+        return ApplyResult(index=index, change=change, leave=leave)
+
+    def view(self) -> View:
+        """The current view: every member with a record, sorted by node_id."""
+        if self._view is None:
+            members = tuple(self._members[n] for n in sorted(self._members))
+            self._view = View(epoch=self._epoch, members=members)
+        return self._view
+
+    def member(self, node_id: str) -> Member | None:
+        """The node's record in the view, or None if it has none."""
+        return self._members.get(node_id)
+
+    def observation(self, replica_id: str, node_id: str) -> ObservationRecord | None:
+        """The replica's latest committed observation of the node, or None."""
+        return self._obs.get(node_id, {}).get(replica_id)
+
+    def suspected_by(self, node_id: str) -> tuple[str, ...]:
+        """Replicas whose latest observation of the node's current incarnation is SUSPECT.
+
+        The current incarnation is the record's; for a node without a record
+        (JOINING) it is the highest one observed. Sorted by replica id.
+        """
+        record = self._members.get(node_id)
+        incarnation = record.incarnation if record else self.highest_incarnation(node_id)
+        obs = self._obs.get(node_id, {})
+        return tuple(
+            r
+            for r in sorted(obs)
+            if obs[r].incarnation == incarnation and obs[r].opinion is Opinion.SUSPECT
+        )
+
+    def highest_incarnation(self, node_id: str) -> int | None:
+        """The highest incarnation known for the node (record or any observation), or None."""
+        known = [o.incarnation for o in self._obs.get(node_id, {}).values()]
+        if node_id in self._members:
+            known.append(self._members[node_id].incarnation)
+        return max(known, default=None)
+
+    # -- the tally -----------------------------------------------------------
+
+    def _store(self, batch: ObserveBatch) -> set[str]:
+        """Stores the batch's newer observations (rules 1, 2); returns the nodes touched."""
+        touched: set[str] = set()
+        for o in batch.observations:
+            record = self._members.get(o.node_id)
+            if record is not None and (
+                o.incarnation < record.incarnation
+                or (o.incarnation == record.incarnation and record.state.is_final)
+            ):
+                continue
+            stored = self._obs.get(o.node_id, {}).get(batch.replica_id)
+            if stored is not None and (o.incarnation, o.seq) <= (stored.incarnation, stored.seq):
+                continue
+            self._obs.setdefault(o.node_id, {})[batch.replica_id] = ObservationRecord(
+                incarnation=o.incarnation, opinion=o.opinion, seq=o.seq, labels=o.labels
+            )
+            touched.add(o.node_id)
+        return touched
+
+    def _tally(self, node_id: str) -> list[MemberChange]:
+        """The changes the node's stored observations call for (rules 3, 4)."""
+        record = self._members.get(node_id)
+        obs = self._obs.get(node_id, {})
+        alive: dict[int, list[str]] = {}
+        for r in sorted(obs):
+            if obs[r].opinion is Opinion.ALIVE:
+                alive.setdefault(obs[r].incarnation, []).append(r)
+        winners = [i for i, rs in alive.items() if len(rs) >= self._quorum]
+        assert len(winners) <= 1, f"two ALIVE quorums for {node_id!r}: {winners}"
+        if winners:
+            i = winners[0]
+            same = record is not None and record.incarnation == i
+            if (record is None or record.incarnation < i) or (
+                same and not record.state.is_final and record.state is not MemberState.ALIVE
+            ):
+                changes = []
+                if record is not None and record.state is MemberState.ALIVE:
+                    changes.append(_change(node_id, record.incarnation, MemberState.DEAD))
+                labels = dict(obs[alive[i][0]].labels)  # lowest replica id among them
+                changes.append(_change(node_id, i, MemberState.ALIVE, labels))
+                return changes
+        if (
+            record is not None
+            and record.state is MemberState.ALIVE
+            and len(self.suspected_by(node_id)) >= self._quorum
+        ):
+            return [_change(node_id, record.incarnation, MemberState.DEAD)]
+        return []
+
+    def _leave(self, command: Leave) -> tuple[list[MemberChange], bool, str]:
+        """The changes a Leave calls for, whether it is accepted, and why (rule 5)."""
+        n, i = command.node_id, command.incarnation
+        record = self._members.get(n)
+        if record is not None and record.incarnation > i:
+            at = f"{record.incarnation} ({record.state.value})"
+            return [], False, f"stale incarnation {i}: {n} is at incarnation {at}"
+        if record is not None and record.incarnation == i:
+            if record.state.is_final:
+                return [], False, f"{n} is already {record.state.value} at incarnation {i}"
+            return [_change(n, i, MemberState.LEFT)], True, f"{n} left at incarnation {i}"
+        changes = []
+        if record is not None and record.state is MemberState.ALIVE:
+            changes.append(_change(n, record.incarnation, MemberState.DEAD))
+        changes.append(_change(n, i, MemberState.LEFT))
+        return changes, True, f"{n} left at incarnation {i}, which had not joined the view"
+
+    def _commit(self, changes: list[MemberChange]) -> ViewChange | None:
+        """Records the entry's changes under the next epoch (rule 6)."""
+        if not changes:
+            return None
+        self._epoch += 1
+        for c in changes:
+            old = self._members.get(c.node_id)
+            # Same label rule as View.with_changes, so that a subscriber folding
+            # the changes into its view ends with exactly view().
+            labels = c.labels if c.labels else (old.labels if old is not None else {})
+            self._members[c.node_id] = Member(
+                node_id=c.node_id,
+                incarnation=c.incarnation,
+                state=c.state,
+                labels=labels,
+                epoch=self._epoch,
+            )
+        self._view = None
+        return ViewChange(epoch=self._epoch, changes=tuple(changes))
+
+    # -- snapshots -----------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        """A canonical snapshot of the whole state (for log compaction)."""
+        members = [
+            [m.node_id, m.incarnation, m.state.value, m.epoch, sorted(map(list, m.labels.items()))]
+            for m in (self._members[n] for n in sorted(self._members))
+        ]
+        obs = [
+            [n, r, o.incarnation, o.opinion.value, o.seq, [list(p) for p in o.labels]]
+            for n in sorted(self._obs)
+            for r, o in sorted(self._obs[n].items())
+        ]
+        snapshot = {
+            "v": _SNAPSHOT_VERSION,
+            "arbiters": list(self._arbiters),
+            "epoch": self._epoch,
+            "applied_index": self._applied,
+            "members": members,
+            "obs": obs,
+        }
+        return json.dumps(snapshot, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> MembershipState:
+        """Restores a state written by :meth:`to_bytes`.
+
+        The arbiters come from the snapshot; the caller checks they match
+        its configuration.
+
+        Raises:
+            SnapshotDecodeError: the bytes are not a snapshot :meth:`to_bytes`
+                could have written (its encoding is canonical, so anything
+                unsorted, duplicated or mistyped is refused).
+        """
+        try:
+            state = cls._restore(json.loads(bytes(data).decode("utf-8")))
+        except SnapshotDecodeError:
+            raise
+        except (ValueError, TypeError, KeyError) as e:
+            raise SnapshotDecodeError(f"invalid snapshot: {e!r}") from None
+        if state.to_bytes() != bytes(data):
+            raise SnapshotDecodeError("snapshot is not canonical (unsorted or duplicate records)")
+        return state
+
+    @classmethod
+    def _restore(cls, snap: Any) -> MembershipState:
+        if not isinstance(snap, dict) or snap.get("v") != _SNAPSHOT_VERSION:
+            raise SnapshotDecodeError("not a version 1 membership snapshot")
+        state = cls(snap["arbiters"])
+        state._epoch, state._applied = _int(snap["epoch"]), _int(snap["applied_index"])
+        for node, inc, st, epoch, labels in snap["members"]:
+            member = Member(
+                node_id=_str(node, empty=False),
+                incarnation=_int(inc),
+                state=MemberState(st),
+                labels=dict(_pairs(labels)),
+                epoch=_int(epoch),
+            )
+            if member.state is MemberState.JOINING or not 0 < member.epoch <= state._epoch:
+                raise SnapshotDecodeError(f"bad member record {member!r}")
+            state._members[node] = member
+        for node, replica, inc, op, seq, labels in snap["obs"]:
+            if replica not in state._arbiters:
+                raise SnapshotDecodeError(f"observation from unknown replica {replica!r}")
+            state._obs.setdefault(_str(node, empty=False), {})[replica] = ObservationRecord(
+                incarnation=_int(inc), opinion=Opinion(op), seq=_int(seq), labels=_pairs(labels)
+            )
+        state._view = None
+        return state
+
+
+def _change(
+    node_id: str, incarnation: int, state: MemberState, labels: Mapping[str, str] | None = None
+) -> MemberChange:
+    return MemberChange(node_id=node_id, incarnation=incarnation, state=state, labels=labels or {})
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int or value < 0:  # exact: a bool is not an int
+        raise SnapshotDecodeError(f"expected an int >= 0, got {value!r}")
+    return value
+
+
+def _str(value: Any, *, empty: bool = True) -> str:
+    if not isinstance(value, str) or not (empty or value):
+        raise SnapshotDecodeError(f"expected a string, got {value!r}")
+    return value
+
+
+def _pairs(value: Any) -> tuple[tuple[str, str], ...]:
+    pairs = tuple((_str(k), _str(v)) for k, v in value)
+    if any(a[0] >= b[0] for a, b in itertools.pairwise(pairs)):
+        raise SnapshotDecodeError(f"labels must be sorted by unique key, got {value!r}")
+    return pairs

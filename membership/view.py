@@ -1,0 +1,172 @@
+"""The membership view and its events: plain frozen data, shared by client and arbiter.
+
+A *view* is the set of members the cluster has agreed on, numbered by an *epoch*
+that grows by one for every committed log entry that changes it. Every replica
+applies the same entries in the same order, so every replica and every
+subscriber sees the same view at the same epoch (DESIGN.md section 5, rule 2).
+
+Members keep their record after they die or leave (state DEAD or LEFT): the
+record is what stops an old incarnation of a node from coming back.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+__all__ = [
+    "Member",
+    "MemberChange",
+    "MemberState",
+    "QuorumChanged",
+    "View",
+    "ViewChanged",
+    "ViewEvent",
+    "ViewSnapshot",
+]
+
+
+class MemberState(enum.Enum):
+    """State of one member in a committed view.
+
+    JOINING is never stored in a view: a node heard by fewer than a quorum of
+    replicas is not yet a member. It exists so that a node can be told where
+    it stands before it is admitted.
+    """
+
+    JOINING = "JOINING"
+    ALIVE = "ALIVE"
+    DEAD = "DEAD"
+    LEFT = "LEFT"
+
+    @property
+    def is_final(self) -> bool:
+        """True for DEAD and LEFT: no later observation revives that incarnation."""
+        return self in (MemberState.DEAD, MemberState.LEFT)
+
+
+def _frozen_labels(labels: Mapping[str, str] | None) -> Mapping[str, str]:
+    return MappingProxyType(dict(sorted((labels or {}).items())))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Member:
+    """One node as the committed view has it.
+
+    Attributes:
+        node_id: the node's stable name.
+        incarnation: which life of the node this record is about; a restart
+            uses a higher one.
+        state: ALIVE, DEAD or LEFT.
+        labels: static key/value labels the node announced when it joined.
+        epoch: the epoch at which the member entered its current state.
+    """
+
+    node_id: str
+    incarnation: int
+    state: MemberState
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    epoch: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.labels, MappingProxyType):
+            object.__setattr__(self, "labels", _frozen_labels(self.labels))
+
+    def __hash__(self) -> int:
+        return hash((self.node_id, self.incarnation, self.state, self.epoch))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class View:
+    """A committed membership view.
+
+    Attributes:
+        epoch: number of the view; 0 is the empty view before any change.
+        members: every node with a record, sorted by node_id (ALIVE, DEAD
+            and LEFT alike; filter with :meth:`alive`).
+    """
+
+    epoch: int = 0
+    members: tuple[Member, ...] = ()
+
+    def get(self, node_id: str) -> Member | None:
+        """Returns the member named ``node_id``, or None."""
+        for m in self.members:
+            if m.node_id == node_id:
+                return m
+        return None
+
+    def alive(self) -> tuple[Member, ...]:
+        """The members whose state is ALIVE."""
+        return tuple(m for m in self.members if m.state is MemberState.ALIVE)
+
+    def with_changes(self, epoch: int, changes: tuple[MemberChange, ...]) -> View:
+        """Returns the view after applying ``changes`` committed at ``epoch``."""
+        by_id = {m.node_id: m for m in self.members}
+        for c in changes:
+            old = by_id.get(c.node_id)
+            labels = c.labels if c.labels else (old.labels if old is not None else {})
+            by_id[c.node_id] = Member(
+                node_id=c.node_id,
+                incarnation=c.incarnation,
+                state=c.state,
+                labels=labels,
+                epoch=epoch,
+            )
+        return View(epoch=epoch, members=tuple(by_id[k] for k in sorted(by_id)))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemberChange:
+    """One member entering a new state at some epoch.
+
+    ``labels`` is filled when the member becomes ALIVE and may be empty otherwise.
+    """
+
+    node_id: str
+    incarnation: int
+    state: MemberState
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.labels, MappingProxyType):
+            object.__setattr__(self, "labels", _frozen_labels(self.labels))
+
+    def __hash__(self) -> int:
+        return hash((self.node_id, self.incarnation, self.state))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ViewSnapshot:
+    """Event: the whole view at ``view.epoch``; later changes follow from there.
+
+    Also sent after a resume point that is no longer retained, or after the
+    subscriber fell behind: the snapshot replaces whatever the subscriber had.
+    """
+
+    view: View
+    arbiter_id: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ViewChanged:
+    """Event: one committed entry changed the view; its epoch is ``epoch``."""
+
+    epoch: int
+    changes: tuple[MemberChange, ...]
+    arbiter_id: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuorumChanged:
+    """Event: the serving replica gained or lost its quorum (a leader it can reach)."""
+
+    in_quorum: bool
+    arbiter_id: str
+    leader_id: str | None = None
+    epoch: int = 0
+
+
+ViewEvent = ViewSnapshot | ViewChanged | QuorumChanged
