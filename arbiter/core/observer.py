@@ -1,0 +1,280 @@
+"""One replica's opinions of the nodes, the observations it owes the log, and its leases.
+
+Sans-I/O: time is the ``now`` argument (monotonic seconds); nothing here reads a
+clock, sends, sleeps or logs. The driver feeds heartbeats and ticks in, takes
+observations out and proposes them to Raft (DESIGN.md section 5).
+
+Rules:
+
+1. Opinion. A replica's opinion of a node is ALIVE from the first heartbeat it
+   hears at an incarnation, and SUSPECT once its failure detector suspects the
+   node; a later heartbeat makes it ALIVE again. Each change of opinion gets a
+   new, higher sequence number and becomes an observation owed to the log.
+2. Delivery. An owed observation is proposed at once and again every
+   ``retry_after`` seconds until the committed state holds it (the state
+   machine ignores duplicates, so retries are harmless).
+3. Incarnations. A heartbeat at an incarnation below the cluster's record, or
+   at a DEAD or LEFT incarnation, is refused: it refreshes nothing and earns no
+   lease. A heartbeat at a higher incarnation than the one tracked restarts
+   the detector for the node: heartbeats of one life never refresh another (C15).
+4. Leases. A heartbeat earns a lease only while this replica's latest opinion
+   of the node (the last one it produced, not merely the last committed) is
+   ALIVE at the heartbeat's incarnation and committed. The detector is then
+   held: it does not suspect the node before the lease runs out, measured
+   from when the heartbeat was received.
+5. Restart grace. For ``restart_grace`` seconds after start (one maximum lease)
+   no suspicion is cast: a lease granted before a crash is still honoured.
+   Nodes ALIVE in the committed view that this replica has not heard since
+   its start are tracked as if heard at start, so a node that died while the
+   replica was down is still suspected (after the grace).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from arbiter.core.commands import Observation, Opinion
+from arbiter.core.detector import FailureDetector
+from arbiter.core.state import MembershipState
+from membership.view import MemberState
+
+__all__ = ["HeartbeatVerdict", "Observer"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeartbeatVerdict:
+    """What the replica answers to one heartbeat.
+
+    Attributes:
+        accepted: the heartbeat counted (refreshed the detector).
+        state: the node's state at the heartbeat's incarnation in the committed
+            view (JOINING when it is not a member at that incarnation).
+        incarnation: the highest incarnation the cluster records for the node
+            id (at least the heartbeat's own when accepted).
+        lease: seconds of lease granted, counted by the node from its send
+            time; 0.0 when none.
+    """
+
+    accepted: bool
+    state: MemberState
+    incarnation: int
+    lease: float
+
+
+@dataclass(slots=True)
+class _Opinion:
+    incarnation: int
+    opinion: Opinion
+    seq: int
+    labels: tuple[tuple[str, str], ...]
+    # Assumed ALIVE after a restart without hearing the node: never proposed.
+    assumed: bool = False
+    # When it was last proposed (None: never); None once committed.
+    proposed_at: float | None = None
+    committed: bool = False
+
+
+class Observer:
+    """Opinions, owed observations and leases of one replica.
+
+    Args:
+        replica_id: this replica's id, as in the configured arbiter list.
+        detector: the failure detector, owned by this observer from now on.
+        lease: seconds of lease granted per accepted heartbeat (<= the
+            detector's suspicion time).
+        retry_after: seconds before an uncommitted observation is proposed again.
+        seq_base: first observation sequence number; must exceed every number
+            this replica used before a restart (the shell seeds it from a
+            boot-time value, e.g. wall-clock nanoseconds).
+        now: monotonic seconds at start.
+        restart_grace: seconds after ``now`` during which no suspicion is cast.
+    """
+
+    def __init__(
+        self,
+        *,
+        replica_id: str,
+        detector: FailureDetector,
+        lease: float,
+        retry_after: float,
+        seq_base: int,
+        now: float,
+        restart_grace: float,
+    ) -> None:
+        if lease < 0 or retry_after <= 0 or restart_grace < 0:
+            raise ValueError("lease and restart_grace must be >= 0, retry_after > 0")
+        self._replica_id = replica_id
+        self._detector = detector
+        self._lease = lease
+        self._retry_after = retry_after
+        self._seq = seq_base
+        self._grace_until = now + restart_grace
+        self._opinions: dict[str, _Opinion] = {}
+        self._owed: set[str] = set()
+        self._seen_epoch = -1
+
+    @property
+    def detector(self) -> FailureDetector:
+        """The failure detector (for status: last heard, suspicion level)."""
+        return self._detector
+
+    def opinion(self, node_id: str) -> Opinion | None:
+        """This replica's latest opinion of ``node_id`` (None if it has none)."""
+        op = self._opinions.get(node_id)
+        return None if op is None else op.opinion
+
+    def suspects(self) -> list[str]:
+        """Node ids whose latest opinion here is SUSPECT, sorted."""
+        return sorted(k for k, op in self._opinions.items() if op.opinion is Opinion.SUSPECT)
+
+    def owed(self) -> int:
+        """How many observations are not yet committed."""
+        return len(self._owed)
+
+    def _new_opinion(
+        self, node_id: str, incarnation: int, opinion: Opinion, labels: tuple[tuple[str, str], ...]
+    ) -> None:
+        self._seq += 1
+        self._opinions[node_id] = _Opinion(incarnation, opinion, self._seq, labels)
+        self._owed.add(node_id)
+
+    def heartbeat(
+        self,
+        node_id: str,
+        incarnation: int,
+        labels: Mapping[str, str],
+        now: float,
+        state: MembershipState,
+        interval: float | None = None,
+    ) -> HeartbeatVerdict:
+        """Takes one heartbeat received at ``now`` (rules 1, 3, 4).
+
+        Args:
+            node_id: validated node id.
+            incarnation: the heartbeat's incarnation (>= 1).
+            labels: the node's static labels (validated).
+            now: monotonic seconds at receipt.
+            state: the committed state machine, for the node's record.
+            interval: seconds the node was told to wait between heartbeats.
+
+        Returns:
+            The verdict to put in the ack.
+        """
+        record = state.member(node_id)
+        highest = max(state.highest_incarnation(node_id) or 0, incarnation)
+        if record is not None and (
+            incarnation < record.incarnation
+            or (incarnation == record.incarnation and record.state.is_final)
+        ):
+            # Rule 3: an old life. Tell it the record; never refresh anything.
+            dead = MemberState.DEAD if incarnation < record.incarnation else record.state
+            return HeartbeatVerdict(accepted=False, state=dead, incarnation=highest, lease=0.0)
+        current = self._opinions.get(node_id)
+        if current is not None and incarnation < current.incarnation:
+            # Older than what this replica already heard: refused as well.
+            return HeartbeatVerdict(
+                accepted=False, state=MemberState.DEAD, incarnation=highest, lease=0.0
+            )
+        if current is None or incarnation > current.incarnation:
+            self._detector.remove(node_id)
+            current = None
+        self._detector.heartbeat(node_id, now, interval)
+        if current is None or current.opinion is not Opinion.ALIVE or current.assumed:
+            self._new_opinion(node_id, incarnation, Opinion.ALIVE, tuple(sorted(labels.items())))
+            current = self._opinions[node_id]
+        self._check_committed(node_id, current, state)
+        lease = 0.0
+        if current.committed:
+            lease = self._lease
+            self._detector.hold(node_id, now + lease)
+        member_state = MemberState.JOINING
+        if record is not None and record.incarnation == incarnation:
+            member_state = record.state
+        return HeartbeatVerdict(accepted=True, state=member_state, incarnation=highest, lease=lease)
+
+    def _check_committed(self, node_id: str, op: _Opinion, state: MembershipState) -> None:
+        if op.committed or op.assumed:
+            return
+        rec = state.observation(self._replica_id, node_id)
+        if rec is not None and (rec.incarnation, rec.seq) >= (op.incarnation, op.seq):
+            op.committed = True
+            op.proposed_at = None
+            self._owed.discard(node_id)
+
+    def tick(self, now: float, state: MembershipState) -> None:
+        """Turns the detector's suspicions into SUSPECT opinions (rules 1, 5).
+
+        Also starts tracking members ALIVE in the committed view that this
+        replica has never heard (rule 5) and forgets nodes whose tracked
+        incarnation is final.
+        """
+        if state.epoch != self._seen_epoch:
+            self._sync_view(now, state)
+        if now < self._grace_until:
+            return
+        for node_id in self._detector.tick(now):
+            op = self._opinions.get(node_id)
+            if op is None or op.opinion is Opinion.SUSPECT:
+                continue
+            self._new_opinion(node_id, op.incarnation, Opinion.SUSPECT, op.labels)
+
+    def _sync_view(self, now: float, state: MembershipState) -> None:
+        self._seen_epoch = state.epoch
+        for member in state.view().members:
+            op = self._opinions.get(member.node_id)
+            if member.state is MemberState.ALIVE:
+                if op is None or op.incarnation < member.incarnation:
+                    self._detector.remove(member.node_id)
+                    self._detector.heartbeat(member.node_id, now)
+                    self._opinions[member.node_id] = _Opinion(
+                        member.incarnation, Opinion.ALIVE, 0, (), assumed=True
+                    )
+                    self._owed.discard(member.node_id)
+            elif op is not None and op.incarnation <= member.incarnation:
+                # DEAD or LEFT at the tracked life: nothing more to say about it.
+                self._detector.remove(member.node_id)
+                del self._opinions[member.node_id]
+                self._owed.discard(member.node_id)
+
+    def observations(self, now: float, state: MembershipState) -> tuple[Observation, ...]:
+        """The observations to propose now: new ones and those due for a retry (rule 2).
+
+        Args:
+            now: monotonic seconds.
+            state: the committed state machine, to drop what is committed.
+
+        Returns:
+            Observations sorted by node id; each returned one is counted as
+            proposed at ``now``.
+        """
+        out: list[Observation] = []
+        for node_id in sorted(self._owed):
+            op = self._opinions[node_id]
+            self._check_committed(node_id, op, state)
+            if op.committed:
+                continue
+            if op.proposed_at is not None and now - op.proposed_at < self._retry_after:
+                continue
+            op.proposed_at = now
+            out.append(
+                Observation(
+                    node_id=node_id,
+                    incarnation=op.incarnation,
+                    opinion=op.opinion,
+                    seq=op.seq,
+                    labels=op.labels if op.opinion is Opinion.ALIVE else (),
+                )
+            )
+        return tuple(out)
+
+    def next_deadline(self) -> float | None:
+        """Earliest monotonic time at which :meth:`tick` or :meth:`observations` has work."""
+        times: list[float] = []
+        d = self._detector.next_deadline()
+        if d is not None:
+            times.append(max(d, self._grace_until))
+        for node_id in self._owed:
+            op = self._opinions[node_id]
+            times.append(op.proposed_at + self._retry_after if op.proposed_at is not None else 0.0)
+        return min(times) if times else None

@@ -1,0 +1,228 @@
+"""Sans-I/O core of a node's membership session: sequence numbers, leases, fencing, rejoin.
+
+Time is the ``now`` argument (monotonic seconds); this module never reads a
+clock, opens a socket or sleeps. :class:`membership.client.MembershipClient`
+drives it (DESIGN.md section 5, rules 3 and 4).
+
+Rules:
+
+1. Every heartbeat gets a new sequence number; the session remembers when
+   (and at which incarnation) it sent each of the recent ones.
+2. A lease in an ack is counted from the *send* time of the heartbeat it
+   answers, which is no later than the arbiter's receipt: the node's lease
+   always ends before the arbiter's promise does (bounded clock-rate drift
+   aside). Acks for an older incarnation grant nothing.
+3. The node is *fenced* while fewer than a quorum of arbiters have granted
+   it an unexpired lease. It starts fenced. A node that is fenced cannot be
+   relied on to be a member, whatever the last view said.
+4. An ack saying the node's incarnation is DEAD (or that the cluster records a
+   higher incarnation) ends that incarnation: with ``auto_rejoin`` the
+   session continues at ``max(recorded, own) + 1``; its old leases are void.
+5. LEFT is final: after a graceful leave the session never rejoins.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from membership.view import MemberState
+
+__all__ = ["Fenced", "NodeSession", "Rejoined", "SessionEvent", "StateChanged"]
+
+_SENT_MEMORY = 64
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateChanged:
+    """The node's state at ``incarnation`` in the committed view changed."""
+
+    state: MemberState
+    incarnation: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fenced:
+    """The node lost (``fenced=True``) or regained a quorum of leases.
+
+    ``epoch`` is the fencing token: the latest view epoch seen while the node
+    held a quorum of leases.
+    """
+
+    fenced: bool
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rejoined:
+    """The old incarnation ended (DEAD or superseded); the session goes on at a new one."""
+
+    old_incarnation: int
+    new_incarnation: int
+    reason: str
+
+
+SessionEvent = StateChanged | Fenced | Rejoined
+
+
+@dataclass(slots=True)
+class _Arbiter:
+    sent: collections.OrderedDict[int, tuple[float, int]]
+    lease_until: float = float("-inf")
+
+
+class NodeSession:
+    """One node's view of its own membership.
+
+    Args:
+        node_id: the node's id (validated by the caller).
+        incarnation: the starting incarnation (>= 1); a restarted process must
+            use a higher one (the SDK uses wall-clock milliseconds).
+        arbiters: every arbiter the node heartbeats to; quorum is a strict
+            majority of them.
+        auto_rejoin: continue at a higher incarnation when told DEAD.
+
+    Raises:
+        ValueError: for an incarnation < 1 or no arbiters.
+    """
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        incarnation: int,
+        arbiters: Sequence[str],
+        auto_rejoin: bool = True,
+    ) -> None:
+        if incarnation < 1:
+            raise ValueError("incarnation must be >= 1")
+        if not arbiters:
+            raise ValueError("at least one arbiter is needed")
+        self.node_id = node_id
+        self.incarnation = incarnation
+        self.auto_rejoin = auto_rejoin
+        self.quorum = len(arbiters) // 2 + 1
+        self.state = MemberState.JOINING
+        self._arbiters = {a: _Arbiter(sent=collections.OrderedDict()) for a in arbiters}
+        self._seq = 0
+        self._fenced = True
+        self.fencing_epoch = 0
+        self.left = False
+
+    def heartbeat(self, arbiter: str, now: float) -> tuple[int, int]:
+        """Records a heartbeat about to be sent to ``arbiter`` at ``now`` (rule 1).
+
+        Returns:
+            ``(seq, incarnation)`` to put in the request.
+
+        Raises:
+            KeyError: for an arbiter not given at construction.
+        """
+        a = self._arbiters[arbiter]
+        self._seq += 1
+        a.sent[self._seq] = (now, self.incarnation)
+        while len(a.sent) > _SENT_MEMORY:
+            a.sent.popitem(last=False)
+        return self._seq, self.incarnation
+
+    def on_ack(
+        self,
+        arbiter: str,
+        *,
+        seq: int,
+        lease: float,
+        state: MemberState,
+        recorded_incarnation: int,
+        epoch: int,
+        now: float,
+    ) -> list[SessionEvent]:
+        """Takes one ack (rules 2 to 5).
+
+        Args:
+            arbiter: which arbiter answered.
+            seq: the sequence number the ack answers.
+            lease: seconds granted, 0 for none.
+            state: the node's state at the heartbeat's incarnation, per the arbiter.
+            recorded_incarnation: the highest incarnation the cluster records.
+            epoch: the arbiter's applied view epoch.
+            now: monotonic seconds at receipt.
+
+        Returns:
+            The events this ack caused, in order.
+        """
+        a = self._arbiters[arbiter]
+        sent = a.sent.get(seq)
+        if sent is None or self.left:
+            return []
+        send_time, incarnation = sent
+        if incarnation != self.incarnation:
+            return []  # about an incarnation that is over (rule 2)
+        events: list[SessionEvent] = []
+        if state is MemberState.LEFT:
+            self.left = True
+            return self._set_state(MemberState.LEFT) + self._void_leases(now)
+        if state is MemberState.DEAD or recorded_incarnation > self.incarnation:
+            reason = (
+                "declared DEAD"
+                if state is MemberState.DEAD
+                else (f"the cluster records incarnation {recorded_incarnation}")
+            )
+            if state is MemberState.DEAD:
+                events += self._set_state(MemberState.DEAD)
+            events += self._void_leases(now)
+            if self.auto_rejoin:
+                old = self.incarnation
+                self.incarnation = max(recorded_incarnation, self.incarnation) + 1
+                events.append(
+                    Rejoined(old_incarnation=old, new_incarnation=self.incarnation, reason=reason)
+                )
+                events += self._set_state(MemberState.JOINING)
+            return events
+        if lease > 0:
+            a.lease_until = max(a.lease_until, send_time + lease)
+        events += self._set_state(state)
+        events += self._update_fence(now, epoch)
+        return events
+
+    def _set_state(self, state: MemberState) -> list[SessionEvent]:
+        if state is self.state:
+            return []
+        self.state = state
+        return [StateChanged(state=state, incarnation=self.incarnation)]
+
+    def _void_leases(self, now: float) -> list[SessionEvent]:
+        for a in self._arbiters.values():
+            a.lease_until = float("-inf")
+        return self._update_fence(now, None)
+
+    def _holding(self, now: float) -> int:
+        return sum(1 for a in self._arbiters.values() if a.lease_until > now)
+
+    def _update_fence(self, now: float, epoch: int | None) -> list[SessionEvent]:
+        fenced = self._holding(now) < self.quorum
+        if not fenced and epoch is not None:
+            self.fencing_epoch = max(self.fencing_epoch, epoch)
+        if fenced == self._fenced:
+            return []
+        self._fenced = fenced
+        return [Fenced(fenced=fenced, epoch=self.fencing_epoch)]
+
+    def tick(self, now: float) -> list[SessionEvent]:
+        """Reports leases that ran out by ``now`` (a Fenced event when the quorum is lost)."""
+        return self._update_fence(now, None)
+
+    def fenced(self, now: float) -> bool:
+        """True unless a quorum of arbiters' leases are unexpired at ``now`` (rule 3)."""
+        return self._holding(now) < self.quorum
+
+    def leases(self, now: float) -> dict[str, float]:
+        """Seconds of lease left per arbiter at ``now`` (0.0 for none)."""
+        return {k: max(0.0, a.lease_until - now) for k, a in self._arbiters.items()}
+
+    def next_deadline(self) -> float | None:
+        """When the fence could next close: the quorum-th latest lease expiry (None if fenced)."""
+        if self._fenced:
+            return None
+        ends = sorted((a.lease_until for a in self._arbiters.values()), reverse=True)
+        return ends[self.quorum - 1]

@@ -1,0 +1,118 @@
+"""Limits on what a node may announce, shared by the SDK (fail early) and the arbiter (enforce).
+
+Every function raises :class:`membership.errors.InvalidArgument` with a
+message that names the offending field and the limit.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from membership.errors import InvalidArgument
+
+__all__ = [
+    "MAX_LABELS",
+    "MAX_LABELS_BYTES",
+    "MAX_LABEL_KEY",
+    "MAX_LABEL_VALUE",
+    "MAX_NODE_ID",
+    "validate_labels",
+    "validate_node_id",
+]
+
+MAX_NODE_ID = 128
+MAX_LABELS = 32
+MAX_LABEL_KEY = 63
+MAX_LABEL_VALUE = 256
+MAX_LABELS_BYTES = 4096
+MAX_GAUGES = 64
+MAX_PHASE = 64
+
+_NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
+
+
+def validate_node_id(node_id: str) -> str:
+    """Checks a node id: 1 to 128 characters of ``[A-Za-z0-9._-]``, starting alphanumeric.
+
+    Returns:
+        The node id unchanged.
+
+    Raises:
+        InvalidArgument: when it is empty, too long or has another character.
+    """
+    if not node_id:
+        raise InvalidArgument("node_id is empty")
+    if len(node_id) > MAX_NODE_ID:
+        raise InvalidArgument(
+            f"node_id is {len(node_id)} characters long, the limit is {MAX_NODE_ID}"
+        )
+    if not _NODE_ID.fullmatch(node_id):
+        raise InvalidArgument(
+            f"node_id {node_id!r} has characters other than letters, digits, '.', '_', '-' "
+            "or does not start with a letter or digit"
+        )
+    return node_id
+
+
+def validate_labels(labels: Mapping[str, str]) -> Mapping[str, str]:
+    """Checks static labels: at most 32, keys up to 63 characters of ``[A-Za-z0-9._/-]``,
+    values up to 256 printable characters, 4096 bytes in all (keys plus values, UTF-8).
+
+    Returns:
+        The labels unchanged.
+
+    Raises:
+        InvalidArgument: naming the first label that breaks a limit.
+    """
+    if len(labels) > MAX_LABELS:
+        raise InvalidArgument(f"{len(labels)} labels, the limit is {MAX_LABELS}")
+    total = 0
+    for key, value in labels.items():
+        if not key or len(key) > MAX_LABEL_KEY or not _LABEL_KEY.fullmatch(key):
+            raise InvalidArgument(
+                f"label key {key[:80]!r} must be 1 to {MAX_LABEL_KEY} characters of "
+                "letters, digits, '.', '_', '/', '-', starting with a letter or digit"
+            )
+        if len(value) > MAX_LABEL_VALUE:
+            raise InvalidArgument(
+                f"label {key!r} has a value of {len(value)} characters, "
+                f"the limit is {MAX_LABEL_VALUE}"
+            )
+        if not value.isprintable():
+            raise InvalidArgument(f"label {key!r} has a non-printable character in its value")
+        total += len(key.encode()) + len(value.encode())
+    if total > MAX_LABELS_BYTES:
+        raise InvalidArgument(f"labels take {total} bytes, the limit is {MAX_LABELS_BYTES}")
+    return labels
+
+
+def validate_status(phase: str, gauges: Mapping[str, float]) -> None:
+    """Checks a heartbeat's status: phase up to 64 characters, at most 64 gauges named like labels.
+
+    Raises:
+        InvalidArgument: naming what breaks a limit.
+    """
+    if len(phase) > MAX_PHASE:
+        raise InvalidArgument(f"status phase is {len(phase)} characters, the limit is {MAX_PHASE}")
+    if len(gauges) > MAX_GAUGES:
+        raise InvalidArgument(f"{len(gauges)} status gauges, the limit is {MAX_GAUGES}")
+    for key in gauges:
+        if not key or len(key) > MAX_LABEL_KEY or not _LABEL_KEY.fullmatch(key):
+            raise InvalidArgument(f"status gauge name {key[:80]!r} is not a valid name")
+
+
+def parse_address(address: str) -> str:
+    """Checks a ``host:port`` address (IPv6 hosts in brackets) and returns it stripped.
+
+    Raises:
+        InvalidArgument: when the port is missing or not in 1..65535.
+    """
+    address = address.strip()
+    host, sep, port = address.rpartition(":")
+    if not sep or not host:
+        raise InvalidArgument(f"address {address!r} is not host:port")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgument(f"address {address!r} has no valid port (1..65535)")
+    return address

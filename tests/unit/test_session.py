@@ -1,0 +1,133 @@
+"""NodeSession: leases counted from send time, fencing, rejoin (sans-I/O, time passed in)."""
+
+from __future__ import annotations
+
+import pytest
+
+from membership.session import Fenced, NodeSession, Rejoined, StateChanged
+from membership.view import MemberState
+
+ARBITERS = ("a1", "a2", "a3")
+
+
+def _session(**kw: object) -> NodeSession:
+    return NodeSession(node_id="n1", incarnation=10, arbiters=ARBITERS, **kw)  # type: ignore[arg-type]
+
+
+def _ack(
+    s: NodeSession,
+    arbiter: str,
+    seq: int,
+    now: float,
+    *,
+    lease: float = 1.0,
+    state: MemberState = MemberState.ALIVE,
+    recorded: int = 10,
+    epoch: int = 5,
+) -> list:
+    return s.on_ack(
+        arbiter,
+        seq=seq,
+        lease=lease,
+        state=state,
+        recorded_incarnation=recorded,
+        epoch=epoch,
+        now=now,
+    )
+
+
+def test_session_starts_fenced_and_unfences_with_quorum_of_leases() -> None:
+    s = _session()
+    assert s.fenced(0.0)
+    seq1, inc = s.heartbeat("a1", 0.0)
+    seq2, _ = s.heartbeat("a2", 0.0)
+    assert inc == 10 and seq2 > seq1
+    events = _ack(s, "a1", seq1, 0.01)
+    assert StateChanged(state=MemberState.ALIVE, incarnation=10) in events
+    assert s.fenced(0.01)  # one lease of three is not a quorum
+    events = _ack(s, "a2", seq2, 0.02)
+    assert Fenced(fenced=False, epoch=5) in events
+    assert not s.fenced(0.02)
+    assert s.fencing_epoch == 5
+
+
+def test_session_lease_counts_from_send_time_not_receipt() -> None:
+    s = _session()
+    a, _ = s.heartbeat("a1", 0.0)
+    b, _ = s.heartbeat("a2", 0.0)
+    _ack(s, "a1", a, 0.5, lease=1.0)  # acked late: still ends at 0.0 + 1.0
+    _ack(s, "a2", b, 0.5, lease=1.0)
+    assert not s.fenced(0.99)
+    assert s.fenced(1.0)
+    assert s.next_deadline() == pytest.approx(1.0)
+
+
+def test_session_tick_reports_fencing_when_leases_run_out() -> None:
+    s = _session()
+    for arb in ("a1", "a2"):
+        seq, _ = s.heartbeat(arb, 0.0)
+        _ack(s, arb, seq, 0.0, lease=0.75)
+    assert s.tick(0.5) == []
+    assert s.tick(0.8) == [Fenced(fenced=True, epoch=5)]
+    assert s.tick(0.9) == []
+
+
+def test_session_zero_lease_grants_nothing() -> None:
+    s = _session()
+    for arb in ARBITERS:
+        seq, _ = s.heartbeat(arb, 0.0)
+        _ack(s, arb, seq, 0.0, lease=0.0, state=MemberState.JOINING)
+    assert s.fenced(0.0)
+
+
+def test_session_dead_rejoins_with_higher_incarnation_and_voids_leases() -> None:
+    s = _session()
+    for arb in ("a1", "a2"):
+        seq, _ = s.heartbeat(arb, 0.0)
+        _ack(s, arb, seq, 0.0)
+    seq, _ = s.heartbeat("a3", 0.1)
+    events = _ack(s, "a3", seq, 0.1, lease=0.0, state=MemberState.DEAD)
+    assert events[0] == StateChanged(state=MemberState.DEAD, incarnation=10)
+    assert Fenced(fenced=True, epoch=5) in events
+    assert Rejoined(old_incarnation=10, new_incarnation=11, reason="declared DEAD") in events
+    assert s.incarnation == 11 and s.state is MemberState.JOINING
+    assert s.fenced(0.1)
+    # Acks to heartbeats of the old incarnation are ignored from now on.
+    assert _ack(s, "a1", 1, 0.2) == []
+
+
+def test_session_without_rejoin_stays_dead() -> None:
+    s = _session(auto_rejoin=False)
+    seq, _ = s.heartbeat("a1", 0.0)
+    _ack(s, "a1", seq, 0.0, state=MemberState.DEAD, lease=0.0)
+    assert s.state is MemberState.DEAD and s.incarnation == 10
+
+
+def test_session_lower_incarnation_than_record_picks_higher() -> None:
+    s = _session()
+    seq, _ = s.heartbeat("a1", 0.0)
+    events = _ack(s, "a1", seq, 0.0, state=MemberState.JOINING, recorded=42, lease=0.0)
+    assert any(isinstance(e, Rejoined) and e.new_incarnation == 43 for e in events)
+    assert s.incarnation == 43
+
+
+def test_session_left_is_final() -> None:
+    s = _session()
+    seq, _ = s.heartbeat("a1", 0.0)
+    _ack(s, "a1", seq, 0.0, state=MemberState.LEFT, lease=0.0)
+    assert s.left and s.state is MemberState.LEFT
+    seq, _ = s.heartbeat("a1", 0.1)
+    assert _ack(s, "a1", seq, 0.1, state=MemberState.DEAD) == []
+    assert s.incarnation == 10
+
+
+def test_session_unknown_seq_is_ignored() -> None:
+    s = _session()
+    assert _ack(s, "a1", 999, 0.0) == []
+    assert s.state is MemberState.JOINING
+
+
+@pytest.mark.parametrize("incarnation", [0, -1])
+def test_session_rejects_bad_incarnation(incarnation: int) -> None:
+    with pytest.raises(ValueError):
+        NodeSession(node_id="n", incarnation=incarnation, arbiters=ARBITERS)
