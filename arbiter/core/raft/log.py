@@ -1,0 +1,213 @@
+"""The in-memory Raft log, with the bookkeeping the Ready cycle needs.
+
+The log holds entries ``first_index .. last_index``. Everything before
+``first_index`` has been compacted away; only the index and term of the last
+compacted entry are kept (``snapshot_index``, ``snapshot_term``), which is
+what the consistency check needs at the boundary (Ongaro & Ousterhout, "In
+Search of an Understandable Consensus Algorithm", 2014, §7). Compaction
+itself is not implemented yet; the offsets are here so it can be added
+without changing the index arithmetic.
+
+Besides the entries the log tracks three positions (etcd raft
+``raftLog``/``unstable``): ``committed``; ``applied`` (handed out to the
+state machine and acknowledged); and ``unstable_from``, the first index not
+yet handed out for persistence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from arbiter.core.raft.messages import Entry
+
+__all__ = ["RaftLog"]
+
+
+class RaftLog:
+    """Entries, commit and apply positions of one replica.
+
+    Args:
+        entries: restored, already durable entries, contiguous, starting at
+            ``snapshot_index + 1``.
+        snapshot_index: index of the last compacted entry (0: none).
+        snapshot_term: term of the last compacted entry (0: none).
+        committed: restored commit index (at most the last index).
+
+    Raises:
+        ValueError: if the restored entries are not contiguous from
+            ``snapshot_index + 1`` or ``committed`` is beyond them.
+    """
+
+    def __init__(
+        self,
+        entries: Sequence[Entry] = (),
+        *,
+        snapshot_index: int = 0,
+        snapshot_term: int = 0,
+        committed: int = 0,
+    ) -> None:
+        self._snapshot_index = snapshot_index
+        self._snapshot_term = snapshot_term
+        self._entries: list[Entry] = list(entries)
+        for pos, e in enumerate(self._entries):
+            if e.index != snapshot_index + 1 + pos:
+                raise ValueError(
+                    f"restored entries must be contiguous from {snapshot_index + 1}, "
+                    f"found index {e.index} at position {pos}"
+                )
+        if not snapshot_index <= committed <= self.last_index:
+            raise ValueError(f"commit {committed} outside {snapshot_index}..{self.last_index}")
+        self.committed = committed
+        self.applied = snapshot_index
+        self.unstable_from = self.last_index + 1
+
+    # --- positions ------------------------------------------------------------
+
+    @property
+    def first_index(self) -> int:
+        """Index of the first entry still held."""
+        return self._snapshot_index + 1
+
+    @property
+    def last_index(self) -> int:
+        """Index of the last entry (the snapshot index if the log is empty)."""
+        return self._snapshot_index + len(self._entries)
+
+    @property
+    def last_term(self) -> int:
+        """Term of the last entry (0 for an empty log)."""
+        return self.term(self.last_index)
+
+    def term(self, index: int) -> int:
+        """The term of the entry at ``index``.
+
+        Args:
+            index: from ``snapshot_index`` to ``last_index``.
+
+        Raises:
+            AssertionError: for an index compacted away or beyond the log;
+                callers check the bounds first.
+        """
+        if index == self._snapshot_index:
+            return self._snapshot_term
+        assert self._snapshot_index < index <= self.last_index, (
+            f"term of {index} outside {self._snapshot_index}..{self.last_index}"
+        )
+        return self._entries[index - self._snapshot_index - 1].term
+
+    def matches(self, index: int, term: int) -> bool:
+        """True if the log holds an entry at ``index`` with ``term`` (Raft §5.3)."""
+        return self._snapshot_index <= index <= self.last_index and self.term(index) == term
+
+    def is_up_to_date(self, last_index: int, last_term: int) -> bool:
+        """True if a log ending at (last_index, last_term) is at least as up to date (§5.4.1)."""
+        return last_term > self.last_term or (
+            last_term == self.last_term and last_index >= self.last_index
+        )
+
+    def slice(self, lo: int, hi: int) -> tuple[Entry, ...]:
+        """Entries with ``lo <= index < hi`` (``hi`` is clamped to the log's end)."""
+        assert lo >= self.first_index, f"entry {lo} is compacted (first is {self.first_index})"
+        off = self._snapshot_index + 1
+        return tuple(self._entries[lo - off : max(lo, hi) - off])
+
+    # --- changes ----------------------------------------------------------------
+
+    def append(self, entries: Sequence[Entry]) -> None:
+        """Appends entries, truncating any existing entries from ``entries[0].index`` on.
+
+        Raises:
+            AssertionError: if the entries leave a gap, or would overwrite a
+                committed entry (that would break Raft's Leader Completeness).
+        """
+        if not entries:
+            return
+        start = entries[0].index
+        assert self.committed < start <= self.last_index + 1, (
+            f"append at {start}: committed {self.committed}, last {self.last_index}"
+        )
+        del self._entries[start - self._snapshot_index - 1 :]
+        self._entries.extend(entries)
+        self.unstable_from = min(self.unstable_from, start)
+
+    def find_conflict(self, entries: Sequence[Entry]) -> int:
+        """The index of the first of ``entries`` that is new or conflicts, 0 if none."""
+        for e in entries:
+            if not self.matches(e.index, e.term):
+                return e.index
+        return 0
+
+    def maybe_append(
+        self, prev_index: int, prev_term: int, commit: int, entries: Sequence[Entry]
+    ) -> int | None:
+        """The follower side of AppendEntries (Raft §5.3, etcd ``maybeAppend``).
+
+        Args:
+            prev_index: index of the entry just before ``entries``.
+            prev_term: the leader's term for that entry.
+            commit: the leader's commit index.
+            entries: the entries that follow ``prev_index``.
+
+        Returns:
+            The index of the last entry now known to match the leader's log,
+            or None if the consistency check fails.
+        """
+        if not self.matches(prev_index, prev_term):
+            return None
+        last_new = prev_index + len(entries)
+        conflict = self.find_conflict(entries)
+        if conflict:
+            self.append(entries[conflict - prev_index - 1 :])
+        self.commit_to(min(commit, last_new))
+        return last_new
+
+    def find_conflict_by_term(self, index: int, term: int) -> tuple[int, int]:
+        """The last index ``<= index`` whose term is ``<= term``, and its term (etcd).
+
+        Used on both sides of a rejected APPEND to skip a whole divergent
+        term per round trip instead of one entry.
+
+        Returns:
+            ``(i, term(i))``; ``(i, 0)`` if ``i`` is compacted (term unknown).
+        """
+        index = min(index, self.last_index)
+        while index > self._snapshot_index:
+            t = self.term(index)
+            if t <= term:
+                return index, t
+            index -= 1
+        return index, self._snapshot_term if index == self._snapshot_index else 0
+
+    def commit_to(self, index: int) -> bool:
+        """Raises the commit index to ``index`` if higher; returns whether it moved."""
+        if index <= self.committed:
+            return False
+        assert index <= self.last_index, f"commit {index} beyond last index {self.last_index}"
+        self.committed = index
+        return True
+
+    # --- the Ready cycle -------------------------------------------------------
+
+    def unstable_entries(self) -> tuple[Entry, ...]:
+        """Entries not yet handed out for persistence."""
+        return self.slice(self.unstable_from, self.last_index + 1)
+
+    def stable_to(self, index: int, term: int) -> None:
+        """Marks entries up to (index, term) as persisted.
+
+        Ignored if the entry at ``index`` has been overwritten since it was
+        handed out (its term differs): the new entry is still unstable.
+        """
+        if index >= self.unstable_from and self.matches(index, term):
+            self.unstable_from = index + 1
+
+    def entries_to_apply(self) -> tuple[Entry, ...]:
+        """Committed entries not yet handed out to the state machine."""
+        return self.slice(self.applied + 1, self.committed + 1)
+
+    def applied_to(self, index: int) -> None:
+        """Records that entries up to ``index`` were handed to the state machine."""
+        assert self.applied <= index <= self.committed, (
+            f"applied {index}: was {self.applied}, committed {self.committed}"
+        )
+        self.applied = index

@@ -1,0 +1,183 @@
+"""The data the Raft core takes in and hands out: entries, messages, states.
+
+Everything here is plain, immutable data (frozen dataclasses, enums); the
+shell maps it to and from the wire by field and enum name. The message set
+and field meanings follow etcd raft (``raftpb.Message``), trimmed to what a
+static group without snapshots needs (Ongaro & Ousterhout, "In Search of an
+Understandable Consensus Algorithm", 2014, Fig. 2; Ongaro's thesis, 2014,
+§9.6 for PreVote).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+__all__ = [
+    "Entry",
+    "HardState",
+    "Message",
+    "MessageType",
+    "RaftStatus",
+    "Ready",
+    "Role",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Entry:
+    """One log entry.
+
+    Attributes:
+        term: the term of the leader that created the entry.
+        index: its position in the log, from 1.
+        data: opaque command bytes. ``b""`` is the no-op entry a new leader
+            appends at once (Raft §8); the state machine skips it.
+    """
+
+    term: int
+    index: int
+    data: bytes
+
+
+class MessageType(enum.Enum):
+    """Kinds of message between replicas (the shell maps them by name)."""
+
+    VOTE = "vote"
+    """RequestVote: ``term`` is the candidate's term; ``index``/``log_term`` its last entry."""
+    VOTE_RESP = "vote_resp"
+    """Answer to VOTE: granted unless ``reject``."""
+    PRE_VOTE = "pre_vote"
+    """PreVote (thesis §9.6): like VOTE with ``term`` = the term the sender *would* campaign at;
+    nobody changes term or vote because of it."""
+    PRE_VOTE_RESP = "pre_vote_resp"
+    """Answer to PRE_VOTE: a grant echoes the requested ``term``, a reject carries the voter's."""
+    APPEND = "append"
+    """AppendEntries: ``index``/``log_term`` name the entry preceding ``entries``; ``commit``
+    is the leader's commit index."""
+    APPEND_RESP = "append_resp"
+    """Answer to APPEND: accepted -> ``index`` is the last index now known to match; rejected ->
+    ``index`` is the rejected prev index, ``reject_hint``/``log_term`` a guess of where the
+    logs may match."""
+    HEARTBEAT = "heartbeat"
+    """Leader liveness; ``commit`` = min(leader commit, follower's match index) (etcd)."""
+    HEARTBEAT_RESP = "heartbeat_resp"
+    """Answer to HEARTBEAT."""
+    PROPOSE = "propose"
+    """A proposal forwarded by a follower to its leader (etcd MsgProp): ``entries`` carry the
+    data with ``term``/``index`` 0, and the message's own ``term`` is always 0 (proposals are
+    not subject to term checks)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Message:
+    """One Raft message from replica ``src`` to replica ``dst``.
+
+    Attributes:
+        type: what the message is; see :class:`MessageType` for field use.
+        src: the sender's replica id.
+        dst: the receiver's replica id (never equal to ``src``).
+        term: the sender's term (for PRE_VOTE: the term it would campaign at;
+            for PROPOSE: 0).
+        log_term: APPEND: term of the entry at ``index``; VOTE/PRE_VOTE: the
+            candidate's last log term; rejected APPEND_RESP: term of the entry
+            at ``reject_hint`` on the follower (0 if unknown).
+        index: APPEND: the index preceding ``entries``; VOTE/PRE_VOTE: the
+            candidate's last index; APPEND_RESP: last matched index, or the
+            rejected ``index`` if ``reject``.
+        entries: the entries carried (APPEND, PROPOSE).
+        commit: the leader's commit index (APPEND, HEARTBEAT).
+        reject: the request was refused (VOTE_RESP, PRE_VOTE_RESP, APPEND_RESP).
+        reject_hint: rejected APPEND_RESP: the highest index at which the
+            follower's log may still match the leader's (at most its last
+            index), so the leader can back off in one step (etcd).
+    """
+
+    type: MessageType
+    src: str
+    dst: str
+    term: int
+    log_term: int = 0
+    index: int = 0
+    entries: tuple[Entry, ...] = ()
+    commit: int = 0
+    reject: bool = False
+    reject_hint: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HardState:
+    """The state that must be durable before dependent messages leave (Raft Fig. 2).
+
+    Attributes:
+        term: the latest term this replica has seen.
+        vote: the candidate it voted for in ``term``, or None.
+        commit: its commit index (durable as a convenience: it can always be
+            re-learnt from the leader).
+    """
+
+    term: int
+    vote: str | None
+    commit: int
+
+
+class Role(enum.Enum):
+    """A replica's role (PRE_CANDIDATE is from thesis §9.6)."""
+
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre_candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RaftStatus:
+    """A snapshot of one replica's Raft state, for status pages and tests.
+
+    Attributes:
+        id: this replica's id.
+        role: its current role.
+        term: its current term.
+        leader: the leader it knows for ``term`` (itself if leader), or None.
+        commit: its commit index.
+        applied: the highest index handed out in ``Ready.committed_entries``
+            and acknowledged with ``advance``.
+        last_index: the index of its last log entry (0 if empty).
+    """
+
+    id: str
+    role: Role
+    term: int
+    leader: str | None
+    commit: int
+    applied: int
+    last_index: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ready:
+    """Everything the core wants done, handed out by ``RaftNode.ready()``.
+
+    The caller must act in this order (etcd raft's ``Ready`` contract):
+
+    1. persist ``hard_state`` (if not None) and ``entries`` durably: if
+       ``entries[0].index`` is at or below the last persisted index, first
+       delete every persisted entry from that index on, then append;
+    2. send ``messages``;
+    3. apply ``committed_entries`` to the state machine, in order;
+    4. call ``RaftNode.advance(ready)`` with this same object.
+
+    Attributes:
+        hard_state: the hard state to persist, or None if unchanged since the
+            last ``advance``.
+        entries: new or overwritten entries to persist, contiguous and in
+            index order.
+        messages: messages to send; none is addressed to this replica.
+        committed_entries: committed entries not handed out before, in index
+            order (they may include some of ``entries``: persist first).
+    """
+
+    hard_state: HardState | None
+    entries: tuple[Entry, ...]
+    messages: tuple[Message, ...]
+    committed_entries: tuple[Entry, ...]

@@ -1,0 +1,272 @@
+"""Leader-side log replication: per-follower progress, flow, commit and quorum contact.
+
+Rules (Ongaro & Ousterhout, "In Search of an Understandable Consensus
+Algorithm", 2014, §5.3 and §5.4.2; etcd raft ``tracker.Progress``):
+
+1. Each follower is in PROBE or REPLICATE. In PROBE the leader sends one
+   APPEND and waits (paused) for its answer or the next heartbeat answer,
+   because it does not yet know where the logs match. In REPLICATE it
+   streams entries optimistically, advancing ``next`` as it sends.
+2. A rejected APPEND moves ``next`` back, straight to the follower's hint
+   (the last index where the logs may match, found by term on both sides),
+   never below ``match + 1``; a follower in REPLICATE falls back to PROBE.
+   An accepted one raises ``match``; a probing follower starts REPLICATE.
+3. The commit index moves to the highest index stored on a quorum, only if
+   that entry is of the leader's current term (§5.4.2: older entries are
+   committed indirectly).
+4. A HEARTBEAT carries ``commit = min(commit, match)``, so a follower never
+   learns a commit index beyond what it is known to hold (etcd).
+5. Follower side (§5.3): an APPEND whose previous entry does not match is
+   refused with a hint, the last index whose term is at most the leader's
+   term for that entry (etcd ``findConflictByTerm``), so one round trip
+   skips a whole divergent term; an APPEND below the commit index is
+   answered with the commit index.
+6. Contact: the time of the last APPEND_RESP or HEARTBEAT_RESP from each
+   follower is kept; the leader's lease on the group (CheckQuorum, thesis
+   §6.2) runs until the quorum-th most recent contact plus the election
+   timeout. All followers count as heard when the leader takes office.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from arbiter.core.raft.config import RaftConfig
+from arbiter.core.raft.log import RaftLog
+from arbiter.core.raft.messages import Message, MessageType
+from arbiter.core.raft.quorum import committed_index, quorum_size
+
+__all__ = ["Progress", "ProgressState", "Replicator", "answer_append"]
+
+
+class ProgressState(enum.Enum):
+    """How the leader is sending to one follower (etcd raft tracker states)."""
+
+    PROBE = "probe"
+    REPLICATE = "replicate"
+
+
+class Progress:
+    """The leader's view of one follower's log (mutable, leader-private).
+
+    Attributes:
+        match: highest index known to be stored on the follower.
+        next: index of the next entry to send.
+        state: PROBE or REPLICATE.
+        paused: in PROBE, an APPEND is outstanding; send no more until an answer.
+        heard: monotonic seconds of the last answer from the follower.
+    """
+
+    __slots__ = ("heard", "match", "next", "paused", "state")
+
+    def __init__(self, *, next_index: int, now: float) -> None:
+        self.match = 0
+        self.next = next_index
+        self.state = ProgressState.PROBE
+        self.paused = False
+        self.heard = now
+
+    def become_probe(self) -> None:
+        """Falls back to probing just after the last known match."""
+        self.state = ProgressState.PROBE
+        self.next = self.match + 1
+        self.paused = False
+
+    def become_replicate(self) -> None:
+        """Starts streaming right after the last known match."""
+        self.state = ProgressState.REPLICATE
+        self.next = self.match + 1
+        self.paused = False
+
+    def maybe_update(self, index: int) -> bool:
+        """Records that the follower matches up to ``index``; True if ``match`` rose."""
+        self.paused = False
+        self.next = max(self.next, index + 1)
+        if index > self.match:
+            self.match = index
+            return True
+        return False
+
+    def maybe_decrease_to(self, rejected: int, hint: int) -> bool:
+        """Moves ``next`` back after a rejection of prev index ``rejected``.
+
+        Returns:
+            False if the rejection is stale (answers an APPEND sent before a
+            newer one), True if ``next`` moved and a new APPEND should go out.
+        """
+        if self.state is ProgressState.REPLICATE:
+            if rejected <= self.match:
+                return False
+            self.become_probe()
+            return True
+        if self.next - 1 != rejected:
+            return False
+        self.next = max(min(rejected, hint + 1), self.match + 1)
+        self.paused = False
+        return True
+
+
+class Replicator:
+    """The leader's replication state for one term.
+
+    Args:
+        node_id: the leader's id.
+        followers: every other voter's id.
+        term: the leader's term.
+        log: the leader's log (shared with the node).
+        config: timers and limits.
+        send: called with each outgoing message.
+        now: monotonic seconds at which leadership began.
+    """
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        followers: Sequence[str],
+        term: int,
+        log: RaftLog,
+        config: RaftConfig,
+        send: Callable[[Message], None],
+        now: float,
+    ) -> None:
+        self._id = node_id
+        self._term = term
+        self._log = log
+        self._config = config
+        self._send = send
+        self._quorum = quorum_size(len(followers) + 1)
+        self.progress = {p: Progress(next_index=log.last_index + 1, now=now) for p in followers}
+
+    # --- sending --------------------------------------------------------------
+
+    def send_append(self, peer: str, *, send_empty: bool = True) -> None:
+        """Sends the next APPEND to ``peer`` unless its probe is outstanding.
+
+        Args:
+            peer: the follower.
+            send_empty: also send when there is no new entry (to carry the
+                commit index or to probe).
+        """
+        pr = self.progress[peer]
+        if pr.paused:
+            return
+        prev = pr.next - 1
+        entries = self._log.slice(pr.next, pr.next + self._config.max_append_entries)
+        if not entries and not send_empty:
+            return
+        self._send(
+            Message(
+                type=MessageType.APPEND,
+                src=self._id,
+                dst=peer,
+                term=self._term,
+                index=prev,
+                log_term=self._log.term(prev),
+                entries=entries,
+                commit=self._log.committed,
+            )
+        )
+        if pr.state is ProgressState.REPLICATE:
+            if entries:
+                pr.next = entries[-1].index + 1
+        else:
+            pr.paused = True
+
+    def broadcast_append(self, *, send_empty: bool = False) -> None:
+        """Sends new entries (or, with ``send_empty``, at least the commit) to every follower."""
+        for peer in self.progress:
+            self.send_append(peer, send_empty=send_empty)
+
+    def broadcast_heartbeat(self) -> None:
+        """Sends a HEARTBEAT to every follower (rule 4)."""
+        for peer, pr in self.progress.items():
+            self._send(
+                Message(
+                    type=MessageType.HEARTBEAT,
+                    src=self._id,
+                    dst=peer,
+                    term=self._term,
+                    commit=min(pr.match, self._log.committed),
+                )
+            )
+
+    # --- answers ----------------------------------------------------------------
+
+    def on_append_resp(self, msg: Message, now: float) -> None:
+        """Handles an APPEND_RESP of the current term (rules 1-3)."""
+        pr = self.progress[msg.src]
+        pr.heard = now
+        if msg.reject:
+            hint = msg.reject_hint
+            if msg.log_term > 0:
+                hint, _ = self._log.find_conflict_by_term(msg.reject_hint, msg.log_term)
+            if pr.maybe_decrease_to(msg.index, hint):
+                self.send_append(msg.src)
+            return
+        if msg.index > self._log.last_index:
+            raise AssertionError(
+                f"{msg.src} acknowledged {msg.index}, beyond my last index {self._log.last_index}"
+            )
+        probe_matched = pr.state is ProgressState.PROBE and msg.index == pr.match
+        if not pr.maybe_update(msg.index) and not probe_matched:
+            return  # a duplicate or reordered answer
+        if pr.state is ProgressState.PROBE:
+            pr.become_replicate()
+        if self.maybe_commit():
+            self.broadcast_append(send_empty=True)
+        else:
+            self.send_append(msg.src, send_empty=False)
+
+    def on_heartbeat_resp(self, msg: Message, now: float) -> None:
+        """Handles a HEARTBEAT_RESP: contact, unpause a probe, resend what is missing."""
+        pr = self.progress[msg.src]
+        pr.heard = now
+        pr.paused = False
+        if pr.match < self._log.last_index:
+            self.send_append(msg.src)
+
+    def report_unreachable(self, peer: str) -> None:
+        """Transport hint: stop streaming to ``peer`` and probe it again (etcd)."""
+        pr = self.progress[peer]
+        if pr.state is ProgressState.REPLICATE:
+            pr.become_probe()
+
+    # --- commit and contact -------------------------------------------------------
+
+    def maybe_commit(self) -> bool:
+        """Advances the commit index per rule 3; True if it moved."""
+        matches = [self._log.last_index, *(pr.match for pr in self.progress.values())]
+        index = committed_index(matches)
+        if index <= self._log.committed or self._log.term(index) != self._term:
+            return False
+        return self._log.commit_to(index)
+
+    def lease_expiry(self) -> float:
+        """Monotonic seconds at which the leader stops being in touch with a quorum (rule 5)."""
+        if self._quorum == 1:
+            return math.inf
+        heard = sorted((pr.heard for pr in self.progress.values()), reverse=True)
+        return heard[self._quorum - 2] + self._config.election_timeout
+
+
+def answer_append(log: RaftLog, msg: Message) -> Message:
+    """The follower side of AppendEntries (rule 5); returns the APPEND_RESP.
+
+    Args:
+        log: the follower's log; changed in place.
+        msg: an APPEND of the follower's current term from its leader.
+    """
+    for pos, e in enumerate(msg.entries):
+        assert e.index == msg.index + 1 + pos and e.term <= msg.term, f"malformed APPEND {msg}"
+    resp = Message(type=MessageType.APPEND_RESP, src=msg.dst, dst=msg.src, term=msg.term)
+    if msg.index < log.committed:
+        return replace(resp, index=log.committed)
+    last_new = log.maybe_append(msg.index, msg.log_term, msg.commit, msg.entries)
+    if last_new is not None:
+        return replace(resp, index=last_new)
+    hint, hint_term = log.find_conflict_by_term(msg.index, msg.log_term)
+    return replace(resp, index=msg.index, reject=True, reject_hint=hint, log_term=hint_term)

@@ -1,0 +1,282 @@
+"""A deterministic network of RaftNodes for tests, in the style of etcd raft's ``network``.
+
+Messages travel through a queue ordered by delivery time; the virtual clock
+jumps straight to the next delivery or the earliest ``next_deadline()`` (no
+real sleeps). Links can be cut (``cut``, ``isolate``, ``drop``) and healed
+(``recover``); replicas can crash and restart from their simulated disk.
+After every event the harness checks the safety invariants: at most one
+leader per term, every applied entry equals the entry committed at that
+index anywhere, entries are applied once and in order, and every Ready
+persists the term, vote and entries its messages depend on.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from arbiter.core.raft import (
+    Entry,
+    HardState,
+    Message,
+    MessageType,
+    ProposalDropped,
+    RaftConfig,
+    RaftNode,
+    Ready,
+    Role,
+)
+
+
+@dataclass
+class Disk:
+    """What a replica has made durable."""
+
+    hard_state: HardState = field(default_factory=lambda: HardState(term=0, vote=None, commit=0))
+    entries: list[Entry] = field(default_factory=list)
+
+
+class Network:
+    """Replicas ``ids`` connected by a lossy, partitionable, deterministic network.
+
+    Args:
+        ids: replica ids.
+        seed: derives every replica's Rng and the network's loss decisions.
+        config: Raft config for every replica.
+        latency: one-way delivery delay in seconds.
+        jitter: extra delay, uniform in [0, jitter) seconds (reorders messages).
+        loss: probability that a message is lost.
+    """
+
+    def __init__(
+        self,
+        ids: Sequence[str],
+        *,
+        seed: int = 0,
+        config: RaftConfig | None = None,
+        latency: float = 0.002,
+        jitter: float = 0.0,
+        loss: float = 0.0,
+    ) -> None:
+        self.ids = list(ids)
+        self.seed = seed
+        self.config = config if config is not None else RaftConfig()
+        self.latency = latency
+        self.jitter = jitter
+        self.loss = loss
+        self.now = 0.0
+        self.nodes: dict[str, RaftNode] = {}
+        self.disks = {i: Disk() for i in ids}
+        self.applied: dict[str, list[Entry]] = {i: [] for i in ids}
+        self.down: set[str] = set()
+        self.cuts: set[tuple[str, str]] = set()
+        self.trace: list[str] = []
+        self.sent: list[Message] = []
+        self.leaders: dict[int, str] = {}
+        self.committed: dict[int, Entry] = {}
+        self.dropped_proposals = 0
+        self._queue: list[tuple[float, int, Message]] = []
+        self._seq = 0
+        self._incarnation = dict.fromkeys(ids, 0)
+        self._loss_rng = random.Random(f"{seed}/network")
+        for i in ids:
+            self._start(i)
+
+    # --- replicas ---------------------------------------------------------------
+
+    def _start(self, node_id: str) -> None:
+        disk = self.disks[node_id]
+        self.nodes[node_id] = RaftNode(
+            node_id=node_id,
+            peers=self.ids,
+            config=self.config,
+            rng=random.Random(f"{self.seed}/{node_id}/{self._incarnation[node_id]}"),
+            now=self.now,
+            hard_state=disk.hard_state,
+            entries=tuple(disk.entries),
+        )
+        self.applied[node_id] = []  # the state machine is rebuilt by replaying the log
+
+    def crash(self, node_id: str) -> None:
+        """Stops a replica; its disk survives."""
+        self.down.add(node_id)
+        del self.nodes[node_id]
+
+    def restart(self, node_id: str) -> None:
+        """Starts a crashed replica again from its disk."""
+        self.down.discard(node_id)
+        self._incarnation[node_id] += 1
+        self._start(node_id)
+        self._trace(f"restart {node_id}")
+
+    # --- links -----------------------------------------------------------------------
+
+    def cut(self, a: str, b: str) -> None:
+        """Drops every message between ``a`` and ``b``, both ways."""
+        self.cuts |= {(a, b), (b, a)}
+
+    def drop(self, src: str, dst: str) -> None:
+        """Drops every message from ``src`` to ``dst`` (one way)."""
+        self.cuts.add((src, dst))
+
+    def isolate(self, node_id: str) -> None:
+        """Cuts ``node_id`` off from everyone."""
+        for other in self.ids:
+            if other != node_id:
+                self.cut(node_id, other)
+
+    def recover(self) -> None:
+        """Heals every cut (crashed replicas stay down)."""
+        self.cuts.clear()
+
+    # --- driving -----------------------------------------------------------------------
+
+    def propose(self, node_id: str, data: bytes) -> None:
+        """Proposes at ``node_id``; ProposalDropped propagates."""
+        self.nodes[node_id].propose(data, self.now)
+        self._flush(node_id)
+
+    def inject(self, msg: Message) -> None:
+        """Delivers ``msg`` to its destination now, bypassing the links."""
+        self.nodes[msg.dst].step(msg, self.now)
+        self._flush(msg.dst)
+
+    def next_event(self) -> float:
+        """Virtual time of the next delivery or timer."""
+        t = self._queue[0][0] if self._queue else math.inf
+        return min([t, *(n.next_deadline() for n in self.nodes.values())])
+
+    def step_once(self) -> None:
+        """Advances the clock to the next event and runs it."""
+        t = self.next_event()
+        assert t < math.inf, "nothing will ever happen"
+        self.now = max(self.now, t)
+        if self._queue and self._queue[0][0] <= t:
+            _, _, msg = heapq.heappop(self._queue)
+            if self._delivered(msg):
+                self._trace(f"deliver {msg}")
+                try:
+                    self.nodes[msg.dst].step(msg, self.now)
+                except ProposalDropped:
+                    self.dropped_proposals += 1
+                self._flush(msg.dst)
+        else:
+            for i, node in sorted(self.nodes.items()):
+                if node.next_deadline() <= self.now:
+                    node.tick(self.now)
+                    self._trace(f"tick {i} {node.status()}")
+                    self._flush(i)
+        self.check_invariants()
+
+    def run_for(self, duration: float) -> None:
+        """Runs every event up to ``now + duration`` (seconds of virtual time)."""
+        end = self.now + duration
+        while self.next_event() <= end:
+            self.step_once()
+        self.now = end
+
+    def run_until(self, pred: Callable[[], bool], timeout: float = 30.0) -> bool:
+        """Runs until ``pred()`` holds or ``timeout`` virtual seconds pass; returns ``pred()``."""
+        end = self.now + timeout
+        while not pred() and self.next_event() <= end:
+            self.step_once()
+        return pred()
+
+    # --- observation --------------------------------------------------------------------
+
+    def leader(self) -> str | None:
+        """The running leader with the highest term, if any."""
+        best: tuple[int, str] | None = None
+        for i, node in self.nodes.items():
+            st = node.status()
+            if st.role is Role.LEADER and (best is None or st.term > best[0]):
+                best = (st.term, i)
+        return best[1] if best else None
+
+    def stable_leader(self) -> str | None:
+        """A leader that every running replica reachable from it follows, in its term."""
+        lead = self.leader()
+        if lead is None:
+            return None
+        term = self.nodes[lead].status().term
+        for i, node in self.nodes.items():
+            if (lead, i) in self.cuts:
+                continue
+            st = node.status()
+            if st.term != term or st.leader != lead:
+                return None
+        return lead
+
+    def data_applied(self, node_id: str) -> list[bytes]:
+        """The non-no-op commands ``node_id`` has applied, in order."""
+        return [e.data for e in self.applied[node_id] if e.data]
+
+    def check_invariants(self) -> None:
+        """Election Safety and State Machine Safety (Raft Fig. 3)."""
+        for i, node in self.nodes.items():
+            st = node.status()
+            if st.role is Role.LEADER:
+                holder = self.leaders.setdefault(st.term, i)
+                assert holder == i, f"two leaders in term {st.term}: {holder} and {i}"
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _delivered(self, msg: Message) -> bool:
+        if msg.src in self.down or msg.dst in self.down or (msg.src, msg.dst) in self.cuts:
+            return False
+        return not (self.loss and self._loss_rng.random() < self.loss)
+
+    def _flush(self, node_id: str) -> None:
+        node = self.nodes[node_id]
+        while node.has_ready():
+            rd = node.ready()
+            self._persist(node_id, rd)
+            for msg in rd.messages:
+                self._check_depends(node_id, msg)
+                self.sent.append(msg)
+                self._seq += 1
+                delay = self.latency + (self.jitter and self.jitter * self._loss_rng.random())
+                heapq.heappush(self._queue, (self.now + delay, self._seq, msg))
+            self._apply(node_id, rd.committed_entries)
+            node.advance(rd)
+
+    def _persist(self, node_id: str, rd: Ready) -> None:
+        disk = self.disks[node_id]
+        if rd.hard_state is not None:
+            assert rd.hard_state.term >= disk.hard_state.term
+            disk.hard_state = rd.hard_state
+        if rd.entries:
+            first = rd.entries[0].index
+            assert first <= len(disk.entries) + 1, "gap in persisted entries"
+            del disk.entries[first - 1 :]
+            disk.entries.extend(rd.entries)
+
+    def _check_depends(self, node_id: str, msg: Message) -> None:
+        """Rule 7: a message leaves only after what it depends on is durable."""
+        assert msg.src == node_id and msg.dst != node_id
+        hs = self.disks[node_id].hard_state
+        if msg.type is MessageType.PROPOSE:
+            return
+        granted_pre_vote = msg.type is MessageType.PRE_VOTE_RESP and not msg.reject
+        if msg.type is MessageType.PRE_VOTE or granted_pre_vote:
+            assert msg.term == hs.term + 1 or granted_pre_vote, msg
+        else:
+            assert msg.term == hs.term, f"{msg} sent with durable term {hs.term}"
+        if msg.type is MessageType.VOTE or (msg.type is MessageType.VOTE_RESP and not msg.reject):
+            expected = node_id if msg.type is MessageType.VOTE else msg.dst
+            assert hs.vote == expected, f"{msg} sent before the vote for {expected} is durable"
+        if msg.type is MessageType.APPEND_RESP and not msg.reject:
+            assert msg.index <= len(self.disks[node_id].entries), f"{msg} acks unpersisted entries"
+
+    def _apply(self, node_id: str, entries: Sequence[Entry]) -> None:
+        applied = self.applied[node_id]
+        for e in entries:
+            assert e.index == len(applied) + 1, f"{node_id} applies {e.index} after {len(applied)}"
+            assert self.committed.setdefault(e.index, e) == e, f"{node_id} applies divergent {e}"
+            applied.append(e)
+
+    def _trace(self, event: str) -> None:
+        self.trace.append(f"{self.now:.6f} {event}")
