@@ -1,0 +1,155 @@
+"""Observer: opinions from heartbeats and detector, owed observations, leases (time given)."""
+
+from __future__ import annotations
+
+from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
+from arbiter.core.detector import MissedHeartbeatDetector
+from arbiter.core.observer import Observer
+from arbiter.core.state import MembershipState
+from membership.view import MemberState
+
+REPLICAS = ("a1", "a2", "a3")
+INTERVAL = 0.1
+MISSED = 5  # D = 0.5 s
+LEASE = 0.5
+
+
+class Log:
+    """Commits observation batches straight into a state machine (no Raft needed here)."""
+
+    def __init__(self) -> None:
+        self.state = MembershipState(REPLICAS)
+        self.index = 0
+
+    def commit(self, replica: str, observations: tuple[Observation, ...]) -> None:
+        self.index += 1
+        self.state.apply(
+            self.index, encode(ObserveBatch(replica_id=replica, observations=observations))
+        )
+
+
+def _observer(now: float = 0.0, grace: float = 0.0, replica: str = "a1") -> Observer:
+    return Observer(
+        replica_id=replica,
+        detector=MissedHeartbeatDetector(interval=INTERVAL, missed_limit=MISSED),
+        lease=LEASE,
+        retry_after=0.3,
+        seq_base=1000,
+        now=now,
+        restart_grace=grace,
+    )
+
+
+def _admit(log: Log, node: str, incarnation: int = 1) -> None:
+    """Makes ``node`` ALIVE through the other replicas' observations."""
+    for i, r in enumerate(("a2", "a3")):
+        log.commit(
+            r,
+            (Observation(node_id=node, incarnation=incarnation, opinion=Opinion.ALIVE, seq=i + 1),),
+        )
+
+
+def test_observer_first_heartbeat_owes_alive_observation_and_no_lease() -> None:
+    log, obs = Log(), _observer()
+    v = obs.heartbeat("n1", 1, {"rack": "r1"}, 0.0, log.state)
+    assert v.accepted and v.state is MemberState.JOINING and v.lease == 0.0
+    owed = obs.observations(0.0, log.state)
+    assert [(o.node_id, o.opinion, o.labels) for o in owed] == [
+        ("n1", Opinion.ALIVE, (("rack", "r1"),))
+    ]
+
+
+def test_observer_lease_only_after_own_alive_is_committed() -> None:
+    log, obs = Log(), _observer()
+    obs.heartbeat("n1", 1, {}, 0.0, log.state)
+    owed = obs.observations(0.0, log.state)
+    assert obs.heartbeat("n1", 1, {}, 0.1, log.state).lease == 0.0
+    log.commit("a1", owed)
+    assert obs.heartbeat("n1", 1, {}, 0.2, log.state).lease == LEASE
+
+
+def test_observer_retries_uncommitted_observation_after_retry_interval() -> None:
+    log, obs = Log(), _observer()
+    obs.heartbeat("n1", 1, {}, 0.0, log.state)
+    first = obs.observations(0.0, log.state)
+    assert obs.observations(0.1, log.state) == ()
+    assert obs.next_deadline() is not None
+    again = obs.observations(0.3, log.state)
+    assert again == first  # same seq: applying both changes nothing
+    log.commit("a1", again)
+    assert obs.observations(1.0, log.state) == ()
+    assert obs.owed() == 0
+
+
+def test_observer_silence_turns_into_suspect_observation() -> None:
+    log, obs = Log(), _observer()
+    _admit(log, "n1")
+    obs.heartbeat("n1", 1, {}, 0.0, log.state)
+    log.commit("a1", obs.observations(0.0, log.state))
+    obs.tick(0.4, log.state)
+    assert obs.observations(0.4, log.state) == ()
+    obs.tick(0.6, log.state)
+    owed = obs.observations(0.6, log.state)
+    assert [(o.node_id, o.opinion) for o in owed] == [("n1", Opinion.SUSPECT)]
+    assert obs.suspects() == ["n1"]
+
+
+def test_observer_suspect_in_flight_forbids_lease() -> None:
+    log, obs = Log(), _observer()
+    _admit(log, "n1")
+    obs.heartbeat("n1", 1, {}, 0.0, log.state)
+    log.commit("a1", obs.observations(0.0, log.state))
+    obs.tick(0.6, log.state)
+    obs.observations(0.6, log.state)  # SUSPECT proposed, not committed
+    v = obs.heartbeat("n1", 1, {}, 0.7, log.state)
+    assert v.lease == 0.0  # a new ALIVE opinion is owed; the old commit does not count
+    assert [o.opinion for o in obs.observations(0.7, log.state)] == [Opinion.ALIVE]
+
+
+def test_observer_never_suspects_during_a_granted_lease() -> None:
+    log, obs = Log(), _observer()
+    _admit(log, "n1")
+    obs.heartbeat("n1", 1, {}, 0.0, log.state)
+    log.commit("a1", obs.observations(0.0, log.state))
+    v = obs.heartbeat("n1", 1, {}, 0.1, log.state)
+    assert v.lease == LEASE
+    obs.tick(0.1 + LEASE - 0.01, log.state)
+    assert obs.suspects() == []
+
+
+def test_observer_refuses_old_and_final_incarnations() -> None:
+    log, obs = Log(), _observer()
+    _admit(log, "n1", incarnation=5)
+    v = obs.heartbeat("n1", 4, {}, 0.0, log.state)
+    assert not v.accepted and v.state is MemberState.DEAD and v.incarnation == 5
+    for r in ("a2", "a3"):
+        log.commit(r, (Observation(node_id="n1", incarnation=5, opinion=Opinion.SUSPECT, seq=10),))
+    assert log.state.member("n1").state is MemberState.DEAD  # type: ignore[union-attr]
+    v = obs.heartbeat("n1", 5, {}, 0.1, log.state)
+    assert not v.accepted and v.state is MemberState.DEAD and v.lease == 0.0
+    assert obs.observations(0.1, log.state) == ()
+
+
+def test_observer_higher_incarnation_restarts_detection() -> None:
+    log, obs = Log(), _observer()
+    obs.heartbeat("n1", 1, {}, 0.0, log.state)
+    obs.heartbeat("n1", 2, {}, 0.45, log.state)
+    obs.tick(0.6, log.state)  # incarnation 1's deadline must not fire for incarnation 2
+    assert obs.suspects() == []
+    # a late heartbeat of incarnation 1 refreshes nothing
+    assert not obs.heartbeat("n1", 1, {}, 0.7, log.state).accepted
+    obs.tick(0.96, log.state)
+    assert obs.suspects() == ["n1"]
+
+
+def test_observer_restart_grace_defers_suspicion_and_tracks_unheard_members() -> None:
+    log = Log()
+    _admit(log, "n1")
+    obs = _observer(now=10.0, grace=LEASE)
+    obs.tick(10.0, log.state)  # learns n1 is ALIVE without hearing it
+    assert obs.observations(10.0, log.state) == ()  # assumed ALIVE is never proposed
+    obs.tick(10.45, log.state)
+    assert obs.suspects() == []
+    obs.tick(10.51, log.state)  # grace over, silence longer than D since start
+    assert obs.suspects() == ["n1"]
+    assert [o.opinion for o in obs.observations(10.51, log.state)] == [Opinion.SUSPECT]
