@@ -1,0 +1,115 @@
+"""The ``membership arbiter`` sub-command (registered through the
+``membership.commands`` entry point, so the client package never imports the server)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import signal
+import sys
+from typing import Any
+
+from arbiter.config import ArbiterConfig
+from membership.errors import InvalidArgument
+
+__all__ = ["register"]
+
+
+def _defaults_help() -> str:
+    cfg = ArbiterConfig.lan()
+    return (
+        f"defaults: heartbeat interval {cfg.heartbeat_interval}s, suspect after "
+        f"{cfg.missed_heartbeats:g} missed ({cfg.suspect_after:.2f}s), lease {cfg.lease:.2f}s, "
+        f"election timeout {cfg.election_timeout}s"
+    )
+
+
+def register(sub: Any) -> None:
+    """Adds the ``arbiter`` sub-command to the ``membership`` parser."""
+    p = sub.add_parser(
+        "arbiter",
+        help="run one arbiter replica",
+        description="Run one arbiter replica. " + _defaults_help(),
+    )
+    p.add_argument("--id", required=True, help="this replica's id; must appear in --peers")
+    p.add_argument("--listen", required=True, help="address to listen on, host:port")
+    p.add_argument(
+        "--peers",
+        required=True,
+        help="every replica, itself included: a1=host:port,a2=host:port,...",
+    )
+    p.add_argument("--cluster", default="default", help="cluster name (default: default)")
+    p.add_argument(
+        "--preset",
+        choices=["lan", "local"],
+        default="lan",
+        help="configuration preset (default: lan)",
+    )
+    p.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=None,
+        help="seconds between node heartbeats (default 0.15)",
+    )
+    p.add_argument(
+        "--missed-heartbeats",
+        type=float,
+        default=None,
+        help="missed intervals before a replica suspects a node (default 5)",
+    )
+    p.add_argument(
+        "--election-timeout",
+        type=float,
+        default=None,
+        help="Raft election timeout in seconds (default 1.0)",
+    )
+    p.add_argument(
+        "--check-config",
+        action="store_true",
+        help="validate the flags and configuration, print it, and exit",
+    )
+    p.set_defaults(func=run)
+
+
+def _config(args: argparse.Namespace) -> ArbiterConfig:
+    base = ArbiterConfig.local() if args.preset == "local" else ArbiterConfig.lan()
+    overrides: dict[str, Any] = {"cluster": args.cluster}
+    for name in ("heartbeat_interval", "missed_heartbeats", "election_timeout"):
+        value = getattr(args, name)
+        if value is not None:
+            overrides[name] = value
+    return dataclasses.replace(base, **overrides).validate()
+
+
+def run(args: argparse.Namespace) -> Any:
+    """Validates the flags, then serves until SIGINT or SIGTERM (returns a coroutine)."""
+    from arbiter.server.app import parse_peers
+    from membership.validation import parse_address
+
+    peers = parse_peers(args.peers)
+    listen = parse_address(args.listen)
+    config = _config(args)
+    if args.id not in peers:
+        raise InvalidArgument(f"--id {args.id!r} is not in --peers ({', '.join(peers)})")
+    if args.check_config:
+        print(f"arbiter {args.id}: configuration OK")
+        for f in dataclasses.fields(config):
+            print(f"  {f.name} = {getattr(config, f.name)}")
+        return 0
+    return _serve(args.id, peers, listen, config)
+
+
+async def _serve(replica_id: str, peers: dict[str, str], listen: str, config: ArbiterConfig) -> int:
+    from arbiter.server.app import ArbiterServer
+
+    server = ArbiterServer(replica_id=replica_id, peers=peers, listen=listen, config=config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()
+    print(f"arbiter {replica_id} stopped", file=sys.stderr)
+    return 0

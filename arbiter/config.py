@@ -1,0 +1,160 @@
+"""ArbiterConfig: every tunable of an arbiter replica, with its default and why.
+
+Timings are in seconds. The relations that must hold between them are
+checked by :meth:`ArbiterConfig.validate` (the style of etcd's config checks).
+
+Detection time D (kill of a node to its suspicion by a replica) is about
+``heartbeat_interval * missed_heartbeats``; a DEAD is committed one Raft round
+trip later (milliseconds on a LAN) once a quorum of replicas suspect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from arbiter.core.raft import RaftConfig
+from membership.errors import InvalidArgument
+
+__all__ = ["ArbiterConfig"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ArbiterConfig:
+    """Tunables of one arbiter replica. Use :meth:`lan` (the default) or :meth:`local`.
+
+    Raises:
+        InvalidArgument: from :meth:`validate` when a value or relation is wrong.
+    """
+
+    # Name of the cluster; a replica refuses Raft traffic from another cluster.
+    cluster: str = "default"
+
+    # --- failure detection -------------------------------------------------
+    # Interval the replica suggests to nodes between heartbeats (seconds).
+    # Smaller = faster detection, more traffic: each replica handles
+    # nodes / heartbeat_interval messages per second.
+    heartbeat_interval: float = 0.15
+    # A node is suspected after this many intervals without a heartbeat.
+    # D = heartbeat_interval * missed_heartbeats (0.75 s by default). Must
+    # exceed the longest pause a node may take without being suspected.
+    missed_heartbeats: float = 5.0
+    # Lease granted with each ack, as a fraction of D. The replica promises
+    # not to suspect the node before the lease runs out, so it must be <= 1.
+    lease_fraction: float = 1.0
+    # Observations not committed after this long are proposed again (seconds).
+    observation_retry: float = 0.5
+
+    # --- Raft ----------------------------------------------------------------
+    # Leader heartbeat interval (seconds).
+    raft_heartbeat_interval: float = 0.1
+    # Election timeout (seconds); each follower draws its own in [T, 2T).
+    # Leader failover takes about 1 to 2 T. Must exceed 2 x raft_heartbeat_interval.
+    election_timeout: float = 1.0
+
+    # --- subscribers -----------------------------------------------------------
+    # Committed changes kept in memory for subscribers that resume by epoch.
+    # An older resume point gets a fresh snapshot instead (never a gap).
+    history_size: int = 1024
+    # Events queued per subscriber before it is considered too slow: its
+    # queue is dropped and it is sent a fresh snapshot (bounded memory).
+    subscriber_queue: int = 256
+    # A progress marker with the committed epoch is sent on an idle stream
+    # this often (seconds), so idle middleboxes keep it and the subscriber
+    # can tell a silent stream from a dead one.
+    progress_interval: float = 5.0
+
+    # --- transport -------------------------------------------------------------
+    # Largest message accepted from a node or subscriber (bytes).
+    max_message_bytes: int = 64 * 1024
+    # Heartbeats accepted per second on one stream before it is cut with
+    # RESOURCE_EXHAUSTED (a healthy node sends 1 / heartbeat_interval).
+    max_heartbeat_rate: float = 100.0
+    # HTTP/2 keepalive pings the server sends on idle connections (seconds),
+    # and how long it waits for the answer before closing the connection.
+    keepalive_time: float = 10.0
+    keepalive_timeout: float = 5.0
+    # The server accepts client pings this often at most (seconds). Must be
+    # <= the SDK's keepalive_time, or clients get GOAWAY too_many_pings (C05).
+    min_ping_interval: float = 4.0
+    # Seconds given to open streams on shutdown before they are cancelled.
+    shutdown_grace: float = 1.0
+
+    @classmethod
+    def lan(cls, **overrides: object) -> ArbiterConfig:
+        """Defaults for replicas and nodes on one data-centre network."""
+        return dataclasses.replace(cls(), **overrides)  # type: ignore[arg-type]
+
+    @classmethod
+    def local(cls, **overrides: object) -> ArbiterConfig:
+        """Defaults for a cluster on one machine (demo, tests): same timings, smaller buffers."""
+        base = cls(history_size=256, subscriber_queue=128)
+        return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
+
+    @property
+    def suspect_after(self) -> float:
+        """D, seconds of silence after which a replica suspects a node."""
+        return self.heartbeat_interval * self.missed_heartbeats
+
+    @property
+    def lease(self) -> float:
+        """Seconds of lease granted with each ack (<= D)."""
+        return self.suspect_after * self.lease_fraction
+
+    def raft(self) -> RaftConfig:
+        """The Raft core's share of this configuration."""
+        return RaftConfig(
+            heartbeat_interval=self.raft_heartbeat_interval,
+            election_timeout=self.election_timeout,
+        )
+
+    def validate(self) -> ArbiterConfig:
+        """Checks every value and the relations between them.
+
+        Returns:
+            self, so that ``ArbiterConfig(...).validate()`` chains.
+
+        Raises:
+            InvalidArgument: naming the field and the rule it breaks.
+        """
+        positive = (
+            "heartbeat_interval",
+            "observation_retry",
+            "raft_heartbeat_interval",
+            "election_timeout",
+            "progress_interval",
+            "max_heartbeat_rate",
+            "keepalive_time",
+            "keepalive_timeout",
+            "min_ping_interval",
+        )
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise InvalidArgument(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.missed_heartbeats < 2:
+            raise InvalidArgument(
+                f"missed_heartbeats must be >= 2 (one late heartbeat must not suspect), "
+                f"got {self.missed_heartbeats}"
+            )
+        if not 0 < self.lease_fraction <= 1:
+            raise InvalidArgument(
+                f"lease_fraction must be in (0, 1]: a lease longer than D would promise "
+                f"what the detector cannot keep; got {self.lease_fraction}"
+            )
+        if self.election_timeout <= 2 * self.raft_heartbeat_interval:
+            raise InvalidArgument(
+                f"election_timeout ({self.election_timeout}s) must be > 2 x "
+                f"raft_heartbeat_interval ({self.raft_heartbeat_interval}s)"
+            )
+        if self.history_size < 1 or self.subscriber_queue < 8:
+            raise InvalidArgument("history_size must be >= 1 and subscriber_queue >= 8")
+        if self.max_heartbeat_rate < 2 / self.heartbeat_interval:
+            raise InvalidArgument(
+                "max_heartbeat_rate must allow at least twice the suggested heartbeat rate"
+            )
+        if self.max_message_bytes < 4096:
+            raise InvalidArgument("max_message_bytes must be >= 4096")
+        if not self.cluster or len(self.cluster) > 64:
+            raise InvalidArgument("cluster must be 1 to 64 characters")
+        self.raft().validate()
+        return self

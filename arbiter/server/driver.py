@@ -1,0 +1,282 @@
+"""The single loop that feeds the sans-I/O cores with the clock and the network.
+
+Everything runs on one asyncio event loop, so the cores are only ever touched
+from one thread. Servicers call the ``on_*`` methods directly (they are
+synchronous and fast); the loop task ticks the cores, proposes owed
+observations, and handles Raft's Ready in the documented order: persist,
+send, apply, advance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from arbiter.config import ArbiterConfig
+from arbiter.core.commands import Leave, ObserveBatch, encode
+from arbiter.core.detector import MissedHeartbeatDetector
+from arbiter.core.observer import HeartbeatVerdict, Observer
+from arbiter.core.raft import Message, ProposalDropped, RaftNode, Ready, Role
+from arbiter.core.state import LeaveOutcome, MembershipState, ViewChange
+
+__all__ = ["Driver", "ReplicaStatus"]
+
+log = logging.getLogger("arbiter.driver")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaStatus:
+    """What a replica knows of its place in the group right now."""
+
+    arbiter_id: str
+    leader_id: str | None
+    in_quorum: bool
+    term: int
+    role: str
+    epoch: int
+
+
+class Driver:
+    """Owns the cores of one replica and drives them from one asyncio task.
+
+    Args:
+        replica_id: this replica's id.
+        replica_ids: every configured replica id, this one included.
+        config: validated configuration.
+        send: called with each outgoing Raft message (must not block).
+        on_change: called with each committed view change, in epoch order.
+        on_quorum: called with the new status when in_quorum or the leader changes.
+    """
+
+    def __init__(
+        self,
+        *,
+        replica_id: str,
+        replica_ids: list[str],
+        config: ArbiterConfig,
+        send: Callable[[Message], None],
+        on_change: Callable[[ViewChange], None],
+        on_quorum: Callable[[ReplicaStatus], None],
+    ) -> None:
+        self.replica_id = replica_id
+        self.config = config
+        self._send = send
+        self._on_change = on_change
+        self._on_quorum = on_quorum
+        now = time.monotonic()
+        self.state = MembershipState(replica_ids)
+        self.raft = RaftNode(
+            node_id=replica_id,
+            peers=replica_ids,
+            config=config.raft(),
+            rng=random.Random(),
+            now=now,
+        )
+        self.observer = Observer(
+            replica_id=replica_id,
+            detector=MissedHeartbeatDetector(
+                interval=config.heartbeat_interval, missed_limit=config.missed_heartbeats
+            ),
+            lease=config.lease,
+            retry_after=config.observation_retry,
+            seq_base=time.time_ns(),
+            now=now,
+            restart_grace=config.lease,
+        )
+        self._wake = asyncio.Event()
+        self._leaves: dict[str, asyncio.Future[LeaveOutcome]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._last_status: tuple[bool, str | None] | None = None
+        self.loop_lag = 0.0
+
+    # --- inputs -------------------------------------------------------------------
+
+    def on_heartbeat(
+        self, node_id: str, incarnation: int, labels: Mapping[str, str]
+    ) -> HeartbeatVerdict:
+        """Takes a validated heartbeat received now; returns the verdict for the ack."""
+        owed = self.observer.owed()
+        verdict = self.observer.heartbeat(
+            node_id,
+            incarnation,
+            labels,
+            time.monotonic(),
+            self.state,
+            interval=self.config.heartbeat_interval,
+        )
+        if self.observer.owed() != owed:
+            self._wake.set()
+        return verdict
+
+    def on_raft_message(self, msg: Message) -> None:
+        """Steps one Raft message from a peer into the core."""
+        if msg.dst != self.replica_id:
+            log.warning("dropping raft message for %s (this is %s)", msg.dst, self.replica_id)
+            return
+        try:
+            self.raft.step(msg, time.monotonic())
+        except ProposalDropped:
+            # A forwarded proposal found no leader: lost, as etcd's MsgProp;
+            # the observer proposes again after observation_retry.
+            pass
+        except AssertionError:
+            # The peer's message contradicts this replica's Raft state. In this
+            # version Raft state lives in memory: a replica restarted while the
+            # others kept running lost its log and must not take part.
+            log.critical(
+                "raft message %s from %s contradicts this replica's raft state "
+                "(restarted without its data?); message dropped",
+                msg.type.value,
+                msg.src,
+                exc_info=True,
+            )
+        self._wake.set()
+
+    def report_unreachable(self, peer: str) -> None:
+        """Transport hint: ``peer`` could not be reached."""
+        self.raft.report_unreachable(peer)
+
+    async def leave(self, node_id: str, incarnation: int, timeout: float) -> LeaveOutcome:
+        """Proposes a graceful leave and waits until it is applied.
+
+        Raises:
+            ProposalDropped: no leader is known to take the proposal.
+            TimeoutError: not applied within ``timeout`` seconds.
+        """
+        request_id = uuid.uuid4().hex
+        fut: asyncio.Future[LeaveOutcome] = asyncio.get_running_loop().create_future()
+        self._leaves[request_id] = fut
+        try:
+            self.raft.propose(
+                encode(Leave(node_id=node_id, incarnation=incarnation, request_id=request_id)),
+                time.monotonic(),
+            )
+            self._wake.set()
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._leaves.pop(request_id, None)
+
+    # --- status -------------------------------------------------------------------
+
+    def status(self) -> ReplicaStatus:
+        """This replica's leader, quorum, term, role and applied epoch."""
+        st = self.raft.status()
+        return ReplicaStatus(
+            arbiter_id=self.replica_id,
+            leader_id=st.leader,
+            in_quorum=self.raft.in_quorum(time.monotonic()),
+            term=st.term,
+            role=st.role.name.lower(),
+            epoch=self.state.epoch,
+        )
+
+    def local_suspects(self) -> list[str]:
+        """Node ids this replica's own latest opinion is SUSPECT of (sorted)."""
+        return self.observer.suspects()
+
+    # --- the loop -------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts the loop task on the running event loop."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="arbiter-driver")
+
+    async def stop(self) -> None:
+        """Stops the loop task and waits for it."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            now = time.monotonic()
+            try:
+                self._turn(now)
+            except Exception:
+                # A bug in one turn must not stop detection for everyone (C22):
+                # log it loudly and go on with the next turn.
+                log.exception("driver turn failed; continuing")
+            deadline = min(
+                d
+                for d in (self.raft.next_deadline(), self.observer.next_deadline(), now + 0.05)
+                if d is not None
+            )
+            self._wake.clear()
+            timeout = max(0.0, deadline - time.monotonic())
+            if timeout > 0:
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                except TimeoutError:
+                    pass
+            self.loop_lag = max(0.0, time.monotonic() - deadline)
+
+    def _turn(self, now: float) -> None:
+        self.raft.tick(now)
+        self.observer.tick(now, self.state)
+        owed = self.observer.observations(now, self.state)
+        if owed:
+            try:
+                self.raft.propose(
+                    encode(ObserveBatch(replica_id=self.replica_id, observations=owed)), now
+                )
+            except ProposalDropped:
+                pass  # no leader now; retried after observation_retry
+        while self.raft.has_ready():
+            self._handle_ready(self.raft.ready())
+        self._check_quorum(now)
+
+    def _handle_ready(self, rd: Ready) -> None:
+        # 1. persist: the log is in memory in this version (durability comes with storage.py).
+        # 2. send
+        for msg in rd.messages:
+            self._send(msg)
+        # 3. apply
+        for entry in rd.committed_entries:
+            result = self.state.apply(entry.index, entry.data)
+            if result.error:
+                log.error("log entry %d not applied: %s", entry.index, result.error)
+            if result.change is not None:
+                for c in result.change.changes:
+                    log.info(
+                        "epoch %d: %s incarnation %d is %s",
+                        result.change.epoch,
+                        c.node_id,
+                        c.incarnation,
+                        c.state.value,
+                    )
+                self._on_change(result.change)
+            if result.leave is not None:
+                fut = self._leaves.get(result.leave.request_id)
+                if fut is not None and not fut.done():
+                    fut.set_result(result.leave)
+        # 4. advance
+        self.raft.advance(rd)
+
+    def _check_quorum(self, now: float) -> None:
+        st = self.raft.status()
+        key = (self.raft.in_quorum(now), st.leader)
+        if key != self._last_status:
+            if self._last_status is None or key[0] != self._last_status[0]:
+                log.info(
+                    "%s: in_quorum=%s leader=%s term=%d role=%s",
+                    self.replica_id,
+                    key[0],
+                    st.leader,
+                    st.term,
+                    st.role.name.lower(),
+                )
+            self._last_status = key
+            self._on_quorum(self.status())
+
+    @property
+    def is_leader(self) -> bool:
+        """True while this replica is the Raft leader."""
+        return self.raft.status().role is Role.LEADER

@@ -1,0 +1,209 @@
+"""The public gRPC API of a replica: thin decode -> driver -> encode.
+
+Bad input ends only the offending stream or call, with INVALID_ARGUMENT or
+RESOURCE_EXHAUSTED and a message that says what was wrong; every other
+node and subscriber is served as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from arbiter.core.raft import ProposalDropped
+from arbiter.core.state import ViewChange
+from arbiter.server.driver import Driver
+from arbiter.server.hub import Hub, HubStatus
+from membership import convert
+from membership.errors import InvalidArgument
+from membership.v1 import membership_pb2 as pb
+from membership.v1 import membership_pb2_grpc as pb_grpc
+from membership.validation import validate_labels, validate_node_id, validate_status
+from membership.view import MemberState, View
+
+__all__ = ["MembershipServicer"]
+
+log = logging.getLogger("arbiter.api")
+
+
+def _check_heartbeat(req: pb.HeartbeatRequest) -> None:
+    validate_node_id(req.node_id)
+    if req.incarnation < 1:
+        raise InvalidArgument("incarnation must be >= 1")
+    validate_labels(req.labels)
+    validate_status(req.status.phase, req.status.gauges)
+
+
+class MembershipServicer(pb_grpc.MembershipServicer):
+    """Heartbeat, Subscribe, GetView and Leave for one replica."""
+
+    def __init__(self, driver: Driver, hub: Hub) -> None:
+        self._driver = driver
+        self._hub = hub
+        self._config = driver.config
+        self._closing = asyncio.Event()
+        self.heartbeat_streams = 0
+
+    def close(self) -> None:
+        """Shutdown: heartbeat streams end with UNAVAILABLE so nodes go elsewhere."""
+        self._closing.set()
+        self._hub.close_all()
+
+    def _view_pb(self, view: View) -> pb.View:
+        state = self._driver.state
+        return pb.View(
+            epoch=view.epoch,
+            members=[convert.member_to_pb(m, state.suspected_by(m.node_id)) for m in view.members],
+        )
+
+    async def Heartbeat(
+        self,
+        request_iterator: AsyncIterator[pb.HeartbeatRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.HeartbeatAck]:
+        """One node's heartbeat stream: an ack for every heartbeat."""
+        node_id: str | None = None
+        window_start = time.monotonic()
+        in_window = 0
+        self.heartbeat_streams += 1
+        try:
+            async for req in request_iterator:
+                if self._closing.is_set():
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
+                try:
+                    _check_heartbeat(req)
+                except InvalidArgument as e:
+                    log.info("heartbeat refused from %s: %s", context.peer(), e)
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                if node_id is None:
+                    node_id = req.node_id
+                elif req.node_id != node_id:
+                    await context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"node_id changed from {node_id!r} to {req.node_id!r} within one stream",
+                    )
+                now = time.monotonic()
+                if now - window_start >= 1.0:
+                    window_start, in_window = now, 0
+                in_window += 1
+                if in_window > self._config.max_heartbeat_rate:
+                    await context.abort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"more than {self._config.max_heartbeat_rate:g} heartbeats per second "
+                        f"on one stream; follow next_interval_seconds",
+                    )
+                verdict = self._driver.on_heartbeat(req.node_id, req.incarnation, req.labels)
+                status = self._driver.status()
+                yield pb.HeartbeatAck(
+                    seq=req.seq,
+                    epoch=status.epoch,
+                    lease_seconds=verdict.lease,
+                    next_interval_seconds=self._config.heartbeat_interval,
+                    state=convert.state_to_pb(verdict.state),
+                    in_quorum=status.in_quorum,
+                    arbiter_id=status.arbiter_id,
+                    incarnation=verdict.incarnation,
+                    leader_id=status.leader_id or "",
+                )
+        finally:
+            self.heartbeat_streams -= 1
+
+    async def Subscribe(
+        self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.MembershipEvent]:
+        """Snapshot or resumed changes, then every change, quorum status and progress."""
+        me = self._driver.replica_id
+        sub = self._hub.subscribe(request.since_epoch)
+        try:
+            status = self._driver.status()
+            yield pb.MembershipEvent(
+                arbiter_id=me,
+                quorum=pb.QuorumStatus(
+                    in_quorum=status.in_quorum,
+                    leader_id=status.leader_id or "",
+                    epoch=status.epoch,
+                ),
+            )
+            while not self._closing.is_set():
+                item = await sub.get(self._config.progress_interval)
+                if item is None:
+                    if sub.closed:
+                        break
+                    yield pb.MembershipEvent(
+                        arbiter_id=me, progress=pb.Progress(epoch=self._driver.state.epoch)
+                    )
+                elif isinstance(item, View):
+                    yield pb.MembershipEvent(
+                        arbiter_id=me, snapshot=pb.ViewSnapshot(view=self._view_pb(item))
+                    )
+                elif isinstance(item, ViewChange):
+                    yield pb.MembershipEvent(
+                        arbiter_id=me,
+                        change=pb.ViewChange(
+                            epoch=item.epoch,
+                            changes=[convert.change_to_pb(c) for c in item.changes],
+                        ),
+                    )
+                else:
+                    assert isinstance(item, HubStatus)
+                    yield pb.MembershipEvent(
+                        arbiter_id=me,
+                        quorum=pb.QuorumStatus(
+                            in_quorum=item.in_quorum,
+                            leader_id=item.leader_id or "",
+                            epoch=item.epoch,
+                        ),
+                    )
+        finally:
+            self._hub.unsubscribe(sub)
+
+    async def GetView(
+        self, request: pb.GetViewRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetViewResponse:
+        """The committed view as this replica has applied it."""
+        status = self._driver.status()
+        return pb.GetViewResponse(
+            view=self._view_pb(self._driver.state.view()),
+            arbiter_id=status.arbiter_id,
+            leader_id=status.leader_id or "",
+            in_quorum=status.in_quorum,
+            term=status.term,
+            local_suspects=self._driver.local_suspects(),
+        )
+
+    async def Leave(
+        self, request: pb.LeaveRequest, context: grpc.aio.ServicerContext
+    ) -> pb.LeaveResponse:
+        """Commits LEFT for the node's incarnation; answers once applied here."""
+        try:
+            validate_node_id(request.node_id)
+        except InvalidArgument as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if request.incarnation < 1:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "incarnation must be >= 1")
+        try:
+            outcome = await self._driver.leave(
+                request.node_id, request.incarnation, timeout=self._config.election_timeout * 3
+            )
+        except ProposalDropped:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "no leader known to this arbiter; try another"
+            )
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "leave not committed in time (no quorum?)"
+            )
+        if not outcome.accepted:
+            member = self._driver.state.member(request.node_id)
+            if (
+                member is not None
+                and member.state is MemberState.LEFT
+                and member.incarnation == request.incarnation
+            ):
+                return pb.LeaveResponse(epoch=member.epoch)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, outcome.reason)
+        return pb.LeaveResponse(epoch=outcome.epoch)
