@@ -19,6 +19,9 @@ Rules:
    higher incarnation) ends that incarnation: with ``auto_rejoin`` the
    session continues at ``max(recorded, own) + 1``; its old leases are void.
 5. LEFT is final: after a graceful leave the session never rejoins.
+6. Within one incarnation the state only moves forward (JOINING, ALIVE, then
+   DEAD or LEFT): an ack from a replica that lags behind the commit cannot
+   take an ALIVE node back to JOINING.
 """
 
 from __future__ import annotations
@@ -181,7 +184,10 @@ class NodeSession:
             return events
         if lease > 0:
             a.lease_until = max(a.lease_until, send_time + lease)
-        events += self._set_state(state)
+        if not (state is MemberState.JOINING and self.state is MemberState.ALIVE):
+            # A replica that has not applied the admission yet says JOINING:
+            # committed states only move forward (rule 6).
+            events += self._set_state(state)
         events += self._update_fence(now, epoch)
         return events
 

@@ -1,0 +1,5 @@
+"""``python -m membership`` is the ``membership`` command."""
+
+from membership.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,410 @@
+"""The ``membership`` command: node, watch, view, demo, and (when installed) arbiter.
+
+Errors are one line on stderr and a non-zero exit code, never a traceback:
+2 for bad flags, 1 for anything else (unreachable arbiters, refused request).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+from typing import Any
+
+from membership.errors import MembershipError, UnavailableError
+from membership.session import Fenced, Rejoined, SessionEvent, StateChanged
+from membership.validation import parse_address
+from membership.view import QuorumChanged, View, ViewChanged, ViewEvent, ViewSnapshot
+
+__all__ = ["main"]
+
+log = logging.getLogger("membership.cli")
+
+
+class CliError(Exception):
+    """A failure to report as one line on stderr (exit code 1)."""
+
+
+def _arbiters(value: str) -> list[str]:
+    try:
+        addrs = [parse_address(a) for a in value.split(",") if a.strip()]
+    except MembershipError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not addrs:
+        raise argparse.ArgumentTypeError("no arbiter address given")
+    return addrs
+
+
+def _label(value: str) -> tuple[str, str]:
+    key, sep, val = value.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"label {value!r} is not key=value")
+    return key, val
+
+
+def _positive(value: str) -> float:
+    try:
+        f = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if f <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be > 0")
+    return f
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _member_json(m: Any) -> dict[str, Any]:
+    return {
+        "node_id": m.node_id,
+        "incarnation": m.incarnation,
+        "state": m.state.value,
+        "labels": dict(m.labels),
+        "epoch": m.epoch,
+    }
+
+
+def event_lines(ev: ViewEvent, as_json: bool) -> list[str]:
+    """Renders one watch event as output lines (one per member change).
+
+    JSON shapes: ``{"type": "snapshot", "epoch", "members": [...]}``,
+    ``{"type": "change", "epoch", "node_id", "incarnation", "state", "labels"}``,
+    ``{"type": "quorum", "in_quorum", "arbiter", "leader"}``.
+    """
+    if isinstance(ev, ViewSnapshot):
+        if as_json:
+            return [
+                json.dumps(
+                    {
+                        "type": "snapshot",
+                        "epoch": ev.view.epoch,
+                        "members": [_member_json(m) for m in ev.view.members],
+                        "arbiter": ev.arbiter_id,
+                    }
+                )
+            ]
+        members = ", ".join(f"{m.node_id}={m.state.value}" for m in ev.view.members) or "(empty)"
+        return [f"epoch {ev.view.epoch}  snapshot from {ev.arbiter_id}: {members}"]
+    if isinstance(ev, ViewChanged):
+        if as_json:
+            return [
+                json.dumps(
+                    {
+                        "type": "change",
+                        "epoch": ev.epoch,
+                        "node_id": c.node_id,
+                        "incarnation": c.incarnation,
+                        "state": c.state.value,
+                        "labels": dict(c.labels),
+                        "arbiter": ev.arbiter_id,
+                    }
+                )
+                for c in ev.changes
+            ]
+        return [
+            f"epoch {ev.epoch}  {c.node_id} (incarnation {c.incarnation}) {c.state.value}"
+            for c in ev.changes
+        ]
+    assert isinstance(ev, QuorumChanged)
+    if as_json:
+        return [
+            json.dumps(
+                {
+                    "type": "quorum",
+                    "in_quorum": ev.in_quorum,
+                    "arbiter": ev.arbiter_id,
+                    "leader": ev.leader_id,
+                }
+            )
+        ]
+    word = "regained" if ev.in_quorum else "lost"
+    return [f"arbiter {ev.arbiter_id} {word} its quorum (leader: {ev.leader_id or 'none'})"]
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+async def _until_signal(main: Callable[[asyncio.Event], Any]) -> Any:
+    """Runs ``main(stop)`` with ``stop`` set by SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        return await main(stop)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+async def _wait_reachable(client: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await client.get_view()
+        except UnavailableError as e:
+            if time.monotonic() >= deadline:
+                raise CliError(f"no arbiter reachable within {timeout:g}s ({e})") from None
+            await asyncio.sleep(0.5)
+
+
+# --- node -------------------------------------------------------------------------------
+
+
+async def _node(args: argparse.Namespace) -> int:
+    from membership.client import MembershipClient
+    from membership.config import ClientConfig
+
+    def on_event(ev: SessionEvent) -> None:
+        if isinstance(ev, StateChanged):
+            _print(f"{args.id}: incarnation {ev.incarnation} is {ev.state.value}")
+        elif isinstance(ev, Fenced):
+            word = "fenced" if ev.fenced else "unfenced"
+            _print(f"{args.id}: {word} (fencing epoch {ev.epoch})")
+        elif isinstance(ev, Rejoined):
+            _print(
+                f"{args.id}: incarnation {ev.old_incarnation} over ({ev.reason}); "
+                f"rejoining as {ev.new_incarnation}"
+            )
+
+    client = MembershipClient(
+        args.arbiters,
+        node_id=args.id,
+        labels=dict(args.label),
+        incarnation=args.incarnation,
+        config=ClientConfig(auto_rejoin=not args.no_rejoin, follow_view=False),
+        on_event=on_event,
+    )
+
+    async def run(stop: asyncio.Event) -> int:
+        await _wait_reachable(client, args.connect_timeout)
+        await client.start()
+        await stop.wait()
+        _print(f"{args.id}: leaving")
+        try:
+            epoch = await client.leave(timeout=args.leave_timeout)
+        except MembershipError as e:
+            raise CliError(f"leave failed: {e}") from None
+        _print(f"{args.id}: LEFT at epoch {epoch}")
+        return 0
+
+    try:
+        result: int = await _until_signal(run)
+        return result
+    finally:
+        await client.close()
+
+
+# --- watch / view ---------------------------------------------------------------------------
+
+
+async def _watch(args: argparse.Namespace) -> int:
+    from membership.client import MembershipClient
+    from membership.config import ClientConfig
+
+    client = MembershipClient(args.arbiters, config=ClientConfig(follow_view=False))
+
+    async def run(stop: asyncio.Event) -> int:
+        await _wait_reachable(client, args.connect_timeout)
+
+        async def pump() -> None:
+            async for ev in client.watch(since_epoch=args.since_epoch):
+                for line in event_lines(ev, args.json):
+                    _print(line)
+
+        task = asyncio.get_running_loop().create_task(pump())
+        stopper = asyncio.get_running_loop().create_task(stop.wait())
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            stopper.cancel()
+            exc = task.exception()
+            raise CliError(f"watch ended unexpectedly: {exc!r}")
+        for t in (task, stopper):
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        return 0
+
+    try:
+        result: int = await _until_signal(run)
+        return result
+    finally:
+        await client.close()
+
+
+def view_json(info: Any) -> dict[str, Any]:
+    """The ``view --json`` object: epoch, leader, in_quorum, arbiter, members."""
+    members = []
+    for m in info.view.members:
+        d = _member_json(m)
+        d["suspected_by"] = list(info.suspected_by.get(m.node_id, ()))
+        members.append(d)
+    return {
+        "epoch": info.view.epoch,
+        "leader": info.leader_id,
+        "in_quorum": info.in_quorum,
+        "arbiter": info.arbiter_id,
+        "local_suspects": list(info.local_suspects),
+        "members": members,
+    }
+
+
+async def _view(args: argparse.Namespace) -> int:
+    from membership.client import MembershipClient
+    from membership.config import ClientConfig
+
+    client = MembershipClient(
+        args.arbiters, config=ClientConfig(follow_view=False, call_timeout=args.timeout)
+    )
+    try:
+        info = await client.get_view()
+    except UnavailableError as e:
+        raise CliError(str(e)) from None
+    finally:
+        await client.close()
+    if args.json:
+        _print(json.dumps(view_json(info)))
+        return 0
+    view: View = info.view
+    _print(
+        f"epoch {view.epoch}  arbiter {info.arbiter_id}  leader {info.leader_id or 'none'}  "
+        f"in_quorum {str(info.in_quorum).lower()}"
+    )
+    for m in view.members:
+        labels = ",".join(f"{k}={v}" for k, v in m.labels.items())
+        suspects = info.suspected_by.get(m.node_id)
+        extra = f"  suspected by {','.join(suspects)}" if suspects else ""
+        _print(
+            f"  {m.node_id:<20} {m.state.value:<6} incarnation {m.incarnation}  "
+            f"since epoch {m.epoch}  {labels}{extra}"
+        )
+    return 0
+
+
+# --- parser -------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every sub-command (plugins such as ``arbiter`` included)."""
+    parser = argparse.ArgumentParser(
+        prog="membership",
+        description="Cluster membership over gRPC with quorum arbitration.",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="log level on stderr (default: warning)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    arb_help = "comma-separated arbiter addresses host:port (list every replica)"
+    p = sub.add_parser("node", help="run a node: heartbeat to every arbiter until SIGINT/SIGTERM")
+    p.add_argument("--id", required=True, help="node id (letters, digits, . _ -; up to 128)")
+    p.add_argument("--arbiters", required=True, type=_arbiters, help=arb_help)
+    p.add_argument(
+        "--label",
+        action="append",
+        type=_label,
+        default=[],
+        metavar="KEY=VALUE",
+        help="static label (repeatable)",
+    )
+    p.add_argument(
+        "--incarnation",
+        type=int,
+        default=None,
+        help="starting incarnation (default: wall-clock milliseconds)",
+    )
+    p.add_argument(
+        "--no-rejoin",
+        action="store_true",
+        help="do not rejoin at a higher incarnation when declared DEAD",
+    )
+    p.add_argument(
+        "--connect-timeout",
+        type=_positive,
+        default=10.0,
+        help="seconds to wait for a first arbiter to answer (default 10)",
+    )
+    p.add_argument(
+        "--leave-timeout",
+        type=_positive,
+        default=5.0,
+        help="seconds to wait for the leave to commit on shutdown (default 5)",
+    )
+    p.set_defaults(func=_node)
+
+    p = sub.add_parser("watch", help="print view events as they happen")
+    p.add_argument("--arbiters", required=True, type=_arbiters, help=arb_help)
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument(
+        "--since-epoch",
+        type=int,
+        default=0,
+        help="resume after this epoch (default 0: start with a snapshot)",
+    )
+    p.add_argument(
+        "--connect-timeout",
+        type=_positive,
+        default=10.0,
+        help="seconds to wait for a first arbiter to answer (default 10)",
+    )
+    p.set_defaults(func=_watch)
+
+    p = sub.add_parser("view", help="print the current view")
+    p.add_argument("--arbiters", required=True, type=_arbiters, help=arb_help)
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.add_argument(
+        "--timeout",
+        type=_positive,
+        default=3.0,
+        help="seconds to wait for each arbiter (default 3)",
+    )
+    p.set_defaults(func=_view)
+
+    from membership import demo
+
+    demo.add_parser(sub)
+
+    # The server registers its own sub-command, so that this package never imports it.
+    for ep in entry_points(group="membership.commands"):
+        try:
+            ep.load()(sub)
+        except ImportError as e:  # pragma: no cover - broken install
+            log.warning("command %s unavailable: %s", ep.name, e)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``membership`` command; returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except MembershipError as e:
+        parser.error(str(e))
+    _setup_logging(args.log_level)
+    try:
+        result = args.func(args)
+        if asyncio.iscoroutine(result):
+            result = asyncio.run(result)
+        return int(result or 0)
+    except (CliError, MembershipError, OSError) as e:
+        print(f"membership {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
