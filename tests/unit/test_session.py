@@ -131,3 +131,12 @@ def test_session_unknown_seq_is_ignored() -> None:
 def test_session_rejects_bad_incarnation(incarnation: int) -> None:
     with pytest.raises(ValueError):
         NodeSession(node_id="n", incarnation=incarnation, arbiters=ARBITERS)
+
+
+def test_session_lagging_replica_saying_joining_does_not_demote_alive() -> None:
+    s = _session()
+    seq, _ = s.heartbeat("a1", 0.0)
+    _ack(s, "a1", seq, 0.0)
+    seq, _ = s.heartbeat("a3", 0.0)
+    assert _ack(s, "a3", seq, 0.01, state=MemberState.JOINING, lease=0.0) == []
+    assert s.state is MemberState.ALIVE

@@ -1,0 +1,135 @@
+"""The main job end to end: real arbiter, node and watcher processes over real gRPC on loopback."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from tests.integration.harness import ProcCluster, alive_set, changes, wait_until
+
+pytestmark = pytest.mark.integration
+
+NODES = ("n1", "n2", "n3")
+
+
+def _start(cluster: ProcCluster, nodes: tuple[str, ...] = NODES) -> None:
+    cluster.start_arbiters(3)
+    wait_until(cluster.leader, 20, "a leader among the replicas")
+    for n in nodes:
+        cluster.start_node(n, "--label", f"rack=r{n[-1]}")
+
+
+def test_cluster_sigkill_node_is_dead_once_at_same_epoch_on_every_subscriber(
+    cluster: ProcCluster,
+) -> None:
+    _start(cluster)
+    w1 = cluster.start_watch("w1", first="a1")
+    w2 = cluster.start_watch("w2", first="a3")
+    for w in (w1, w2):
+        wait_until(lambda w=w: alive_set(w) == set(NODES), 20, f"{w.name} to see every node ALIVE")
+    served = {w.name: {ev["arbiter"] for ev in w.json_lines()} for w in (w1, w2)}
+    assert served["w1"] != served["w2"], f"watchers should be on different replicas: {served}"
+
+    t0 = time.monotonic()
+    cluster.procs["n2"].kill()
+    for w in (w1, w2):
+        wait_until(
+            lambda w=w: any(c["state"] == "DEAD" for c in changes(w, "n2")),
+            5,
+            f"{w.name} to print DEAD for n2",
+        )
+    elapsed = time.monotonic() - t0
+    assert elapsed < 5.0
+
+    # Let any duplicate arrive before counting: both replicas must report the
+    # same committed epoch beyond the death.
+    epoch = changes(w1, "n2")[-1]["epoch"]
+    wait_until(
+        lambda: all((cluster.view(a) or {}).get("epoch", 0) >= epoch for a in ("a1", "a2", "a3")),
+        5,
+        "every replica to apply the death",
+    )
+    dead1 = [c for c in changes(w1, "n2") if c["state"] == "DEAD"]
+    dead2 = [c for c in changes(w2, "n2") if c["state"] == "DEAD"]
+    assert len(dead1) == 1 and len(dead2) == 1, (dead1, dead2)
+    assert dead1[0]["epoch"] == dead2[0]["epoch"]
+    for w in (w1, w2):
+        others = [c for c in changes(w) if c["node_id"] != "n2"]
+        assert all(c["state"] == "ALIVE" for c in others), others
+        assert alive_set(w) == {"n1", "n3"}
+    view = cluster.view("a2")
+    assert view is not None
+    states = {m["node_id"]: m["state"] for m in view["members"]}
+    assert states == {"n1": "ALIVE", "n2": "DEAD", "n3": "ALIVE"}
+
+
+def test_cluster_after_leader_killed_two_replicas_still_decide(cluster: ProcCluster) -> None:
+    _start(cluster)
+    w = cluster.start_watch("w", first="a1")
+    wait_until(lambda: alive_set(w) == set(NODES), 20, "every node ALIVE")
+    leader = wait_until(cluster.leader, 10, "a leader")
+    cluster.procs[leader].kill()
+
+    cluster.procs["n1"].kill()
+    wait_until(
+        lambda: any(c["state"] == "DEAD" for c in changes(w, "n1")),
+        15,
+        "n1 declared DEAD by the two remaining replicas",
+    )
+    cluster.start_node("n4")
+    wait_until(lambda: "n4" in alive_set(w), 15, "n4 ALIVE")
+    assert alive_set(w) == {"n2", "n3", "n4"}
+    new_leader = wait_until(cluster.leader, 10, "a new leader")
+    assert new_leader != leader
+
+
+def test_cluster_single_replica_left_decides_nothing(cluster: ProcCluster) -> None:
+    _start(cluster)
+    wait_until(
+        lambda: (v := cluster.view("a3")) and sum(m["state"] == "ALIVE" for m in v["members"]) == 3,
+        20,
+        "every node ALIVE on a3",
+    )
+    before = cluster.view("a3")
+    assert before is not None
+    cluster.procs["a1"].kill()
+    cluster.procs["a2"].kill()
+    wait_until(
+        lambda: (v := cluster.view("a3")) and v["in_quorum"] is False,
+        10,
+        "a3 to report in_quorum false",
+    )
+    cluster.procs["n1"].kill()
+    # a3's own detector suspects n1 (proof that detection time has passed),
+    # yet with no quorum nothing is committed.
+    wait_until(
+        lambda: (v := cluster.view("a3")) and "n1" in v["local_suspects"],
+        10,
+        "a3 to suspect n1 locally",
+    )
+    after = cluster.view("a3")
+    assert after is not None
+    assert after["in_quorum"] is False
+    assert after["epoch"] == before["epoch"]
+    states = {m["node_id"]: m["state"] for m in after["members"]}
+    assert states["n1"] == "ALIVE"
+
+
+def test_cluster_sigterm_node_leaves_never_dead(cluster: ProcCluster) -> None:
+    _start(cluster)
+    w = cluster.start_watch("w", first="a2")
+    wait_until(lambda: alive_set(w) == set(NODES), 20, "every node ALIVE")
+    node = cluster.procs["n3"]
+    node.signal(signal.SIGTERM)
+    wait_until(lambda: any(c["state"] == "LEFT" for c in changes(w, "n3")), 10, "n3 LEFT")
+    assert node.popen.wait(10) == 0, node.stderr()
+    out = "\n".join(node.lines())
+    assert "LEFT at epoch" in out
+    # LEFT is final for that incarnation: the silence that follows cannot turn it DEAD.
+    view = cluster.view()
+    assert view is not None
+    states = {m["node_id"]: m["state"] for m in view["members"]}
+    assert states["n3"] == "LEFT"
+    assert not any(c["state"] == "DEAD" for c in changes(w, "n3"))
