@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import signal
@@ -213,7 +212,7 @@ async def _node(args: argparse.Namespace) -> int:
 
 
 async def _watch(args: argparse.Namespace) -> int:
-    from membership.client import MembershipClient
+    from membership.client import MembershipClient, reap
     from membership.config import ClientConfig
 
     client = MembershipClient(args.arbiters, config=ClientConfig(follow_view=False))
@@ -234,9 +233,7 @@ async def _watch(args: argparse.Namespace) -> int:
             exc = task.exception()
             raise CliError(f"watch ended unexpectedly: {exc!r}")
         for t in (task, stopper):
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+            await reap(t)
         return 0
 
     try:

@@ -18,7 +18,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -67,6 +66,19 @@ class ViewInfo:
     suspected_by: Mapping[str, tuple[str, ...]]
     # Nodes the answering arbiter's own detector suspects now (committed or not).
     local_suspects: tuple[str, ...] = ()
+
+
+async def reap(task: asyncio.Future[Any]) -> None:
+    """Cancels ``task`` and waits until it has finished, whatever its outcome.
+
+    Unlike ``suppress(CancelledError): await task``, this never swallows a
+    cancellation of the *calling* task, so a supervisor being shut down
+    cannot be kept alive by the child it is cleaning up.
+    """
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("task ended with %r", task.exception())
 
 
 class _StreamFailed(Exception):
@@ -161,10 +173,7 @@ class MembershipClient:
         """Stops every task and closes every channel (no leave: see :meth:`leave`)."""
         self._closed = True
         for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+            await reap(t)
         self._tasks.clear()
         for ch in self._channels.values():
             await ch.close(grace=None)
@@ -291,12 +300,16 @@ class MembershipClient:
                 await asyncio.sleep(random.uniform(0, self.config.backoff_initial))
             except asyncio.CancelledError:
                 raise
+            except ClosedError:
+                return
             except Exception:
                 log.exception("heartbeat supervisor for %s failed; restarting", addr)
                 await asyncio.sleep(self.config.backoff_max)
 
     async def _heartbeat_stream(self, addr: str) -> None:
         assert self._session is not None
+        if self._closed:
+            raise ClosedError("client closed")
         session = self._session
         call = self._stub(addr).Heartbeat()
         last_ack = time.monotonic()
@@ -360,10 +373,8 @@ class MembershipClient:
                 raise _StreamFailed(detail) from e
         finally:
             self.stream_healthy[addr] = False
-            read_task.cancel()
             call.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await read_task
+            await reap(read_task)
         if not healthy:
             raise _StreamFailed("stream ended before any ack")
 
@@ -530,9 +541,7 @@ class MembershipClient:
             finally:
                 call.cancel()
                 if read is not None:
-                    read.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await read
+                    await reap(read)
             if not got_any:
                 failures += 1
                 await asyncio.sleep(

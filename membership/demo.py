@@ -176,7 +176,7 @@ class _Watcher:
 
 
 async def _demo(args: argparse.Namespace) -> int:
-    from membership.client import MembershipClient
+    from membership.client import MembershipClient, reap
     from membership.config import ClientConfig
 
     if args.nodes < 4:
@@ -235,9 +235,7 @@ async def _demo(args: argparse.Namespace) -> int:
             return 0
         finally:
             if watch_task is not None:
-                watch_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await watch_task
+                await reap(watch_task)
             if client is not None:
                 await client.close()
             cluster.stop_all()

@@ -1,11 +1,33 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.harness import ProcCluster
+from arbiter.config import ArbiterConfig
+from arbiter.server.app import ArbiterServer
+from membership.demo import free_ports
+from tests.integration.harness import ProcCluster, wait_async
+
+
+@pytest.fixture
+async def replicas() -> AsyncIterator[list[ArbiterServer]]:
+    """Three arbiter replicas in this process, real gRPC on loopback, a leader elected."""
+    ports = free_ports(3)
+    peers = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(ports)}
+    servers = [
+        ArbiterServer(replica_id=rid, peers=peers, listen=addr, config=ArbiterConfig.local())
+        for rid, addr in peers.items()
+    ]
+    for s in servers:
+        await s.start()
+    try:
+        await wait_async(lambda: any(s.driver.is_leader for s in servers), 15, "a leader")
+        yield servers
+    finally:
+        for s in servers:
+            await s.stop(grace=0)
 
 
 @pytest.fixture

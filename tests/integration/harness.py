@@ -7,6 +7,7 @@ process itself dies (PR_SET_PDEATHSIG).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -37,6 +38,15 @@ def wait_until(pred: Callable[[], T], timeout: float, what: str, interval: float
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+async def wait_async(pred: Callable[[], object], timeout: float, what: str) -> None:
+    """Polls ``pred`` on the event loop until truthy; AssertionError after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
 
 
 @dataclass

@@ -6,47 +6,18 @@ node keeps heartbeating through the SDK while raw streams misbehave.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 
-from arbiter.config import ArbiterConfig
 from arbiter.server.app import ArbiterServer
 from membership import MembershipClient, MemberState
-from membership.demo import free_ports
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
+from tests.integration.harness import wait_async
 
 pytestmark = pytest.mark.integration
-
-
-async def _wait(pred, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-@pytest.fixture
-async def replicas() -> AsyncIterator[list[ArbiterServer]]:
-    ports = free_ports(3)
-    peers = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(ports)}
-    servers = [
-        ArbiterServer(replica_id=rid, peers=peers, listen=addr, config=ArbiterConfig.local())
-        for rid, addr in peers.items()
-    ]
-    for s in servers:
-        await s.start()
-    try:
-        await _wait(lambda: any(s.driver.is_leader for s in servers), 15, "a leader")
-        yield servers
-    finally:
-        for s in servers:
-            await s.stop(grace=0)
 
 
 @pytest.fixture
@@ -168,6 +139,6 @@ async def test_bad_input_sdk_leave_gives_left(
 ) -> None:
     epoch = await good_node.leave(timeout=5)
     for s in replicas:
-        await _wait(lambda s=s: s.driver.state.epoch >= epoch, 5, "the leave applied")
+        await wait_async(lambda s=s: s.driver.state.epoch >= epoch, 5, "the leave applied")
         member = s.driver.state.member("good")
         assert member is not None and member.state is MemberState.LEFT

@@ -154,7 +154,8 @@ def test_cli_demo_interrupted_leaves_no_process() -> None:
             if "all" in line and "ALIVE" in line:
                 break
         running = _marked(mark)
-        assert len(running) == 9, running  # the demo itself, 3 arbiters, 5 nodes
+        # the demo, 3 arbiters, 5 nodes; it may have killed its first node already
+        assert len(running) >= 8, running
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=30)
         assert proc.returncode is not None
