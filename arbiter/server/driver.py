@@ -18,11 +18,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from arbiter.config import ArbiterConfig
-from arbiter.core.commands import Leave, ObserveBatch, encode
 from arbiter.core.detector import MissedHeartbeatDetector
-from arbiter.core.observer import HeartbeatVerdict, Observer
-from arbiter.core.raft import Message, ProposalDropped, RaftNode, Ready, Role
-from arbiter.core.state import LeaveOutcome, MembershipState, ViewChange
+from arbiter.core.observer import HeartbeatVerdict
+from arbiter.core.raft import Message, Ready, Role
+from arbiter.core.replica import Replica, ReplicaSettings
+from arbiter.core.state import LeaveOutcome, ViewChange
 
 __all__ = ["Driver", "ReplicaStatus"]
 
@@ -69,25 +69,26 @@ class Driver:
         self._on_change = on_change
         self._on_quorum = on_quorum
         now = time.monotonic()
-        self.state = MembershipState(replica_ids)
-        self.raft = RaftNode(
-            node_id=replica_id,
-            peers=replica_ids,
-            config=config.raft(),
-            rng=random.Random(),
-            now=now,
-        )
-        self.observer = Observer(
+        self.replica = Replica(
             replica_id=replica_id,
+            replica_ids=replica_ids,
+            raft_config=config.raft(),
+            settings=ReplicaSettings(
+                lease=config.lease,
+                observation_retry=config.observation_retry,
+                restart_grace=config.lease,
+                heartbeat_interval=config.heartbeat_interval,
+            ),
             detector=MissedHeartbeatDetector(
                 interval=config.heartbeat_interval, missed_limit=config.missed_heartbeats
             ),
-            lease=config.lease,
-            retry_after=config.observation_retry,
-            seq_base=time.time_ns(),
+            rng=random.Random(),
             now=now,
-            restart_grace=config.lease,
+            seq_base=time.time_ns(),
         )
+        self.state = self.replica.state
+        self.raft = self.replica.raft
+        self.observer = self.replica.observer
         self._wake = asyncio.Event()
         self._leaves: dict[str, asyncio.Future[LeaveOutcome]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -101,14 +102,7 @@ class Driver:
     ) -> HeartbeatVerdict:
         """Takes a validated heartbeat received now; returns the verdict for the ack."""
         owed = self.observer.owed()
-        verdict = self.observer.heartbeat(
-            node_id,
-            incarnation,
-            labels,
-            time.monotonic(),
-            self.state,
-            interval=self.config.heartbeat_interval,
-        )
+        verdict = self.replica.heartbeat(node_id, incarnation, labels, time.monotonic())
         if self.observer.owed() != owed:
             self._wake.set()
         return verdict
@@ -119,11 +113,7 @@ class Driver:
             log.warning("dropping raft message for %s (this is %s)", msg.dst, self.replica_id)
             return
         try:
-            self.raft.step(msg, time.monotonic())
-        except ProposalDropped:
-            # A forwarded proposal found no leader: lost, as etcd's MsgProp;
-            # the observer proposes again after observation_retry.
-            pass
+            self.replica.step(msg, time.monotonic())
         except AssertionError:
             # The peer's message contradicts this replica's Raft state. In this
             # version Raft state lives in memory: a replica restarted while the
@@ -152,10 +142,7 @@ class Driver:
         fut: asyncio.Future[LeaveOutcome] = asyncio.get_running_loop().create_future()
         self._leaves[request_id] = fut
         try:
-            self.raft.propose(
-                encode(Leave(node_id=node_id, incarnation=incarnation, request_id=request_id)),
-                time.monotonic(),
-            )
+            self.replica.propose_leave(node_id, incarnation, request_id, time.monotonic())
             self._wake.set()
             return await asyncio.wait_for(fut, timeout)
         finally:
@@ -204,11 +191,7 @@ class Driver:
                 # A bug in one turn must not stop detection for everyone (C22):
                 # log it loudly and go on with the next turn.
                 log.exception("driver turn failed; continuing")
-            deadline = min(
-                d
-                for d in (self.raft.next_deadline(), self.observer.next_deadline(), now + 0.05)
-                if d is not None
-            )
+            deadline = min(self.replica.next_deadline(), now + 0.05)
             self._wake.clear()
             timeout = max(0.0, deadline - time.monotonic())
             if timeout > 0:
@@ -219,18 +202,9 @@ class Driver:
             self.loop_lag = max(0.0, time.monotonic() - deadline)
 
     def _turn(self, now: float) -> None:
-        self.raft.tick(now)
-        self.observer.tick(now, self.state)
-        owed = self.observer.observations(now, self.state)
-        if owed:
-            try:
-                self.raft.propose(
-                    encode(ObserveBatch(replica_id=self.replica_id, observations=owed)), now
-                )
-            except ProposalDropped:
-                pass  # no leader now; retried after observation_retry
-        while self.raft.has_ready():
-            self._handle_ready(self.raft.ready())
+        self.replica.tick(now)
+        while self.replica.has_ready():
+            self._handle_ready(self.replica.ready())
         self._check_quorum(now)
 
     def _handle_ready(self, rd: Ready) -> None:
@@ -238,11 +212,10 @@ class Driver:
         # 2. send
         for msg in rd.messages:
             self._send(msg)
-        # 3. apply
-        for entry in rd.committed_entries:
-            result = self.state.apply(entry.index, entry.data)
+        # 3. apply, 4. advance
+        for result in self.replica.advance(rd):
             if result.error:
-                log.error("log entry %d not applied: %s", entry.index, result.error)
+                log.error("log entry %d not applied: %s", result.index, result.error)
             if result.change is not None:
                 for c in result.change.changes:
                     log.info(
@@ -257,8 +230,6 @@ class Driver:
                 fut = self._leaves.get(result.leave.request_id)
                 if fut is not None and not fut.done():
                     fut.set_result(result.leave)
-        # 4. advance
-        self.raft.advance(rd)
 
     def _check_quorum(self, now: float) -> None:
         st = self.raft.status()
