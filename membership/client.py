@@ -143,6 +143,7 @@ class MembershipClient:
         self._view = View()
         self._alive = asyncio.Event()
         self._state_changed = asyncio.Event()
+        self._fence_changed = asyncio.Event()
         self._interval = self.config.heartbeat_interval
         self.stream_healthy: dict[str, bool] = dict.fromkeys(self.arbiters, False)
 
@@ -205,6 +206,38 @@ class MembershipClient:
         return self._session.fenced(time.monotonic()) if self._session else True
 
     @property
+    def is_member(self) -> bool:
+        """True only while the node is ALIVE in the view it knows AND holds a quorum of leases.
+
+        This is the "am I a member" answer to act on: it turns False as soon as
+        the leases run out (before the cluster can have declared the node DEAD).
+        """
+        return self.state is MemberState.ALIVE and not self.fenced
+
+    async def wait_fenced(self, fenced: bool = True, timeout: float | None = None) -> None:
+        """Waits until :attr:`fenced` equals ``fenced``.
+
+        Raises:
+            InvalidArgument: on a watch-only client.
+            TimeoutError: after ``timeout`` seconds.
+        """
+        if self._session is None:
+            raise InvalidArgument("wait_fenced needs a node_id")
+
+        async def _wait() -> None:
+            while self.fenced != fenced:
+                self._fence_changed.clear()
+                # leases run out without any event: wake at the next deadline too
+                deadline = self._session.next_deadline() if self._session else None
+                delay = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    await asyncio.wait_for(self._fence_changed.wait(), delay)
+                except TimeoutError:
+                    pass
+
+        await asyncio.wait_for(_wait(), timeout)
+
+    @property
     def fencing_epoch(self) -> int:
         """The latest view epoch seen while holding a quorum of leases (a fencing token)."""
         return self._session.fencing_epoch if self._session else 0
@@ -252,6 +285,7 @@ class MembershipClient:
                 log.info("%s incarnation %d is %s", self.node_id, ev.incarnation, ev.state.value)
                 self._state_changed.set()
             elif isinstance(ev, Fenced):
+                self._fence_changed.set()
                 log.info(
                     "%s %s (epoch %d)",
                     self.node_id,

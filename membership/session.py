@@ -164,16 +164,18 @@ class NodeSession:
         events: list[SessionEvent] = []
         if state is MemberState.LEFT:
             self.left = True
-            return self._set_state(MemberState.LEFT) + self._void_leases(now)
+            return self._void_leases(now) + self._set_state(MemberState.LEFT)
         if state is MemberState.DEAD or recorded_incarnation > self.incarnation:
             reason = (
                 "declared DEAD"
                 if state is MemberState.DEAD
                 else (f"the cluster records incarnation {recorded_incarnation}")
             )
+            # Fencing is reported first: the application must stop acting as a
+            # member before it hears anything else about this incarnation.
+            events += self._void_leases(now)
             if state is MemberState.DEAD:
                 events += self._set_state(MemberState.DEAD)
-            events += self._void_leases(now)
             if self.auto_rejoin:
                 old = self.incarnation
                 self.incarnation = max(recorded_incarnation, self.incarnation) + 1

@@ -87,9 +87,12 @@ def test_session_dead_rejoins_with_higher_incarnation_and_voids_leases() -> None
         _ack(s, arb, seq, 0.0)
     seq, _ = s.heartbeat("a3", 0.1)
     events = _ack(s, "a3", seq, 0.1, lease=0.0, state=MemberState.DEAD)
-    assert events[0] == StateChanged(state=MemberState.DEAD, incarnation=10)
-    assert Fenced(fenced=True, epoch=5) in events
-    assert Rejoined(old_incarnation=10, new_incarnation=11, reason="declared DEAD") in events
+    assert events == [
+        Fenced(fenced=True, epoch=5),  # first: stop acting as a member
+        StateChanged(state=MemberState.DEAD, incarnation=10),
+        Rejoined(old_incarnation=10, new_incarnation=11, reason="declared DEAD"),
+        StateChanged(state=MemberState.JOINING, incarnation=11),
+    ]
     assert s.incarnation == 11 and s.state is MemberState.JOINING
     assert s.fenced(0.1)
     # Acks to heartbeats of the old incarnation are ignored from now on.
