@@ -18,7 +18,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from membership.errors import MembershipError, UnavailableError
-from membership.session import Fenced, Rejoined, SessionEvent, StateChanged
+from membership.session import Fenced, Rejoined, SessionEvent, StateChanged, Superseded
 from membership.validation import parse_address
 from membership.view import QuorumChanged, View, ViewChanged, ViewEvent, ViewSnapshot
 
@@ -174,6 +174,8 @@ async def _node(args: argparse.Namespace) -> int:
         elif isinstance(ev, Fenced):
             word = "fenced" if ev.fenced else "unfenced"
             _print(f"{args.id}: {word} (fencing epoch {ev.epoch})")
+        elif isinstance(ev, Superseded):
+            _print(f"{args.id}: incarnation {ev.incarnation} taken over by {ev.by}; stopping")
         elif isinstance(ev, Rejoined):
             _print(
                 f"{args.id}: incarnation {ev.old_incarnation} over ({ev.reason}); "
@@ -192,7 +194,16 @@ async def _node(args: argparse.Namespace) -> int:
     async def run(stop: asyncio.Event) -> int:
         await _wait_reachable(client, args.connect_timeout)
         await client.start()
-        await stop.wait()
+        stopper = asyncio.ensure_future(stop.wait())
+        ended = asyncio.ensure_future(client.ended.wait())
+        await asyncio.wait({stopper, ended}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        ended.cancel()
+        if client.ended.is_set():
+            raise CliError(
+                f"node id {args.id!r} was taken over by a newer incarnation "
+                "(is another process running with the same id?)"
+            )
         _print(f"{args.id}: leaving")
         try:
             epoch = await client.leave(timeout=args.leave_timeout)

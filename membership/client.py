@@ -36,7 +36,14 @@ from membership.errors import (
     RejectedError,
     UnavailableError,
 )
-from membership.session import Fenced, NodeSession, Rejoined, SessionEvent, StateChanged
+from membership.session import (
+    Fenced,
+    NodeSession,
+    Rejoined,
+    SessionEvent,
+    StateChanged,
+    Superseded,
+)
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
 from membership.validation import parse_address, validate_labels, validate_node_id
@@ -144,6 +151,8 @@ class MembershipClient:
         self._alive = asyncio.Event()
         self._state_changed = asyncio.Event()
         self._fence_changed = asyncio.Event()
+        # Set when the session ends by itself (superseded); see wait_ended().
+        self.ended = asyncio.Event()
         self._interval = self.config.heartbeat_interval
         self.stream_healthy: dict[str, bool] = dict.fromkeys(self.arbiters, False)
 
@@ -263,7 +272,7 @@ class MembershipClient:
 
         async def _wait() -> None:
             while self.state is not MemberState.ALIVE:
-                if self._closed or (self._session is not None and self._session.left):
+                if self._closed or (self._session is not None and self._session.ended):
                     raise ClosedError("client closed before the node became ALIVE")
                 self._state_changed.clear()
                 await self._state_changed.wait()
@@ -292,6 +301,16 @@ class MembershipClient:
                     "fenced" if ev.fenced else "holds a quorum of leases",
                     ev.epoch,
                 )
+            elif isinstance(ev, Superseded):
+                log.error(
+                    "%s: incarnation %d was taken over by incarnation %d (another process "
+                    "with the same node id?); this client stops heartbeating",
+                    self.node_id,
+                    ev.incarnation,
+                    ev.by,
+                )
+                self._state_changed.set()
+                self.ended.set()
             elif isinstance(ev, Rejoined):
                 log.warning(
                     "%s: incarnation %d is over (%s); rejoining as %d",
@@ -319,7 +338,7 @@ class MembershipClient:
     async def _supervise(self, addr: str) -> None:
         # One supervisor per arbiter; it never ends by itself and never dies
         # silently (C24): unexpected errors are logged and retried.
-        while not self._closed:
+        while not self._closed and not (self._session is not None and self._session.ended):
             try:
                 retrying = AsyncRetrying(
                     wait=wait_random_exponential(
@@ -376,7 +395,7 @@ class MembershipClient:
                         now=now,
                     )
                 )
-                if session.left:
+                if session.ended:
                     return
 
         read_task = asyncio.get_running_loop().create_task(reader())

@@ -22,6 +22,10 @@ Rules:
 6. Within one incarnation the state only moves forward (JOINING, ALIVE, then
    DEAD or LEFT): an ack from a replica that lags behind the commit cannot
    take an ALIVE node back to JOINING.
+7. A node that was a member and learns that the cluster records a *higher*
+   incarnation of its id was taken over (another process started with the
+   same id, C15): it is superseded and ends, without rejoining. Only a node
+   that never became a member at its incarnation picks a higher one (rule 4).
 """
 
 from __future__ import annotations
@@ -66,7 +70,15 @@ class Rejoined:
     reason: str
 
 
-SessionEvent = StateChanged | Fenced | Rejoined
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Superseded:
+    """Another process took this node id over with a higher incarnation; the session ended."""
+
+    incarnation: int
+    by: int
+
+
+SessionEvent = StateChanged | Fenced | Rejoined | Superseded
 
 
 @dataclass(slots=True)
@@ -112,6 +124,12 @@ class NodeSession:
         self._fenced = True
         self.fencing_epoch = 0
         self.left = False
+        self.superseded = False
+
+    @property
+    def ended(self) -> bool:
+        """True after a graceful leave or when superseded: nothing more to send."""
+        return self.left or self.superseded
 
     def heartbeat(self, arbiter: str, now: float) -> tuple[int, int]:
         """Records a heartbeat about to be sent to ``arbiter`` at ``now`` (rule 1).
@@ -156,7 +174,7 @@ class NodeSession:
         """
         a = self._arbiters[arbiter]
         sent = a.sent.get(seq)
-        if sent is None or self.left:
+        if sent is None or self.ended:
             return []
         send_time, incarnation = sent
         if incarnation != self.incarnation:
@@ -165,6 +183,15 @@ class NodeSession:
         if state is MemberState.LEFT:
             self.left = True
             return self._void_leases(now) + self._set_state(MemberState.LEFT)
+        if recorded_incarnation > self.incarnation and self.state is not MemberState.JOINING:
+            # Rule 7: a newer life of this id exists while this one was a
+            # member. Fighting back with yet another incarnation would make
+            # both processes flap; this one steps aside.
+            self.superseded = True
+            events += self._void_leases(now)
+            events += self._set_state(MemberState.DEAD)
+            events.append(Superseded(incarnation=self.incarnation, by=recorded_incarnation))
+            return events
         if state is MemberState.DEAD or recorded_incarnation > self.incarnation:
             reason = (
                 "declared DEAD"

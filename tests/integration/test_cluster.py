@@ -133,3 +133,27 @@ def test_cluster_sigterm_node_leaves_never_dead(cluster: ProcCluster) -> None:
     states = {m["node_id"]: m["state"] for m in view["members"]}
     assert states["n3"] == "LEFT"
     assert not any(c["state"] == "DEAD" for c in changes(w, "n3"))
+
+
+def test_cluster_same_node_id_twice_newer_takes_over_older_steps_aside(
+    cluster: ProcCluster,
+) -> None:
+    _start(cluster, nodes=("n1",))
+    w = cluster.start_watch("w", first="a1")
+    wait_until(lambda: alive_set(w) == {"n1"}, 20, "n1 ALIVE")
+    old = cluster.procs["n1"]
+    new = cluster.spawn("n1-again", "node", "--id", "n1", "--arbiters", cluster.arbiter_list())
+    # The old process learns a newer incarnation holds its id and stops, with a
+    # one-line error; the two never flap.
+    assert old.popen.wait(15) == 1
+    assert "taken over" in old.stderr() and "Traceback" not in old.stderr()
+    wait_until(lambda: any("is ALIVE" in line for line in new.lines()), 10, "new n1 ALIVE")
+    n1 = changes(w, "n1")
+    incarnations = sorted({c["incarnation"] for c in n1})
+    assert len(incarnations) == 2, n1
+    # The old incarnation is retired (DEAD) no later than the epoch the new one joins.
+    retired = [c for c in n1 if c["incarnation"] == incarnations[0] and c["state"] == "DEAD"]
+    joined = [c for c in n1 if c["incarnation"] == incarnations[1] and c["state"] == "ALIVE"]
+    assert len(retired) == 1 and len(joined) == 1
+    assert retired[0]["epoch"] <= joined[0]["epoch"]
+    assert new.alive()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from membership.session import Fenced, NodeSession, Rejoined, StateChanged
+from membership.session import Fenced, NodeSession, Rejoined, StateChanged, Superseded
 from membership.view import MemberState
 
 ARBITERS = ("a1", "a2", "a3")
@@ -143,3 +143,20 @@ def test_session_lagging_replica_saying_joining_does_not_demote_alive() -> None:
     seq, _ = s.heartbeat("a3", 0.0)
     assert _ack(s, "a3", seq, 0.01, state=MemberState.JOINING, lease=0.0) == []
     assert s.state is MemberState.ALIVE
+
+
+def test_session_member_superseded_by_higher_incarnation_steps_aside() -> None:
+    s = _session()
+    for arb in ("a1", "a2"):
+        seq, _ = s.heartbeat(arb, 0.0)
+        _ack(s, arb, seq, 0.0)
+    seq, _ = s.heartbeat("a1", 0.1)
+    events = _ack(s, "a1", seq, 0.1, state=MemberState.DEAD, recorded=20, lease=0.0)
+    assert events == [
+        Fenced(fenced=True, epoch=5),
+        StateChanged(state=MemberState.DEAD, incarnation=10),
+        Superseded(incarnation=10, by=20),
+    ]
+    assert s.ended and s.incarnation == 10  # no fight back with incarnation 21
+    seq, _ = s.heartbeat("a2", 0.2)
+    assert _ack(s, "a2", seq, 0.2) == []
