@@ -306,6 +306,25 @@ async def _view(args: argparse.Namespace) -> int:
 # --- parser -------------------------------------------------------------------------------
 
 
+def _add_connect_timeout(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--connect-timeout",
+        type=_positive,
+        default=10.0,
+        help="seconds to wait for a first arbiter to answer (default 10)",
+    )
+
+
+def _epoch_arg(value: str) -> int:
+    try:
+        epoch = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if epoch < 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be >= 0")
+    return epoch
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every sub-command (plugins such as ``arbiter`` included)."""
     parser = argparse.ArgumentParser(
@@ -343,12 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not rejoin at a higher incarnation when declared DEAD",
     )
-    p.add_argument(
-        "--connect-timeout",
-        type=_positive,
-        default=10.0,
-        help="seconds to wait for a first arbiter to answer (default 10)",
-    )
+    _add_connect_timeout(p)
     p.add_argument(
         "--leave-timeout",
         type=_positive,
@@ -362,16 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument(
         "--since-epoch",
-        type=int,
+        type=_epoch_arg,
         default=0,
         help="resume after this epoch (default 0: start with a snapshot)",
     )
-    p.add_argument(
-        "--connect-timeout",
-        type=_positive,
-        default=10.0,
-        help="seconds to wait for a first arbiter to answer (default 10)",
-    )
+    _add_connect_timeout(p)
     p.set_defaults(func=_watch)
 
     p = sub.add_parser("view", help="print the current view")
