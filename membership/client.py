@@ -215,6 +215,13 @@ class MembershipClient:
         return self._session.fenced(time.monotonic()) if self._session else True
 
     @property
+    def healthy(self) -> bool:
+        """True while heartbeat streams to at least a quorum of arbiters are up (acked) (C24)."""
+        if self._session is None:
+            return False
+        return sum(self.stream_healthy.values()) >= self._session.quorum
+
+    @property
     def is_member(self) -> bool:
         """True only while the node is ALIVE in the view it knows AND holds a quorum of leases.
 

@@ -92,6 +92,8 @@ async def test_watch_client_view_follows_committed_view(replicas: list[ArbiterSe
         assert m is not None and m.state is MemberState.ALIVE and dict(m.labels) == {"rack": "r7"}
         assert me.view.epoch == replicas[0].driver.state.epoch or me.view.epoch > 0
         await wait_async(lambda: not me.fenced, 5, "a quorum of leases")
+        await wait_async(lambda: me.healthy, 5, "streams to a quorum")
+        assert me.is_member
         assert me.fencing_epoch >= m.epoch
 
 
