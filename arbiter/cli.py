@@ -6,14 +6,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import os
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from arbiter.config import ArbiterConfig
 from membership.errors import InvalidArgument
 
-__all__ = ["register"]
+__all__ = ["default_data_dir", "register"]
+
+
+def default_data_dir(cluster: str, replica_id: str) -> Path:
+    """Where a replica keeps its Raft state unless ``--data-dir`` says otherwise.
+
+    ``$XDG_STATE_HOME/membership/<cluster>/<replica id>``, with
+    ``~/.local/state`` when XDG_STATE_HOME is unset (XDG Base Directory
+    specification: state that persists across restarts).
+
+    Raises:
+        InvalidArgument: the cluster name cannot be a directory name.
+    """
+    if cluster in (".", "..") or "/" in cluster or "\0" in cluster:
+        raise InvalidArgument(f"cluster {cluster!r} cannot name a directory; pass --data-dir")
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "membership" / cluster / replica_id
 
 
 def _defaults_help() -> str:
@@ -65,6 +83,19 @@ def register(sub: Any) -> None:
         help="Raft election timeout in seconds (default 1.0)",
     )
     p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="directory for this replica's durable Raft state (created if missing; default: "
+        "$XDG_STATE_HOME or ~/.local/state, then membership/<cluster>/<id>)",
+    )
+    p.add_argument(
+        "--snapshot-every",
+        type=int,
+        default=None,
+        help="applied log entries between two snapshots of the state (default 1000)",
+    )
+    p.add_argument(
         "--check-config",
         action="store_true",
         help="validate the flags and configuration, print it, and exit",
@@ -75,7 +106,7 @@ def register(sub: Any) -> None:
 def _config(args: argparse.Namespace) -> ArbiterConfig:
     base = ArbiterConfig.local() if args.preset == "local" else ArbiterConfig.lan()
     overrides: dict[str, Any] = {"cluster": args.cluster}
-    for name in ("heartbeat_interval", "missed_heartbeats", "election_timeout"):
+    for name in ("heartbeat_interval", "missed_heartbeats", "election_timeout", "snapshot_every"):
         value = getattr(args, name)
         if value is not None:
             overrides[name] = value
@@ -92,18 +123,24 @@ def run(args: argparse.Namespace) -> Any:
     config = _config(args)
     if args.id not in peers:
         raise InvalidArgument(f"--id {args.id!r} is not in --peers ({', '.join(peers)})")
+    data_dir = args.data_dir or default_data_dir(config.cluster, args.id)
     if args.check_config:
         print(f"arbiter {args.id}: configuration OK")
         for f in dataclasses.fields(config):
             print(f"  {f.name} = {getattr(config, f.name)}")
+        print(f"  data_dir = {data_dir}")
         return 0
-    return _serve(args.id, peers, listen, config)
+    return _serve(args.id, peers, listen, config, data_dir)
 
 
-async def _serve(replica_id: str, peers: dict[str, str], listen: str, config: ArbiterConfig) -> int:
+async def _serve(
+    replica_id: str, peers: dict[str, str], listen: str, config: ArbiterConfig, data_dir: Path
+) -> int:
     from arbiter.server.app import ArbiterServer
 
-    server = ArbiterServer(replica_id=replica_id, peers=peers, listen=listen, config=config)
+    server = ArbiterServer(
+        replica_id=replica_id, peers=peers, listen=listen, config=config, data_dir=data_dir
+    )
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -11,6 +11,7 @@ trip later (milliseconds on a LAN) once a quorum of replicas suspect.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from arbiter.core.raft import RaftConfig
@@ -42,6 +43,13 @@ class ArbiterConfig:
     # Lease granted with each ack, as a fraction of D. The replica promises
     # not to suspect the node before the lease runs out, so it must be <= 1.
     lease_fraction: float = 1.0
+    # After a (re)start a replica casts no suspicion for this long (seconds).
+    # It must cover one maximum lease (a lease granted before a crash is a
+    # promise, DESIGN.md rule 3) plus the time nodes need to reconnect after
+    # an outage (their backoff is at most 1 s by default): otherwise restarting
+    # every replica would declare slow-to-reconnect nodes DEAD. Trade-off: a
+    # node that died during the outage is declared DEAD up to this much later.
+    restart_grace: float = 3.0
     # Observations not committed after this long are proposed again (seconds).
     observation_retry: float = 0.5
 
@@ -51,6 +59,13 @@ class ArbiterConfig:
     # Election timeout (seconds); each follower draws its own in [T, 2T).
     # Leader failover takes about 1 to 2 T. Must exceed 2 x raft_heartbeat_interval.
     election_timeout: float = 1.0
+    # Applied log entries between two snapshots of the state machine; the
+    # entries a snapshot covers are then deleted from the log (Raft §7). A
+    # snapshot costs one serialisation of the state (O(nodes x arbiters)
+    # observations) and one fsync; a smaller value keeps the log and restart
+    # replay short, a larger one makes snapshots rarer. A replica that falls
+    # behind the leader's last snapshot catches up by receiving the snapshot.
+    snapshot_every: int = 1000
 
     # --- subscribers -----------------------------------------------------------
     # Committed changes kept in memory for subscribers that resume by epoch.
@@ -128,6 +143,10 @@ class ArbiterConfig:
             "keepalive_timeout",
             "min_ping_interval",
         )
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float | int) and not math.isfinite(value):
+                raise InvalidArgument(f"{f.name} must be a finite number, got {value}")
         for name in positive:
             if not getattr(self, name) > 0:
                 raise InvalidArgument(f"{name} must be > 0, got {getattr(self, name)}")
@@ -135,6 +154,11 @@ class ArbiterConfig:
             raise InvalidArgument(
                 f"missed_heartbeats must be >= 2 (one late heartbeat must not suspect), "
                 f"got {self.missed_heartbeats}"
+            )
+        if self.restart_grace < self.lease:
+            raise InvalidArgument(
+                f"restart_grace ({self.restart_grace}s) must be >= the lease ({self.lease:.3f}s): "
+                "a lease granted before a crash must still be honoured after it"
             )
         if not 0 < self.lease_fraction <= 1:
             raise InvalidArgument(
@@ -146,6 +170,8 @@ class ArbiterConfig:
                 f"election_timeout ({self.election_timeout}s) must be > 2 x "
                 f"raft_heartbeat_interval ({self.raft_heartbeat_interval}s)"
             )
+        if self.snapshot_every < 1:
+            raise InvalidArgument(f"snapshot_every must be >= 1, got {self.snapshot_every}")
         if self.history_size < 1 or self.subscriber_queue < 8:
             raise InvalidArgument("history_size must be >= 1 and subscriber_queue >= 8")
         if self.max_heartbeat_rate < 2 / self.heartbeat_interval:

@@ -56,7 +56,8 @@ class Cluster:
     """Processes of a local cluster: arbiters and nodes, each a child process.
 
     Args:
-        workdir: folder for the children's log files.
+        workdir: folder for the children's log files and the arbiters' data
+            directories (``<id>.data``).
         arbiter_args: extra flags for every arbiter.
     """
 
@@ -90,9 +91,14 @@ class Cluster:
         self.arbiters = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(ports)}
         peers = ",".join(f"{k}={v}" for k, v in self.arbiters.items())
         for rid, addr in self.arbiters.items():
+            data_dir = str(self.workdir / f"{rid}.data")
             self._spawn(
                 rid,
-                ["arbiter", "--id", rid, "--listen", addr, "--peers", peers, *self.arbiter_args],
+                [
+                    "arbiter",
+                    *("--id", rid, "--listen", addr, "--peers", peers, "--data-dir", data_dir),
+                    *self.arbiter_args,
+                ],
             )
 
     def start_node(self, node_id: str, labels: dict[str, str] | None = None) -> None:
@@ -181,6 +187,9 @@ async def _demo(args: argparse.Namespace) -> int:
 
     if args.nodes < 4:
         raise InvalidArgument("--nodes must be at least 4 (the demo kills two of them)")
+    keep = Path(args.keep_logs) if args.keep_logs is not None else None
+    if keep is not None and keep.exists() and not keep.is_dir():
+        raise InvalidArgument(f"--keep-logs {args.keep_logs!r} exists and is not a folder")
     start = time.monotonic()
     results: list[tuple[str, str, float]] = []
     with tempfile.TemporaryDirectory(prefix="membership-demo-") as tmp:
@@ -279,7 +288,11 @@ def add_parser(sub: Any) -> None:
         "demo", help="run a 3-replica, 5-node cluster on loopback and kill parts of it"
     )
     p.add_argument("--nodes", type=int, default=5, help="number of nodes (default 5, at least 4)")
-    p.add_argument("--timeout", type=float, default=55.0, help="give up after this many seconds")
+    from membership.cli import _positive
+
+    p.add_argument(
+        "--timeout", type=_positive, default=55.0, help="give up after this many seconds"
+    )
     p.add_argument(
         "--keep-logs", metavar="DIR", default=None, help="copy every process's log here at the end"
     )

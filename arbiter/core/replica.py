@@ -10,10 +10,19 @@ Rules:
 2. ``tick`` ticks Raft and the observer, then proposes every owed observation
    as one batch (DESIGN.md section 5, rule 1). Without a leader the batch is
    dropped; the observer proposes it again after its retry interval.
-3. Output follows etcd's Ready: the caller takes ``ready()``, persists its hard
-   state and entries, sends its messages, then calls ``advance(ready)``, which
-   applies the committed entries to the state machine and returns the results
-   in log order.
+3. Output follows etcd's Ready: the caller takes ``ready()``, persists its
+   snapshot, hard state and entries, sends its messages, then calls
+   ``advance(ready)``, which restores the state machine from the Ready's
+   snapshot (a leader's, when this replica was too far behind), applies the
+   committed entries and returns the results in log order.
+4. Restart: a replica is built from its durable snapshot (the state machine
+   is restored from it) and the log entries after it; the entries up to the
+   restored commit index are applied again by the first Ready. A snapshot
+   must come from a group with exactly the configured arbiters: anything
+   else is a :class:`RestoreError`, before anything is persisted.
+5. Compaction: ``maybe_compact`` snapshots the state machine once
+   ``settings.snapshot_every`` entries were applied since the last snapshot
+   and returns the snapshot for the caller to persist (Raft §7).
 """
 
 from __future__ import annotations
@@ -34,10 +43,43 @@ from arbiter.core.raft import (
     RaftStatus,
     Ready,
     Rng,
+    Snapshot,
 )
-from arbiter.core.state import ApplyResult, MembershipState
+from arbiter.core.state import ApplyResult, MembershipState, SnapshotDecodeError
 
-__all__ = ["Replica", "ReplicaSettings"]
+__all__ = ["Replica", "ReplicaSettings", "RestoreError", "restore_state"]
+
+
+class RestoreError(ValueError):
+    """A snapshot does not fit this replica: undecodable, or another group's arbiters (rule 4)."""
+
+
+def restore_state(snapshot: Snapshot, replica_ids: Sequence[str]) -> MembershipState:
+    """The state machine a snapshot holds, checked against the configured arbiters.
+
+    Args:
+        snapshot: a Raft snapshot whose data is ``MembershipState.to_bytes()``.
+        replica_ids: every configured replica id.
+
+    Raises:
+        RestoreError: the data is not a membership snapshot, it was taken at
+            another index than the snapshot's, or its arbiters differ from
+            ``replica_ids``.
+    """
+    try:
+        state = MembershipState.from_bytes(snapshot.data)
+    except SnapshotDecodeError as e:
+        raise RestoreError(f"snapshot at index {snapshot.index}: {e}") from None
+    if state.arbiters != tuple(sorted(replica_ids)):
+        raise RestoreError(
+            f"snapshot at index {snapshot.index} is of arbiters {', '.join(state.arbiters)}, "
+            f"but this replica is configured with {', '.join(sorted(replica_ids))}"
+        )
+    if state.applied_index != snapshot.index:
+        raise RestoreError(
+            f"snapshot at index {snapshot.index} holds a state applied to {state.applied_index}"
+        )
+    return state
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,12 +92,15 @@ class ReplicaSettings:
         restart_grace: seconds after start without casting suspicion (one maximum lease).
         heartbeat_interval: seconds between heartbeats suggested to nodes; the
             detector scales its timeout with it.
+        snapshot_every: applied log entries between two snapshots of the
+            state machine (rule 5); 0 never snapshots.
     """
 
     lease: float
     observation_retry: float
     restart_grace: float
     heartbeat_interval: float
+    snapshot_every: int = 0
 
 
 class Replica:
@@ -71,7 +116,14 @@ class Replica:
         now: monotonic seconds at start.
         seq_base: first observation sequence number (above any used before a restart).
         hard_state: restored Raft hard state, if any.
-        entries: restored Raft log entries (contiguous from index 1), if any.
+        entries: restored Raft log entries, contiguous after the snapshot
+            (from index 1 without one), if any.
+        snapshot: restored Raft snapshot, if any; the state machine starts
+            from it (rule 4).
+
+    Raises:
+        RestoreError: the snapshot does not fit the configuration (rule 4).
+        InvalidInput: the restored Raft state contradicts itself.
     """
 
     def __init__(
@@ -87,10 +139,15 @@ class Replica:
         seq_base: int,
         hard_state: HardState | None = None,
         entries: Sequence[Entry] = (),
+        snapshot: Snapshot | None = None,
     ) -> None:
         self.replica_id = replica_id
+        self.replica_ids = tuple(replica_ids)
         self.settings = settings
-        self.state = MembershipState(list(replica_ids))
+        if snapshot is not None and snapshot.index > 0:
+            self.state = restore_state(snapshot, replica_ids)
+        else:
+            self.state = MembershipState(list(replica_ids))
         self.raft = RaftNode(
             node_id=replica_id,
             peers=list(replica_ids),
@@ -99,7 +156,10 @@ class Replica:
             now=now,
             hard_state=hard_state,
             entries=entries,
+            snapshot=snapshot,
         )
+        # A leader's snapshot handed out by ready(), decoded once and checked there.
+        self._restoring: tuple[Snapshot, MembershipState] | None = None
         self.observer = Observer(
             replica_id=replica_id,
             detector=detector,
@@ -158,24 +218,65 @@ class Replica:
         return self.raft.has_ready()
 
     def ready(self) -> Ready:
-        """What to persist, then send; pass it back to :meth:`advance` afterwards."""
-        return self.raft.ready()
+        """What to persist, then send; pass it back to :meth:`advance` afterwards.
+
+        Raises:
+            RestoreError: the Ready carries a leader's snapshot that does not
+                fit this replica (rule 4); nothing must be persisted.
+        """
+        rd = self.raft.ready()
+        snap = rd.snapshot
+        if snap is not None and (self._restoring is None or self._restoring[0] is not snap):
+            self._restoring = (snap, restore_state(snap, self.replica_ids))
+        return rd
 
     def advance(self, ready: Ready) -> list[ApplyResult]:
-        """Applies ``ready``'s committed entries and acknowledges it (rule 3).
+        """Restores ``ready``'s snapshot, applies its committed entries, acknowledges it (rule 3).
 
-        Call only after ``ready``'s hard state and entries are durable and its
-        messages are sent.
+        Call only after ``ready``'s snapshot, hard state and entries are
+        durable and its messages are sent. After a snapshot, :attr:`state` is
+        a new object: callers read it through the replica, never keep it.
 
         Returns:
-            One result per committed entry, in log order.
+            One result per committed entry, in log order (a restored snapshot
+            has none: its changes are in the new state's view).
         """
+        if ready.snapshot is not None:
+            assert self._restoring is not None and self._restoring[0] is ready.snapshot
+            self.state = self._restoring[1]
+            self._restoring = None
         results = [self.state.apply(e.index, e.data) for e in ready.committed_entries]
         self.raft.advance(ready)
         return results
 
+    def maybe_compact(self, every: int | None = None) -> Snapshot | None:
+        """Snapshots the state machine if enough entries were applied since the last one (rule 5).
+
+        Call between :meth:`advance` and the next :meth:`ready`.
+
+        Args:
+            every: applied entries between snapshots; default
+                ``settings.snapshot_every``; 0 never snapshots.
+
+        Returns:
+            The new snapshot, for the caller to persist (after which it may
+            drop the log entries up to its index), or None.
+        """
+        every = self.settings.snapshot_every if every is None else every
+        st = self.raft.status()
+        if every <= 0 or st.applied - st.snapshot_index < every:
+            return None
+        assert self.state.applied_index == st.applied, "state machine and raft disagree"
+        return self.raft.compact(st.applied, self.state.to_bytes())
+
     def next_deadline(self) -> float:
-        """The earliest monotonic time at which :meth:`tick` has work."""
+        """The earliest monotonic time at which :meth:`tick` has work.
+
+        ``-inf`` (due at once) after an apply moved the view: the observer must
+        start tracking members it has not heard (found by the simulator).
+        """
+        if self.observer.needs_sync(self.state):
+            return float("-inf")
         d = self.observer.next_deadline()
         r = self.raft.next_deadline()
         return r if d is None else min(r, d)

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from arbiter.config import ArbiterConfig
+from arbiter.core.replica import RestoreError
 from arbiter.core.state import ViewChange
 from arbiter.server.driver import Driver, ReplicaStatus
 from arbiter.server.hub import Hub, HubStatus
 from arbiter.server.peers import PeerServicer, PeerTransport
 from arbiter.server.servicers import MembershipServicer
+from arbiter.server.storage import Storage, StorageError
 from arbiter.v1 import peer_pb2_grpc
 from membership.errors import InvalidArgument
 from membership.v1 import membership_pb2_grpc
@@ -55,6 +59,17 @@ def channel_options(config: ArbiterConfig) -> list[tuple[str, int]]:
     ]
 
 
+def cluster_identity(cluster: str, peers: dict[str, str]) -> str:
+    """``name@digest``: the cluster name and a digest of the replica list.
+
+    Stamped on every Raft message; a replica refuses traffic stamped with
+    another identity, so replicas given different ``--peers`` lists fail
+    loudly instead of forming two groups.
+    """
+    listing = ",".join(f"{k}={v}" for k, v in sorted(peers.items()))
+    return f"{cluster}@{hashlib.sha256(listing.encode()).hexdigest()[:12]}"
+
+
 def parse_peers(spec: str) -> dict[str, str]:
     """Parses ``a1=host:port,a2=host:port,...`` into an ordered id -> address map.
 
@@ -90,6 +105,9 @@ class ArbiterServer:
         peers: every replica's id -> ``host:port`` (this one included).
         listen: the address to bind, ``host:port``.
         config: the configuration (validated here).
+        data_dir: the directory of this replica's durable Raft state (created
+            if missing). None keeps it in memory only: a restarted replica
+            then comes back empty, which Raft cannot tolerate; for tests.
 
     Raises:
         InvalidArgument: when the id is not among the peers or the config is invalid.
@@ -102,6 +120,7 @@ class ArbiterServer:
         peers: dict[str, str],
         listen: str,
         config: ArbiterConfig | None = None,
+        data_dir: Path | None = None,
     ) -> None:
         if replica_id not in peers:
             raise InvalidArgument(
@@ -111,21 +130,47 @@ class ArbiterServer:
         self.replica_id = replica_id
         self.peers = dict(peers)
         self.listen = listen
+        self.data_dir = data_dir
+        self._storage: Storage | None = None
         self._server: grpc.aio.Server | None = None
         self._stopped = asyncio.Event()
         self.port = 0
 
     async def start(self) -> None:
-        """Binds the port, starts the driver, the transport and the server.
+        """Recovers the durable state, binds the port, starts the driver, transport and server.
 
         Raises:
+            StorageError: the data directory cannot be used (an OSError).
             OSError: when the address cannot be bound.
         """
         cfg = self.config
+        storage = Storage.open(
+            self.data_dir,
+            replica_id=self.replica_id,
+            cluster=cfg.cluster,
+            arbiters=list(self.peers),
+        )
+        try:
+            await self._start(cfg, storage)
+        except BaseException:
+            storage.close()
+            raise
+        self._storage = storage
+
+    async def _start(self, cfg: ArbiterConfig, storage: Storage) -> None:
+        if self.data_dir is None:
+            log.warning("arbiter %s: no data dir: raft state is in memory only", self.replica_id)
+        identity = cluster_identity(cfg.cluster, self.peers)
+        if len(self.peers) < 3:
+            log.warning(
+                "arbiter %s: a group of %d replica(s) survives no replica failure; run 3 or 5",
+                self.replica_id,
+                len(self.peers),
+            )
         self.transport = PeerTransport(
             self_id=self.replica_id,
             peers=self.peers,
-            cluster=cfg.cluster,
+            cluster=identity,
             report_unreachable=lambda p: self.driver.report_unreachable(p),
             channel_options=channel_options(cfg),
         )
@@ -134,30 +179,38 @@ class ArbiterServer:
             history_size=cfg.history_size,
             queue_limit=cfg.subscriber_queue,
         )
-        self.driver = Driver(
-            replica_id=self.replica_id,
-            replica_ids=list(self.peers),
-            config=cfg,
-            send=self.transport.send,
-            on_change=self._on_change,
-            on_quorum=self._on_quorum,
-        )
+        try:
+            self.driver = Driver(
+                replica_id=self.replica_id,
+                replica_ids=list(self.peers),
+                config=cfg,
+                send=self.transport.send,
+                on_change=self._on_change,
+                on_quorum=self._on_quorum,
+                storage=storage,
+                on_reset=self.hub.reset,
+            )
+        except RestoreError as e:
+            raise StorageError(f"data dir {self.data_dir}: {e}") from None
         self.api = MembershipServicer(self.driver, self.hub)
         self.health = health.aio.HealthServicer()
         server = grpc.aio.server(options=server_options(cfg))
         membership_pb2_grpc.add_MembershipServicer_to_server(self.api, server)
         peer_pb2_grpc.add_PeerServicer_to_server(
             PeerServicer(
-                cluster=cfg.cluster,
+                cluster=identity,
                 deliver=lambda m: self.driver.on_raft_message(m),
                 known=set(self.peers),
             ),
             server,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        port = server.add_insecure_port(self.listen)
+        try:
+            port = server.add_insecure_port(self.listen)
+        except RuntimeError:
+            port = 0
         if port == 0:
-            raise OSError(f"cannot listen on {self.listen}")
+            raise OSError(f"cannot listen on {self.listen}: address in use or not available")
         self.port = port
         await server.start()
         self._server = server
@@ -166,11 +219,12 @@ class ArbiterServer:
         self.driver.start()
         self.transport.start()
         log.info(
-            "arbiter %s listening on %s (peers: %s; suspect after %.2fs)",
+            "arbiter %s listening on %s (peers: %s; suspect after %.2fs; data dir %s)",
             self.replica_id,
             self.listen,
             ", ".join(f"{k}={v}" for k, v in self.peers.items()),
             cfg.suspect_after,
+            self.data_dir or "none (in memory)",
         )
 
     def _on_change(self, change: ViewChange) -> None:
@@ -201,6 +255,17 @@ class ArbiterServer:
         await self._server.stop(self.config.shutdown_grace if grace is None else grace)
         await self.transport.close()
         await self.driver.stop()
+        d = self.driver
+        if d.persists:
+            log.info(
+                "arbiter %s persisted %d readies, %.2f ms each on average (fsync)",
+                self.replica_id,
+                d.persists,
+                d.persist_seconds / d.persists * 1000,
+            )
+        if self._storage is not None:
+            self._storage.close()  # every Ready was fsynced when saved; this releases the lock
+            self._storage = None
         self._server = None
         self._stopped.set()
         log.info("arbiter %s stopped", self.replica_id)

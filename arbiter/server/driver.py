@@ -3,8 +3,11 @@
 Everything runs on one asyncio event loop, so the cores are only ever touched
 from one thread. Servicers call the ``on_*`` methods directly (they are
 synchronous and fast); the loop task ticks the cores, proposes owed
-observations, and handles Raft's Ready in the documented order: persist,
-send, apply, advance.
+observations, and handles Raft's Ready in the documented order: persist
+(fsync, in :mod:`arbiter.server.storage`), send, apply, advance. The replica
+starts from what the storage recovered and replays the committed log before
+it serves anything; it snapshots its state machine every
+``config.snapshot_every`` applied entries.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from arbiter.core.detector import MissedHeartbeatDetector
 from arbiter.core.observer import HeartbeatVerdict
 from arbiter.core.raft import Message, Ready, Role
 from arbiter.core.replica import Replica, ReplicaSettings
-from arbiter.core.state import LeaveOutcome, ViewChange
+from arbiter.core.state import LeaveOutcome, MembershipState, ViewChange
+from arbiter.server.storage import DurableState, Storage
 
 __all__ = ["Driver", "ReplicaStatus"]
 
@@ -51,6 +55,14 @@ class Driver:
         send: called with each outgoing Raft message (must not block).
         on_change: called with each committed view change, in epoch order.
         on_quorum: called with the new status when in_quorum or the leader changes.
+        storage: the replica's durable Raft state; read here, then written
+            with every Ready (the driver does not close it).
+        on_reset: called when the state machine was replaced by a leader's
+            snapshot (its view jumped; changes in between are unknown).
+
+    Raises:
+        RestoreError: the stored snapshot is not of this group's arbiters.
+        StorageError: the stored hard state or snapshot is corrupt.
     """
 
     def __init__(
@@ -62,12 +74,18 @@ class Driver:
         send: Callable[[Message], None],
         on_change: Callable[[ViewChange], None],
         on_quorum: Callable[[ReplicaStatus], None],
+        storage: Storage,
+        on_reset: Callable[[], None] = lambda: None,
     ) -> None:
         self.replica_id = replica_id
         self.config = config
         self._send = send
         self._on_change = on_change
         self._on_quorum = on_quorum
+        self._on_reset = on_reset
+        self._storage = storage
+        t0 = time.monotonic()
+        durable = storage.load()
         now = time.monotonic()
         self.replica = Replica(
             replica_id=replica_id,
@@ -76,8 +94,9 @@ class Driver:
             settings=ReplicaSettings(
                 lease=config.lease,
                 observation_retry=config.observation_retry,
-                restart_grace=config.lease,
+                restart_grace=config.restart_grace,
                 heartbeat_interval=config.heartbeat_interval,
+                snapshot_every=config.snapshot_every,
             ),
             detector=MissedHeartbeatDetector(
                 interval=config.heartbeat_interval, missed_limit=config.missed_heartbeats
@@ -85,8 +104,10 @@ class Driver:
             rng=random.Random(),
             now=now,
             seq_base=time.time_ns(),
+            hard_state=durable.hard_state,
+            entries=durable.entries,
+            snapshot=durable.snapshot,
         )
-        self.state = self.replica.state
         self.raft = self.replica.raft
         self.observer = self.replica.observer
         self._wake = asyncio.Event()
@@ -94,6 +115,46 @@ class Driver:
         self._task: asyncio.Task[None] | None = None
         self._last_status: tuple[bool, str | None] | None = None
         self.loop_lag = 0.0
+        # Time spent persisting Readies (seconds) and how many needed a write.
+        self.persist_seconds = 0.0
+        self.persists = 0
+        self._replaying = False
+        self._recover(t0, durable)
+
+    @property
+    def state(self) -> MembershipState:
+        """The applied state machine (a new object after a snapshot is restored)."""
+        return self.replica.state
+
+    def _recover(self, t0: float, durable: DurableState) -> None:
+        """Replays the committed log after the snapshot, then logs what was recovered."""
+        st = self.raft.status()
+        snapshot_epoch = self.state.epoch
+        self._replaying = True
+        try:
+            while self.replica.has_ready():
+                self._handle_ready(self.replica.ready())
+        finally:
+            self._replaying = False
+        end = self.raft.status()
+        if st.last_index == 0 and st.term == 0:
+            log.info("%s: no raft state on disk: starting fresh", self.replica_id)
+            return
+        log.info(
+            "%s: recovered raft state in %.0f ms: term %d, vote %s, snapshot index %d "
+            "(epoch %d), last index %d, commit %d%s; applied epoch %d after replaying %d entries",
+            self.replica_id,
+            (time.monotonic() - t0) * 1000,
+            end.term,
+            durable.hard_state.vote if durable.hard_state and durable.hard_state.vote else "none",
+            end.snapshot_index,
+            snapshot_epoch,
+            end.last_index,
+            end.commit,
+            f", {durable.truncated} corrupt tail entries dropped" if durable.truncated else "",
+            self.state.epoch,
+            end.applied - st.snapshot_index,
+        )
 
     # --- inputs -------------------------------------------------------------------
 
@@ -115,12 +176,12 @@ class Driver:
         try:
             self.replica.step(msg, time.monotonic())
         except AssertionError:
-            # The peer's message contradicts this replica's Raft state. In this
-            # version Raft state lives in memory: a replica restarted while the
-            # others kept running lost its log and must not take part.
+            # The peer's message contradicts this replica's Raft state: its
+            # durable state was lost or damaged (data dir wiped or replaced
+            # while the others kept running). It must not take part.
             log.critical(
                 "raft message %s from %s contradicts this replica's raft state "
-                "(restarted without its data?); message dropped",
+                "(data dir lost or replaced?); message dropped",
                 msg.type.value,
                 msg.src,
                 exc_info=True,
@@ -161,6 +222,11 @@ class Driver:
             role=st.role.name.lower(),
             epoch=self.state.epoch,
         )
+
+    @property
+    def cluster_size(self) -> int:
+        """Number of configured replicas (the quorum is a strict majority of them)."""
+        return len(self.state.arbiters)
 
     def local_suspects(self) -> list[str]:
         """Node ids this replica's own latest opinion is SUSPECT of (sorted)."""
@@ -205,31 +271,62 @@ class Driver:
         self.replica.tick(now)
         while self.replica.has_ready():
             self._handle_ready(self.replica.ready())
+        self._maybe_compact()
         self._check_quorum(now)
 
     def _handle_ready(self, rd: Ready) -> None:
-        # 1. persist: the log is in memory in this version (durability comes with storage.py).
+        # 1. persist (fsync) before any message that depends on it leaves (DESIGN.md 5.6).
+        if rd.snapshot is not None or rd.hard_state is not None or rd.entries:
+            t0 = time.perf_counter()
+            self._storage.save(rd)
+            self.persist_seconds += time.perf_counter() - t0
+            self.persists += 1
         # 2. send
         for msg in rd.messages:
             self._send(msg)
-        # 3. apply, 4. advance
-        for result in self.replica.advance(rd):
+        # 3. apply (a leader's snapshot first), 4. advance
+        results = self.replica.advance(rd)
+        if rd.snapshot is not None:
+            log.info(
+                "%s: state machine restored from the leader's snapshot at index %d (epoch %d)",
+                self.replica_id,
+                rd.snapshot.index,
+                self.state.epoch,
+            )
+            self._on_reset()
+        for result in results:
             if result.error:
                 log.error("log entry %d not applied: %s", result.index, result.error)
             if result.change is not None:
-                for c in result.change.changes:
-                    log.info(
-                        "epoch %d: %s incarnation %d is %s",
-                        result.change.epoch,
-                        c.node_id,
-                        c.incarnation,
-                        c.state.value,
-                    )
+                if not self._replaying:
+                    for c in result.change.changes:
+                        log.info(
+                            "epoch %d: %s incarnation %d is %s",
+                            result.change.epoch,
+                            c.node_id,
+                            c.incarnation,
+                            c.state.value,
+                        )
                 self._on_change(result.change)
             if result.leave is not None:
                 fut = self._leaves.get(result.leave.request_id)
                 if fut is not None and not fut.done():
                     fut.set_result(result.leave)
+
+    def _maybe_compact(self) -> None:
+        """Snapshots the state machine every ``config.snapshot_every`` applied entries."""
+        snap = self.replica.maybe_compact()
+        if snap is None:
+            return
+        t0 = time.perf_counter()
+        self._storage.compact(snap)
+        log.info(
+            "%s: log compacted up to index %d (snapshot of %d bytes, %.1f ms)",
+            self.replica_id,
+            snap.index,
+            len(snap.data),
+            (time.perf_counter() - t0) * 1000,
+        )
 
     def _check_quorum(self, now: float) -> None:
         st = self.raft.status()

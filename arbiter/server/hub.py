@@ -10,6 +10,10 @@ Rules (DESIGN.md section 5, rule 7):
 3. Each subscriber's queue is bounded. When a slow subscriber's queue is
    full its queue is dropped and it is sent a fresh snapshot instead: memory
    stays bounded and nothing is lost silently.
+4. When the replica's state machine is replaced by a Raft snapshot (it was
+   too far behind the leader), the changes in between are not known here:
+   the history is dropped and every subscriber behind the new view is sent
+   a fresh snapshot of it.
 """
 
 from __future__ import annotations
@@ -124,6 +128,17 @@ class Hub:
             if isinstance(item, ViewChange | View):
                 return item.epoch
         return sub.last_epoch
+
+    def reset(self) -> None:
+        """The view jumped (a Raft snapshot was restored): rule 4."""
+        self._history.clear()
+        view = self._view()
+        for sub in self._subs:
+            if self._queued_epoch(sub) >= view.epoch:
+                continue  # rule 2: already ahead of this replica
+            sub.queue.clear()
+            sub.queue.append(view)
+            sub.ready.set()
 
     def publish_status(self, status: HubStatus) -> None:
         """Queues a quorum status change for every subscriber."""

@@ -6,30 +6,56 @@ peer has a bounded outbox; when it is full the oldest message is dropped.
 A sender task per peer keeps a client stream open and reconnects with
 jittered exponential backoff (tenacity); a failure is reported to Raft as a
 hint (``report_unreachable``), never as a verdict.
+
+A SNAPSHOT travels as consecutive chunks of at most ``SNAPSHOT_CHUNK`` bytes
+on one stream (the server's receive limit is the public API's, 64 KiB by
+default); the receiver reassembles them per stream and delivers one
+message. A chunk lost to a full outbox or a broken stream leaves an
+incomplete snapshot that is dropped; Raft sends the snapshot again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
 
-from arbiter.core.raft import Entry, Message, MessageType
+from arbiter.core.raft import Entry, Message, MessageType, Snapshot
 from arbiter.v1 import peer_pb2, peer_pb2_grpc
 
-__all__ = ["PeerServicer", "PeerTransport", "from_proto", "to_proto"]
+__all__ = ["PeerServicer", "PeerTransport", "SnapshotAssembler", "from_proto", "to_protos"]
 
 log = logging.getLogger("arbiter.peers")
 
 OUTBOX_LIMIT = 1024
+# Bytes of snapshot data per wire message: well under the 64 KiB receive limit.
+SNAPSHOT_CHUNK = 32 * 1024
 
 
-def to_proto(msg: Message, cluster: str) -> peer_pb2.RaftMessage:
-    """Encodes a core Raft message for the wire."""
+def to_protos(
+    msg: Message, cluster: str, chunk: int = SNAPSHOT_CHUNK
+) -> list[peer_pb2.RaftMessage]:
+    """Encodes a core Raft message for the wire: one message, or a SNAPSHOT's chunks."""
+    snap = msg.snapshot
+    if snap is None:
+        return [_to_proto(msg, cluster)]
+    size = len(snap.data)
+    out = []
+    for offset in range(0, max(size, 1), chunk):
+        pb = _to_proto(msg, cluster)
+        pb.index, pb.log_term = snap.index, snap.term
+        pb.snapshot_chunk = snap.data[offset : offset + chunk]
+        pb.snapshot_offset, pb.snapshot_size = offset, size
+        out.append(pb)
+    return out
+
+
+def _to_proto(msg: Message, cluster: str) -> peer_pb2.RaftMessage:
     return peer_pb2.RaftMessage(
         type=msg.type.value,
         src=msg.src,
@@ -45,8 +71,8 @@ def to_proto(msg: Message, cluster: str) -> peer_pb2.RaftMessage:
     )
 
 
-def from_proto(pb: peer_pb2.RaftMessage) -> Message:
-    """Decodes a wire Raft message.
+def from_proto(pb: peer_pb2.RaftMessage, snapshot: Snapshot | None = None) -> Message:
+    """Decodes a wire Raft message (a SNAPSHOT with its reassembled ``snapshot``).
 
     Raises:
         ValueError: for an unknown message type.
@@ -62,7 +88,40 @@ def from_proto(pb: peer_pb2.RaftMessage) -> Message:
         commit=pb.commit,
         reject=pb.reject,
         reject_hint=pb.reject_hint,
+        snapshot=snapshot,
     )
+
+
+class SnapshotAssembler:
+    """Reassembles the chunks of SNAPSHOT messages arriving in order on one stream."""
+
+    def __init__(self) -> None:
+        self._key: tuple[str, int, int, int, int] | None = None
+        self._buf = bytearray()
+
+    def add(self, pb: peer_pb2.RaftMessage) -> Message | None:
+        """Takes one chunk; returns the whole message once its last chunk is in.
+
+        Raises:
+            ValueError: for a chunk beyond the announced size.
+        """
+        key = (pb.src, pb.term, pb.index, pb.log_term, pb.snapshot_size)
+        if pb.snapshot_offset == 0:
+            self._key, self._buf = key, bytearray()
+        elif key != self._key or pb.snapshot_offset != len(self._buf):
+            log.info("incomplete snapshot from %s dropped (a chunk was lost)", pb.src)
+            self._key, self._buf = None, bytearray()
+            return None
+        self._buf += pb.snapshot_chunk
+        if len(self._buf) > pb.snapshot_size:
+            raise ValueError(f"snapshot chunks exceed the announced {pb.snapshot_size} bytes")
+        if len(self._buf) < pb.snapshot_size:
+            return None
+        snap = Snapshot(index=pb.index, term=pb.log_term, data=bytes(self._buf))
+        self._key, self._buf = None, bytearray()
+        # On the wire index and log_term carried the snapshot's position; in the core it is
+        # in the snapshot, and a SNAPSHOT's own index and log_term are unused (0).
+        return dataclasses.replace(from_proto(pb, snap), index=0, log_term=0)
 
 
 class _StreamBroken(Exception):
@@ -136,7 +195,7 @@ class PeerTransport:
         if peer is None:
             log.warning("no peer %s for raft message %s", msg.dst, msg.type.value)
             return
-        peer.outbox.append(to_proto(msg, self._cluster))
+        peer.outbox.extend(to_protos(msg, self._cluster))
         peer.ready.set()
 
     async def _messages(self, peer: _Peer) -> AsyncIterator[peer_pb2.RaftMessage]:
@@ -157,7 +216,18 @@ class PeerTransport:
                 try:
                     await call
                 except grpc.aio.AioRpcError as e:
-                    if peer.connected or attempt.retry_state.attempt_number == 3:
+                    refused = e.code() in (
+                        grpc.StatusCode.FAILED_PRECONDITION,
+                        grpc.StatusCode.PERMISSION_DENIED,
+                    )
+                    if refused and attempt.retry_state.attempt_number == 1:
+                        log.error(
+                            "replica %s (%s) refuses our raft traffic: %s",
+                            peer.peer_id,
+                            peer.address,
+                            e.details(),
+                        )
+                    elif peer.connected or attempt.retry_state.attempt_number == 3:
                         log.info(
                             "raft stream to %s (%s) broke: %s",
                             peer.peer_id,
@@ -186,26 +256,41 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     ) -> None:
         self._cluster = cluster
         self._deliver = deliver
+        self._refused: set[str] = set()
         self._known = known
+
+    def _refuse(self, src: str, why: str) -> None:
+        if src not in self._refused:  # once per sender: it retries forever
+            self._refused.add(src)
+            log.error("refusing raft traffic: %s", why)
 
     async def Raft(
         self,
         request_iterator: AsyncIterator[peer_pb2.RaftMessage],
         context: grpc.aio.ServicerContext,
     ) -> peer_pb2.RaftStreamClosed:
+        assembler = SnapshotAssembler()
         async for pb in request_iterator:
             if pb.cluster != self._cluster:
-                await context.abort(
-                    grpc.StatusCode.FAILED_PRECONDITION,
-                    f"cluster mismatch: this replica is in {self._cluster!r}, "
-                    f"sender in {pb.cluster!r}",
+                why = (
+                    f"replica {pb.src!r} is in cluster {pb.cluster!r}, this one in "
+                    f"{self._cluster!r} (name@digest of --peers): every replica must be "
+                    "given the same --cluster and --peers"
                 )
+                self._refuse(pb.src, why)
+                await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
             if pb.src not in self._known:
-                await context.abort(
-                    grpc.StatusCode.PERMISSION_DENIED, f"unknown replica {pb.src!r}"
-                )
+                why = f"unknown replica {pb.src!r} (not in --peers)"
+                self._refuse(pb.src, why)
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
             try:
-                msg = from_proto(pb)
+                if pb.type == MessageType.SNAPSHOT.value:
+                    whole = assembler.add(pb)
+                    if whole is None:
+                        continue
+                    msg = whole
+                else:
+                    msg = from_proto(pb)
             except ValueError as e:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad raft message: {e}")
             self._deliver(msg)

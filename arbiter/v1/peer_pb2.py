@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61rbiter/v1/peer.proto\x12\narbiter.v1\"6\n\tRaftEntry\x12\x0c\n\x04term\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xd2\x01\n\x0bRaftMessage\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0b\n\x03src\x18\x02 \x01(\t\x12\x0b\n\x03\x64st\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x10\n\x08log_term\x18\x05 \x01(\x04\x12\r\n\x05index\x18\x06 \x01(\x04\x12&\n\x07\x65ntries\x18\x07 \x03(\x0b\x32\x15.arbiter.v1.RaftEntry\x12\x0e\n\x06\x63ommit\x18\x08 \x01(\x04\x12\x0e\n\x06reject\x18\t \x01(\x08\x12\x13\n\x0breject_hint\x18\n \x01(\x04\x12\x0f\n\x07\x63luster\x18\x0b \x01(\t\"\x12\n\x10RaftStreamClosed2G\n\x04Peer\x12?\n\x04Raft\x12\x17.arbiter.v1.RaftMessage\x1a\x1c.arbiter.v1.RaftStreamClosed(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15\x61rbiter/v1/peer.proto\x12\narbiter.v1\"6\n\tRaftEntry\x12\x0c\n\x04term\x18\x01 \x01(\x04\x12\r\n\x05index\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\x9a\x02\n\x0bRaftMessage\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0b\n\x03src\x18\x02 \x01(\t\x12\x0b\n\x03\x64st\x18\x03 \x01(\t\x12\x0c\n\x04term\x18\x04 \x01(\x04\x12\x10\n\x08log_term\x18\x05 \x01(\x04\x12\r\n\x05index\x18\x06 \x01(\x04\x12&\n\x07\x65ntries\x18\x07 \x03(\x0b\x32\x15.arbiter.v1.RaftEntry\x12\x0e\n\x06\x63ommit\x18\x08 \x01(\x04\x12\x0e\n\x06reject\x18\t \x01(\x08\x12\x13\n\x0breject_hint\x18\n \x01(\x04\x12\x0f\n\x07\x63luster\x18\x0b \x01(\t\x12\x16\n\x0esnapshot_chunk\x18\x0c \x01(\x0c\x12\x17\n\x0fsnapshot_offset\x18\r \x01(\x04\x12\x15\n\rsnapshot_size\x18\x0e \x01(\x04\"\x12\n\x10RaftStreamClosed2G\n\x04Peer\x12?\n\x04Raft\x12\x17.arbiter.v1.RaftMessage\x1a\x1c.arbiter.v1.RaftStreamClosed(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,9 +34,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RAFTENTRY']._serialized_start=37
   _globals['_RAFTENTRY']._serialized_end=91
   _globals['_RAFTMESSAGE']._serialized_start=94
-  _globals['_RAFTMESSAGE']._serialized_end=304
-  _globals['_RAFTSTREAMCLOSED']._serialized_start=306
-  _globals['_RAFTSTREAMCLOSED']._serialized_end=324
-  _globals['_PEER']._serialized_start=326
-  _globals['_PEER']._serialized_end=397
+  _globals['_RAFTMESSAGE']._serialized_end=376
+  _globals['_RAFTSTREAMCLOSED']._serialized_start=378
+  _globals['_RAFTSTREAMCLOSED']._serialized_end=396
+  _globals['_PEER']._serialized_start=398
+  _globals['_PEER']._serialized_end=469
 # @@protoc_insertion_point(module_scope)

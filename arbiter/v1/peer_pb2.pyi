@@ -58,6 +58,9 @@ class RaftMessage(_message.Message):
     REJECT_FIELD_NUMBER: _builtins.int
     REJECT_HINT_FIELD_NUMBER: _builtins.int
     CLUSTER_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_CHUNK_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_OFFSET_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_SIZE_FIELD_NUMBER: _builtins.int
     type: _builtins.str
     """RaftNode MessageType value, e.g. "append" """
     src: _builtins.str
@@ -70,6 +73,15 @@ class RaftMessage(_message.Message):
     reject_hint: _builtins.int
     cluster: _builtins.str
     """cluster name: a replica of another cluster is refused"""
+    snapshot_chunk: _builtins.bytes
+    """type "snapshot" only: the snapshot's index and term are in index and
+    log_term; its data is cut into chunks sent in order on one stream, each
+    a RaftMessage of its own, so none exceeds the receive size limit.
+    """
+    snapshot_offset: _builtins.int
+    """where this chunk starts in the data, bytes"""
+    snapshot_size: _builtins.int
+    """size of the whole data, bytes"""
     @_builtins.property
     def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___RaftEntry]: ...
     def __init__(
@@ -86,10 +98,13 @@ class RaftMessage(_message.Message):
         reject: _builtins.bool = ...,
         reject_hint: _builtins.int = ...,
         cluster: _builtins.str = ...,
+        snapshot_chunk: _builtins.bytes = ...,
+        snapshot_offset: _builtins.int = ...,
+        snapshot_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "commit", b"commit", "dst", b"dst", "entries", b"entries", "index", b"index", "log_term", b"log_term", "reject", b"reject", "reject_hint", b"reject_hint", "src", b"src", "term", b"term", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "commit", b"commit", "dst", b"dst", "entries", b"entries", "index", b"index", "log_term", b"log_term", "reject", b"reject", "reject_hint", b"reject_hint", "snapshot_chunk", b"snapshot_chunk", "snapshot_offset", b"snapshot_offset", "snapshot_size", b"snapshot_size", "src", b"src", "term", b"term", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -126,7 +126,19 @@ class ProcCluster:
         self.arbiters = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(ports)}
         peers = ",".join(f"{k}={v}" for k, v in self.arbiters.items())
         for rid, addr in self.arbiters.items():
-            self.spawn(rid, "arbiter", "--id", rid, "--listen", addr, "--peers", peers, *extra)
+            self.spawn(
+                rid,
+                "arbiter",
+                "--id",
+                rid,
+                "--listen",
+                addr,
+                "--peers",
+                peers,
+                "--data-dir",
+                str(self.workdir / f"{rid}.data"),
+                *extra,
+            )
 
     def start_node(self, node_id: str, *extra: str) -> Proc:
         return self.spawn(
@@ -138,7 +150,7 @@ class ProcCluster:
             name, "watch", "--json", "--arbiters", self.arbiter_list(first), log_level="warning"
         )
 
-    def view(self, arbiter: str | None = None, timeout: float = 2.0) -> dict[str, Any] | None:
+    def view(self, arbiter: str | None = None, timeout: float = 5.0) -> dict[str, Any] | None:
         """``membership view --json`` against one arbiter (or all); None when it fails."""
         target = self.arbiters[arbiter] if arbiter else self.arbiter_list()
         r = run_cli("view", "--json", "--timeout", str(timeout), "--arbiters", target)

@@ -4,15 +4,20 @@ Messages travel through a queue ordered by delivery time; the virtual clock
 jumps straight to the next delivery or the earliest ``next_deadline()`` (no
 real sleeps). Links can be cut (``cut``, ``isolate``, ``drop``) and healed
 (``recover``); replicas can crash and restart from their simulated disk.
-After every event the harness checks the safety invariants: at most one
-leader per term, every applied entry equals the entry committed at that
-index anywhere, entries are applied once and in order, and every Ready
-persists the term, vote and entries its messages depend on.
+Each replica's state machine is the list of entries it applied; a snapshot
+of it (``compact``, or automatically every ``compact_every`` applied
+entries) encodes that list, so a replica restored from a snapshot is checked
+like one that applied every entry. After every event the harness checks the
+safety invariants: at most one leader per term, every applied entry equals
+the entry committed at that index anywhere, entries are applied once and in
+order, and every Ready persists the term, vote, snapshot and entries its
+messages depend on.
 """
 
 from __future__ import annotations
 
 import heapq
+import json
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -28,15 +33,36 @@ from arbiter.core.raft import (
     RaftNode,
     Ready,
     Role,
+    Snapshot,
 )
+
+
+def encode_applied(entries: Sequence[Entry]) -> bytes:
+    """The harness state machine's snapshot: every applied entry, in order."""
+    return json.dumps([[e.term, e.index, e.data.hex()] for e in entries]).encode()
+
+
+def decode_applied(data: bytes) -> list[Entry]:
+    """Inverse of :func:`encode_applied`."""
+    return [Entry(term=t, index=i, data=bytes.fromhex(d)) for t, i, d in json.loads(data)]
 
 
 @dataclass
 class Disk:
-    """What a replica has made durable."""
+    """What a replica has made durable: entries follow the snapshot (if any)."""
 
     hard_state: HardState = field(default_factory=lambda: HardState(term=0, vote=None, commit=0))
     entries: list[Entry] = field(default_factory=list)
+    snapshot: Snapshot | None = None
+
+    @property
+    def base(self) -> int:
+        """Index of the last entry folded into the snapshot (0 without one)."""
+        return self.snapshot.index if self.snapshot is not None else 0
+
+    @property
+    def last_index(self) -> int:
+        return self.base + len(self.entries)
 
 
 class Network:
@@ -49,6 +75,8 @@ class Network:
         latency: one-way delivery delay in seconds.
         jitter: extra delay, uniform in [0, jitter) seconds (reorders messages).
         loss: probability that a message is lost.
+        compact_every: when > 0, a replica compacts its log into a snapshot
+            whenever it has applied this many entries since its last one.
     """
 
     def __init__(
@@ -60,6 +88,7 @@ class Network:
         latency: float = 0.002,
         jitter: float = 0.0,
         loss: float = 0.0,
+        compact_every: int = 0,
     ) -> None:
         self.ids = list(ids)
         self.seed = seed
@@ -67,12 +96,15 @@ class Network:
         self.latency = latency
         self.jitter = jitter
         self.loss = loss
+        self.compact_every = compact_every
         self.now = 0.0
         self.nodes: dict[str, RaftNode] = {}
         self.disks = {i: Disk() for i in ids}
         self.applied: dict[str, list[Entry]] = {i: [] for i in ids}
         self.down: set[str] = set()
         self.cuts: set[tuple[str, str]] = set()
+        # Drops every message it returns True for (e.g. one message type), until reset.
+        self.drop_if: Callable[[Message], bool] | None = None
         self.trace: list[str] = []
         self.sent: list[Message] = []
         self.leaders: dict[int, str] = {}
@@ -97,8 +129,11 @@ class Network:
             now=self.now,
             hard_state=disk.hard_state,
             entries=tuple(disk.entries),
+            snapshot=disk.snapshot,
         )
-        self.applied[node_id] = []  # the state machine is rebuilt by replaying the log
+        # The state machine is restored from the snapshot, then rebuilt by replaying the log.
+        snap = disk.snapshot
+        self.applied[node_id] = decode_applied(snap.data) if snap is not None else []
 
     def crash(self, node_id: str) -> None:
         """Stops a replica; its disk survives."""
@@ -131,6 +166,21 @@ class Network:
     def recover(self) -> None:
         """Heals every cut (crashed replicas stay down)."""
         self.cuts.clear()
+
+    # --- snapshots --------------------------------------------------------------------
+
+    def compact(self, node_id: str, index: int | None = None) -> Snapshot:
+        """Snapshots ``node_id``'s state machine at ``index`` (default: all applied), durably."""
+        node = self.nodes[node_id]
+        if index is None:
+            index = node.status().applied
+        snap = node.compact(index, encode_applied(self.applied[node_id][:index]))
+        disk = self.disks[node_id]
+        assert disk.base < snap.index <= disk.last_index, "compacting unpersisted entries"
+        del disk.entries[: snap.index - disk.base]
+        disk.snapshot = snap
+        self._trace(f"compact {node_id} to {snap.index}")
+        return snap
 
     # --- driving -----------------------------------------------------------------------
 
@@ -227,6 +277,8 @@ class Network:
     def _delivered(self, msg: Message) -> bool:
         if msg.src in self.down or msg.dst in self.down or (msg.src, msg.dst) in self.cuts:
             return False
+        if self.drop_if is not None and self.drop_if(msg):
+            return False
         return not (self.loss and self._loss_rng.random() < self.loss)
 
     def _flush(self, node_id: str) -> None:
@@ -240,18 +292,25 @@ class Network:
                 self._seq += 1
                 delay = self.latency + (self.jitter and self.jitter * self._loss_rng.random())
                 heapq.heappush(self._queue, (self.now + delay, self._seq, msg))
-            self._apply(node_id, rd.committed_entries)
+            self._apply(node_id, rd.snapshot, rd.committed_entries)
             node.advance(rd)
+        st = node.status()
+        if self.compact_every and st.applied - st.snapshot_index >= self.compact_every:
+            self.compact(node_id)
 
     def _persist(self, node_id: str, rd: Ready) -> None:
         disk = self.disks[node_id]
+        if rd.snapshot is not None:
+            assert rd.snapshot.index > disk.base, "snapshot older than the persisted one"
+            disk.snapshot = rd.snapshot
+            disk.entries.clear()
         if rd.hard_state is not None:
             assert rd.hard_state.term >= disk.hard_state.term
             disk.hard_state = rd.hard_state
         if rd.entries:
             first = rd.entries[0].index
-            assert first <= len(disk.entries) + 1, "gap in persisted entries"
-            del disk.entries[first - 1 :]
+            assert disk.base < first <= disk.last_index + 1, "gap in persisted entries"
+            del disk.entries[first - disk.base - 1 :]
             disk.entries.extend(rd.entries)
 
     def _check_depends(self, node_id: str, msg: Message) -> None:
@@ -269,9 +328,15 @@ class Network:
             expected = node_id if msg.type is MessageType.VOTE else msg.dst
             assert hs.vote == expected, f"{msg} sent before the vote for {expected} is durable"
         if msg.type is MessageType.APPEND_RESP and not msg.reject:
-            assert msg.index <= len(self.disks[node_id].entries), f"{msg} acks unpersisted entries"
+            assert msg.index <= self.disks[node_id].last_index, f"{msg} acks unpersisted entries"
 
-    def _apply(self, node_id: str, entries: Sequence[Entry]) -> None:
+    def _apply(self, node_id: str, snapshot: Snapshot | None, entries: Sequence[Entry]) -> None:
+        if snapshot is not None:
+            restored = decode_applied(snapshot.data)
+            assert [e.index for e in restored] == list(range(1, snapshot.index + 1))
+            for e in restored:
+                assert self.committed.setdefault(e.index, e) == e, f"{node_id} restores {e}"
+            self.applied[node_id] = restored
         applied = self.applied[node_id]
         for e in entries:
             assert e.index == len(applied) + 1, f"{node_id} applies {e.index} after {len(applied)}"

@@ -97,3 +97,20 @@ def test_hub_status_reaches_every_subscriber_and_close_ends_them() -> None:
     assert a.closed and b.closed
     hub.unsubscribe(a)
     assert hub.subscribers == 1
+
+
+def test_hub_reset_after_raft_snapshot_sends_fresh_view_to_subscribers_behind() -> None:
+    views = Views()
+    hub = _hub(views)
+    hub.publish(views.change(1))
+    behind = hub.subscribe(1)
+    ahead = hub.subscribe(9)  # resumed from a replica that was further on
+    for e in range(2, 6):  # the state machine jumps to epoch 5 without the changes
+        views.change(e)
+    hub.reset()
+    assert _epochs(list(behind.queue)) == [("snapshot", 5)]
+    assert _epochs(list(ahead.queue)) == []
+    hub.publish(views.change(6))
+    assert _epochs(list(behind.queue)) == [("snapshot", 5), ("change", 6)]
+    late = hub.subscribe(3)  # epoch 4 is not in the history any more
+    assert _epochs(list(late.queue)) == [("snapshot", 6)]

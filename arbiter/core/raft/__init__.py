@@ -4,7 +4,7 @@
 ``propose``) and hands out what to persist, send and apply (``ready``), which
 the shell acknowledges (``advance``). Algorithm: Ongaro & Ousterhout, "In
 Search of an Understandable Consensus Algorithm", 2014, with PreVote (thesis
-§9.6) and CheckQuorum (thesis §6.2).
+§9.6), CheckQuorum (thesis §6.2) and log compaction by snapshots (§7).
 """
 
 from arbiter.core.raft.config import RaftConfig, Rng
@@ -17,6 +17,7 @@ from arbiter.core.raft.messages import (
     RaftStatus,
     Ready,
     Role,
+    Snapshot,
 )
 from arbiter.core.raft.node import RaftNode
 from arbiter.core.raft.quorum import committed_index, quorum_size
@@ -35,6 +36,7 @@ __all__ = [
     "Ready",
     "Rng",
     "Role",
+    "Snapshot",
     "committed_index",
     "quorum_size",
 ]

@@ -1,12 +1,20 @@
 """The in-memory Raft log, with the bookkeeping the Ready cycle needs.
 
-The log holds entries ``first_index .. last_index``. Everything before
-``first_index`` has been compacted away; only the index and term of the last
-compacted entry are kept (``snapshot_index``, ``snapshot_term``), which is
-what the consistency check needs at the boundary (Ongaro & Ousterhout, "In
-Search of an Understandable Consensus Algorithm", 2014, §7). Compaction
-itself is not implemented yet; the offsets are here so it can be added
-without changing the index arithmetic.
+The log holds entries ``first_index .. last_index``. Everything up to
+``snapshot_index`` has been compacted into ``snapshot``, the state machine as
+of that index; only its index and term matter to the consistency check at
+the boundary (Ongaro & Ousterhout, "In Search of an Understandable Consensus
+Algorithm", 2014, §7).
+
+Rules:
+
+1. Compaction (``compact``) folds applied, persisted entries into a snapshot
+   the caller took of its state machine; they are gone from memory at once,
+   the caller drops them from disk after persisting the snapshot.
+2. Restoring (``restore``) replaces the whole log with a snapshot from the
+   leader that this log does not already contain; the snapshot is *pending*
+   until it has been handed out, persisted and applied (etcd raft
+   ``unstable.snapshot``). Entries after it are applied only after it.
 
 Besides the entries the log tracks three positions (etcd raft
 ``raftLog``/``unstable``): ``committed``; ``applied`` (handed out to the
@@ -18,9 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from arbiter.core.raft.messages import Entry
+from arbiter.core.raft.messages import Entry, Snapshot
 
-__all__ = ["RaftLog"]
+__all__ = ["EMPTY_SNAPSHOT", "RaftLog"]
+
+EMPTY_SNAPSHOT = Snapshot(index=0, term=0, data=b"")
+"""The snapshot of a log that never compacted anything."""
 
 
 class RaftLog:
@@ -28,33 +39,40 @@ class RaftLog:
 
     Args:
         entries: restored, already durable entries, contiguous, starting at
-            ``snapshot_index + 1``.
-        snapshot_index: index of the last compacted entry (0: none).
-        snapshot_term: term of the last compacted entry (0: none).
-        committed: restored commit index (at most the last index).
+            ``snapshot.index + 1``.
+        snapshot: the restored snapshot (None: nothing compacted). The state
+            machine is taken to be restored from it: ``applied`` starts at
+            its index.
+        committed: restored commit index (from the snapshot index to the
+            last index).
 
     Raises:
         ValueError: if the restored entries are not contiguous from
-            ``snapshot_index + 1`` or ``committed`` is beyond them.
+            ``snapshot.index + 1`` with terms that never decrease, or
+            ``committed`` is outside them.
     """
 
     def __init__(
         self,
         entries: Sequence[Entry] = (),
         *,
-        snapshot_index: int = 0,
-        snapshot_term: int = 0,
+        snapshot: Snapshot | None = None,
         committed: int = 0,
     ) -> None:
-        self._snapshot_index = snapshot_index
-        self._snapshot_term = snapshot_term
+        self.snapshot = snapshot if snapshot is not None else EMPTY_SNAPSHOT
+        self.pending_snapshot: Snapshot | None = None
+        snapshot_index = self.snapshot.index
         self._entries: list[Entry] = list(entries)
+        term = self.snapshot.term
         for pos, e in enumerate(self._entries):
             if e.index != snapshot_index + 1 + pos:
                 raise ValueError(
                     f"restored entries must be contiguous from {snapshot_index + 1}, "
                     f"found index {e.index} at position {pos}"
                 )
+            if e.term < term:
+                raise ValueError(f"restored entry {e.index} has term {e.term} < {term} before it")
+            term = e.term
         if not snapshot_index <= committed <= self.last_index:
             raise ValueError(f"commit {committed} outside {snapshot_index}..{self.last_index}")
         self.committed = committed
@@ -64,14 +82,19 @@ class RaftLog:
     # --- positions ------------------------------------------------------------
 
     @property
+    def snapshot_index(self) -> int:
+        """Index of the last compacted entry (0: none)."""
+        return self.snapshot.index
+
+    @property
     def first_index(self) -> int:
         """Index of the first entry still held."""
-        return self._snapshot_index + 1
+        return self.snapshot.index + 1
 
     @property
     def last_index(self) -> int:
         """Index of the last entry (the snapshot index if the log is empty)."""
-        return self._snapshot_index + len(self._entries)
+        return self.snapshot.index + len(self._entries)
 
     @property
     def last_term(self) -> int:
@@ -88,16 +111,16 @@ class RaftLog:
             AssertionError: for an index compacted away or beyond the log;
                 callers check the bounds first.
         """
-        if index == self._snapshot_index:
-            return self._snapshot_term
-        assert self._snapshot_index < index <= self.last_index, (
-            f"term of {index} outside {self._snapshot_index}..{self.last_index}"
+        if index == self.snapshot.index:
+            return self.snapshot.term
+        assert self.snapshot.index < index <= self.last_index, (
+            f"term of {index} outside {self.snapshot.index}..{self.last_index}"
         )
-        return self._entries[index - self._snapshot_index - 1].term
+        return self._entries[index - self.snapshot.index - 1].term
 
     def matches(self, index: int, term: int) -> bool:
         """True if the log holds an entry at ``index`` with ``term`` (Raft §5.3)."""
-        return self._snapshot_index <= index <= self.last_index and self.term(index) == term
+        return self.snapshot.index <= index <= self.last_index and self.term(index) == term
 
     def is_up_to_date(self, last_index: int, last_term: int) -> bool:
         """True if a log ending at (last_index, last_term) is at least as up to date (§5.4.1)."""
@@ -108,7 +131,7 @@ class RaftLog:
     def slice(self, lo: int, hi: int) -> tuple[Entry, ...]:
         """Entries with ``lo <= index < hi`` (``hi`` is clamped to the log's end)."""
         assert lo >= self.first_index, f"entry {lo} is compacted (first is {self.first_index})"
-        off = self._snapshot_index + 1
+        off = self.snapshot.index + 1
         return tuple(self._entries[lo - off : max(lo, hi) - off])
 
     # --- changes ----------------------------------------------------------------
@@ -126,7 +149,7 @@ class RaftLog:
         assert self.committed < start <= self.last_index + 1, (
             f"append at {start}: committed {self.committed}, last {self.last_index}"
         )
-        del self._entries[start - self._snapshot_index - 1 :]
+        del self._entries[start - self.snapshot.index - 1 :]
         self._entries.extend(entries)
         self.unstable_from = min(self.unstable_from, start)
 
@@ -171,12 +194,12 @@ class RaftLog:
             ``(i, term(i))``; ``(i, 0)`` if ``i`` is compacted (term unknown).
         """
         index = min(index, self.last_index)
-        while index > self._snapshot_index:
+        while index > self.snapshot.index:
             t = self.term(index)
             if t <= term:
                 return index, t
             index -= 1
-        return index, self._snapshot_term if index == self._snapshot_index else 0
+        return index, self.snapshot.term if index == self.snapshot.index else 0
 
     def commit_to(self, index: int) -> bool:
         """Raises the commit index to ``index`` if higher; returns whether it moved."""
@@ -202,8 +225,11 @@ class RaftLog:
             self.unstable_from = index + 1
 
     def entries_to_apply(self) -> tuple[Entry, ...]:
-        """Committed entries not yet handed out to the state machine."""
-        return self.slice(self.applied + 1, self.committed + 1)
+        """Committed entries not yet handed out to the state machine.
+
+        While a snapshot is pending these are the ones after it (rule 2).
+        """
+        return self.slice(max(self.applied, self.snapshot.index) + 1, self.committed + 1)
 
     def applied_to(self, index: int) -> None:
         """Records that entries up to ``index`` were handed to the state machine."""
@@ -211,3 +237,46 @@ class RaftLog:
             f"applied {index}: was {self.applied}, committed {self.committed}"
         )
         self.applied = index
+
+    # --- snapshots -------------------------------------------------------------
+
+    def compact(self, index: int, data: bytes) -> Snapshot:
+        """Folds entries up to ``index`` into a snapshot of the state machine (rule 1).
+
+        Args:
+            index: from ``snapshot_index + 1`` to ``applied``; the entries up
+                to it must have been handed out for persistence.
+            data: the state machine after applying entries 1..``index``.
+
+        Returns:
+            The new snapshot, now this log's ``snapshot``.
+
+        Raises:
+            AssertionError: for an index outside those bounds (callers check).
+        """
+        assert self.snapshot.index < index <= self.applied < self.unstable_from, (
+            f"compact to {index}: snapshot {self.snapshot.index}, applied {self.applied}"
+        )
+        snapshot = Snapshot(index=index, term=self.term(index), data=data)
+        del self._entries[: index - self.snapshot.index]
+        self.snapshot = snapshot
+        return snapshot
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Replaces the whole log with a leader's snapshot (rule 2).
+
+        Only for a snapshot beyond the commit index that this log does not
+        contain (Raft §7: "discard the entire log").
+        """
+        assert snapshot.index > self.committed and not self.matches(snapshot.index, snapshot.term)
+        self._entries.clear()
+        self.snapshot = snapshot
+        self.pending_snapshot = snapshot
+        self.committed = snapshot.index
+        self.unstable_from = snapshot.index + 1
+
+    def snapshot_applied(self, snapshot: Snapshot) -> None:
+        """Records that ``snapshot`` was persisted and restored into the state machine."""
+        if self.pending_snapshot is snapshot:
+            self.pending_snapshot = None
+        self.applied = max(self.applied, snapshot.index)

@@ -3,9 +3,9 @@
 Everything here is plain, immutable data (frozen dataclasses, enums); the
 shell maps it to and from the wire by field and enum name. The message set
 and field meanings follow etcd raft (``raftpb.Message``), trimmed to what a
-static group without snapshots needs (Ongaro & Ousterhout, "In Search of an
-Understandable Consensus Algorithm", 2014, Fig. 2; Ongaro's thesis, 2014,
-§9.6 for PreVote).
+static group needs (Ongaro & Ousterhout, "In Search of an Understandable
+Consensus Algorithm", 2014, Fig. 2 and §7 for snapshots; Ongaro's thesis,
+2014, §9.6 for PreVote).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ __all__ = [
     "RaftStatus",
     "Ready",
     "Role",
+    "Snapshot",
 ]
 
 
@@ -38,6 +39,25 @@ class Entry:
     term: int
     index: int
     data: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Snapshot:
+    """The state machine as of a log position; it stands for every entry up to it (§7).
+
+    Attributes:
+        index: the last log index the snapshot covers (0: nothing, the empty log).
+        term: the term of the entry at ``index`` (0 with ``index`` 0).
+        data: the state machine's bytes after applying entries 1..``index``;
+            opaque to Raft (left out of ``repr``, only its size is shown).
+    """
+
+    index: int
+    term: int
+    data: bytes
+
+    def __repr__(self) -> str:
+        return f"Snapshot(index={self.index}, term={self.term}, data=<{len(self.data)} bytes>)"
 
 
 class MessageType(enum.Enum):
@@ -63,6 +83,11 @@ class MessageType(enum.Enum):
     """Leader liveness; ``commit`` = min(leader commit, follower's match index) (etcd)."""
     HEARTBEAT_RESP = "heartbeat_resp"
     """Answer to HEARTBEAT."""
+    SNAPSHOT = "snapshot"
+    """InstallSnapshot (§7, etcd MsgSnap): ``snapshot`` is the leader's latest snapshot, sent
+    when the entries a follower needs were compacted away. The follower answers with an
+    APPEND_RESP: ``index`` is its last index after restoring the snapshot, or its commit
+    index if it already held everything the snapshot covers."""
     PROPOSE = "propose"
     """A proposal forwarded by a follower to its leader (etcd MsgProp): ``entries`` carry the
     data with ``term``/``index`` 0, and the message's own ``term`` is always 0 (proposals are
@@ -91,6 +116,7 @@ class Message:
         reject_hint: rejected APPEND_RESP: the highest index at which the
             follower's log may still match the leader's (at most its last
             index), so the leader can back off in one step (etcd).
+        snapshot: the snapshot carried (SNAPSHOT only).
     """
 
     type: MessageType
@@ -103,6 +129,7 @@ class Message:
     commit: int = 0
     reject: bool = False
     reject_hint: int = 0
+    snapshot: Snapshot | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,6 +170,8 @@ class RaftStatus:
         applied: the highest index handed out in ``Ready.committed_entries``
             and acknowledged with ``advance``.
         last_index: the index of its last log entry (0 if empty).
+        snapshot_index: the index of its latest snapshot; entries up to it
+            are compacted away (0: none).
     """
 
     id: str
@@ -152,6 +181,7 @@ class RaftStatus:
     commit: int
     applied: int
     last_index: int
+    snapshot_index: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -160,24 +190,32 @@ class Ready:
 
     The caller must act in this order (etcd raft's ``Ready`` contract):
 
-    1. persist ``hard_state`` (if not None) and ``entries`` durably: if
-       ``entries[0].index`` is at or below the last persisted index, first
-       delete every persisted entry from that index on, then append;
+    1. persist, durably and atomically: ``snapshot`` (if not None; it
+       replaces every persisted entry), ``hard_state`` (if not None) and
+       ``entries``: if ``entries[0].index`` is at or below the last persisted
+       index, first delete every persisted entry from that index on, then
+       append;
     2. send ``messages``;
-    3. apply ``committed_entries`` to the state machine, in order;
+    3. restore the state machine from ``snapshot`` (if not None), then apply
+       ``committed_entries`` to it, in order;
     4. call ``RaftNode.advance(ready)`` with this same object.
 
     Attributes:
         hard_state: the hard state to persist, or None if unchanged since the
             last ``advance``.
         entries: new or overwritten entries to persist, contiguous and in
-            index order.
+            index order (after ``snapshot.index`` when there is a snapshot).
         messages: messages to send; none is addressed to this replica.
         committed_entries: committed entries not handed out before, in index
-            order (they may include some of ``entries``: persist first).
+            order (they may include some of ``entries``: persist first; with a
+            snapshot they start at ``snapshot.index + 1``).
+        snapshot: a snapshot received from the leader, to persist and to
+            restore the state machine from, or None. Snapshots this replica
+            takes itself (``RaftNode.compact``) never appear here.
     """
 
     hard_state: HardState | None
     entries: tuple[Entry, ...]
     messages: tuple[Message, ...]
     committed_entries: tuple[Entry, ...]
+    snapshot: Snapshot | None = None

@@ -5,7 +5,8 @@ entries to apply go out through ``ready()``. The model is etcd raft
 (``tick``/``step``/``propose`` in, ``Ready`` out) and the algorithm is Ongaro
 & Ousterhout, "In Search of an Understandable Consensus Algorithm", 2014
 (cited as §n), with PreVote and CheckQuorum from Ongaro's thesis, 2014
-(§9.6 and §6.2). Membership is static.
+(§9.6 and §6.2), and log compaction by snapshots from §7. Membership is
+static.
 
 Rules:
 
@@ -41,6 +42,12 @@ Rules:
 7. Output (etcd's Ready). Term and vote changes are in ``Ready.hard_state``
    of the same Ready as (or an earlier one than) every message that depends
    on them; the caller persists before it sends. No message to self.
+8. Snapshots (§7). ``compact`` folds applied entries into a snapshot of the
+   state machine that the caller took; a leader sends its snapshot to a
+   follower whose next entry is compacted away (see ``replication``); a
+   follower takes it as described in ``follower`` and hands it out in
+   ``Ready.snapshot``. A restart restores the snapshot, then the entries
+   after it.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from typing import Unpack
 from arbiter.core.raft.config import RaftConfig, Rng
 from arbiter.core.raft.election import Tally, TallyResult, may_grant
 from arbiter.core.raft.errors import InvalidInput, ProposalDropped
+from arbiter.core.raft.follower import answer_append, answer_heartbeat, answer_snapshot
 from arbiter.core.raft.log import RaftLog
 from arbiter.core.raft.messages import (
     Entry,
@@ -61,16 +69,22 @@ from arbiter.core.raft.messages import (
     RaftStatus,
     Ready,
     Role,
+    Snapshot,
 )
 from arbiter.core.raft.quorum import quorum_size
 from arbiter.core.raft.ready import MessageFields, Outbox
-from arbiter.core.raft.replication import Replicator, answer_append
+from arbiter.core.raft.replication import Replicator
 
 __all__ = ["RaftNode"]
 
 
 _VOTE_REQUESTS = (MessageType.VOTE, MessageType.PRE_VOTE)
-_FROM_LEADER = (MessageType.APPEND, MessageType.HEARTBEAT)
+_FOLLOWER_ANSWERS = {
+    MessageType.APPEND: answer_append,
+    MessageType.SNAPSHOT: answer_snapshot,
+    MessageType.HEARTBEAT: answer_heartbeat,
+}
+_FROM_LEADER = tuple(_FOLLOWER_ANSWERS)
 
 
 class RaftNode:
@@ -83,7 +97,10 @@ class RaftNode:
         rng: the source of election-timeout jitter.
         now: monotonic seconds at start.
         hard_state: the restored durable term, vote and commit, if any.
-        entries: the restored durable log, contiguous from index 1.
+        snapshot: the restored durable snapshot, if any; the caller has
+            restored its state machine from it.
+        entries: the restored durable log, contiguous from the snapshot's
+            index + 1 (from 1 without a snapshot).
 
     Raises:
         ValueError: for an invalid config (``RaftConfig.validate``).
@@ -101,6 +118,7 @@ class RaftNode:
         now: float,
         hard_state: HardState | None = None,
         entries: Sequence[Entry] = (),
+        snapshot: Snapshot | None = None,
     ) -> None:
         config.validate()
         ids = sorted(set(peers))
@@ -109,8 +127,10 @@ class RaftNode:
         hs = hard_state if hard_state is not None else HardState(term=0, vote=None, commit=0)
         if hs.vote is not None and hs.vote not in ids:
             raise InvalidInput(f"restored vote for {hs.vote!r}, not a peer")
+        # The commit index is durable only as a convenience: a snapshot is committed.
+        commit = max(hs.commit, snapshot.index if snapshot is not None else 0)
         try:
-            self._log = RaftLog(entries, committed=hs.commit)
+            self._log = RaftLog(entries, snapshot=snapshot, committed=commit)
         except ValueError as e:
             raise InvalidInput(f"restored log: {e}") from e
         if self._log.last_term > hs.term:
@@ -197,6 +217,37 @@ class RaftNode:
         else:
             raise ProposalDropped(f"{self._id} knows no leader in term {self._term}")
 
+    def compact(self, index: int, data: bytes) -> Snapshot:
+        """Takes ``data`` as the snapshot at ``index`` and discards the entries up to it (rule 8).
+
+        Call between ``advance`` and the next ``ready``. The caller persists
+        the returned snapshot, then may drop the entries up to ``index`` from
+        its storage. Leaders send it to followers that need those entries.
+
+        Args:
+            index: a log index this replica has applied (``status().applied``
+                or lower) and not compacted yet.
+            data: the state machine after applying entries 1..``index``.
+
+        Returns:
+            The snapshot (index, term of the entry at ``index``, data).
+
+        Raises:
+            InvalidInput: if ``index`` is not above the current snapshot's
+                index, or not applied yet.
+        """
+        log = self._log
+        if not log.snapshot_index < index <= log.applied:
+            raise InvalidInput(
+                f"compact to {index}: must be in {log.snapshot_index + 1}..{log.applied} "
+                "(above the snapshot, applied)"
+            )
+        return log.compact(index, data)
+
+    def snapshot(self) -> Snapshot:
+        """The latest snapshot (index 0 with empty data if nothing was compacted)."""
+        return self._log.snapshot
+
     def report_unreachable(self, peer: str) -> None:
         """Transport hint: ``peer`` could not be reached; never changes term or role.
 
@@ -254,6 +305,7 @@ class RaftNode:
             commit=self._log.committed,
             applied=self._log.applied,
             last_index=self._log.last_index,
+            snapshot_index=self._log.snapshot_index,
         )
 
     def in_quorum(self, now: float) -> bool:
@@ -352,12 +404,8 @@ class RaftNode:
             assert self._lead == msg.src, f"term {self._term}: leaders {self._lead}, {msg.src}"
             self._leader_contact = now
             self._election_due = now + self._timeout
-            if t is MessageType.APPEND:
-                self._out.messages.append(answer_append(self._log, msg))
-            else:
-                assert msg.commit <= self._log.last_index, "heartbeat commit beyond my log"
-                self._log.commit_to(msg.commit)
-                self._send(MessageType.HEARTBEAT_RESP, msg.src)
+            answer = _FOLLOWER_ANSWERS[t]
+            self._out.messages.append(answer(self._log, msg))
         elif self._rep is not None:  # APPEND_RESP, HEARTBEAT_RESP
             if t is MessageType.APPEND_RESP:
                 self._rep.on_append_resp(msg, now)

@@ -8,7 +8,8 @@ hard state together with every message queued so far, and the shell
 persists before it sends, a term or vote change is durable before any
 message that depends on it leaves (Ongaro & Ousterhout, "In Search of an
 Understandable Consensus Algorithm", 2014, Fig. 2: "respond to RPCs" only
-after updating stable storage).
+after updating stable storage). A snapshot restored from the leader is
+handed out until acknowledged, and the entries to apply follow it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TypedDict, Unpack
 
 from arbiter.core.raft.errors import InvalidInput
 from arbiter.core.raft.log import RaftLog
-from arbiter.core.raft.messages import Entry, HardState, Message, MessageType, Ready
+from arbiter.core.raft.messages import Entry, HardState, Message, MessageType, Ready, Snapshot
 
 __all__ = ["MessageFields", "Outbox"]
 
@@ -31,6 +32,7 @@ class MessageFields(TypedDict, total=False):
     commit: int
     reject: bool
     reject_hint: int
+    snapshot: Snapshot
 
 
 class Outbox:
@@ -63,6 +65,7 @@ class Outbox:
             or hard_state != self._persisted
             or log.unstable_from <= log.last_index
             or log.committed > log.applied
+            or log.pending_snapshot is not None
         )
 
     def ready(self, hard_state: HardState) -> Ready:
@@ -72,6 +75,7 @@ class Outbox:
             entries=self._log.unstable_entries(),
             messages=tuple(self.messages),
             committed_entries=self._log.entries_to_apply(),
+            snapshot=self._log.pending_snapshot,
         )
 
     def advance(self, ready: Ready) -> None:
@@ -83,13 +87,19 @@ class Outbox:
         """
         n = len(ready.messages)
         applied = ready.committed_entries
-        if tuple(self.messages[:n]) != ready.messages or (
-            applied and applied[0].index != self._log.applied + 1
+        snapshot = ready.snapshot
+        base = self._log.applied if snapshot is None else snapshot.index
+        if (
+            tuple(self.messages[:n]) != ready.messages
+            or (applied and applied[0].index != base + 1)
+            or (snapshot is not None and snapshot.index <= self._log.applied)
         ):
             raise InvalidInput("advance() takes the Ready last returned by ready(), once")
         del self.messages[:n]
         if ready.hard_state is not None:
             self._persisted = ready.hard_state
+        if snapshot is not None:
+            self._log.snapshot_applied(snapshot)
         if ready.entries:
             self._log.stable_to(ready.entries[-1].index, ready.entries[-1].term)
         if applied:

@@ -3,10 +3,10 @@
 Rules (Ongaro & Ousterhout, "In Search of an Understandable Consensus
 Algorithm", 2014, §5.3 and §5.4.2; etcd raft ``tracker.Progress``):
 
-1. Each follower is in PROBE or REPLICATE. In PROBE the leader sends one
-   APPEND and waits (paused) for its answer or the next heartbeat answer,
-   because it does not yet know where the logs match. In REPLICATE it
-   streams entries optimistically, advancing ``next`` as it sends.
+1. Each follower is in PROBE, REPLICATE or SNAPSHOT. In PROBE the leader
+   sends one APPEND and waits (paused) for its answer or the next heartbeat
+   answer, because it does not yet know where the logs match. In REPLICATE
+   it streams entries optimistically, advancing ``next`` as it sends.
 2. A rejected APPEND moves ``next`` back, straight to the follower's hint
    (the last index where the logs may match, found by term on both sides),
    never below ``match + 1``; a follower in REPLICATE falls back to PROBE.
@@ -16,15 +16,20 @@ Algorithm", 2014, §5.3 and §5.4.2; etcd raft ``tracker.Progress``):
    committed indirectly).
 4. A HEARTBEAT carries ``commit = min(commit, match)``, so a follower never
    learns a commit index beyond what it is known to hold (etcd).
-5. Follower side (§5.3): an APPEND whose previous entry does not match is
-   refused with a hint, the last index whose term is at most the leader's
-   term for that entry (etcd ``findConflictByTerm``), so one round trip
-   skips a whole divergent term; an APPEND below the commit index is
-   answered with the commit index.
+5. Snapshots (§7, etcd ``StateSnapshot``): when the entry before ``next``
+   has been compacted away the leader sends its snapshot instead of an
+   APPEND and waits in SNAPSHOT for an APPEND_RESP at or past the snapshot
+   (or past the leader's first entry), then replicates. A snapshot left
+   unanswered while the follower answers one election timeout's worth of
+   heartbeats (election_timeout / heartbeat_interval, at least 2) was lost
+   and is sent again; so it is after ``report_unreachable``. Rejections are
+   stale while in SNAPSHOT and are ignored.
 6. Contact: the time of the last APPEND_RESP or HEARTBEAT_RESP from each
    follower is kept; the leader's lease on the group (CheckQuorum, thesis
    §6.2) runs until the quorum-th most recent contact plus the election
    timeout. All followers count as heard when the leader takes office.
+
+The follower side of these messages is in ``follower``.
 """
 
 from __future__ import annotations
@@ -32,14 +37,13 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 from arbiter.core.raft.config import RaftConfig
 from arbiter.core.raft.log import RaftLog
-from arbiter.core.raft.messages import Message, MessageType
+from arbiter.core.raft.messages import Message, MessageType, Snapshot
 from arbiter.core.raft.quorum import committed_index, quorum_size
 
-__all__ = ["Progress", "ProgressState", "Replicator", "answer_append"]
+__all__ = ["Progress", "ProgressState", "Replicator"]
 
 
 class ProgressState(enum.Enum):
@@ -47,6 +51,7 @@ class ProgressState(enum.Enum):
 
     PROBE = "probe"
     REPLICATE = "replicate"
+    SNAPSHOT = "snapshot"
 
 
 class Progress:
@@ -55,12 +60,15 @@ class Progress:
     Attributes:
         match: highest index known to be stored on the follower.
         next: index of the next entry to send.
-        state: PROBE or REPLICATE.
+        state: PROBE, REPLICATE or SNAPSHOT.
         paused: in PROBE, an APPEND is outstanding; send no more until an answer.
         heard: monotonic seconds of the last answer from the follower.
+        pending_snapshot: in SNAPSHOT, the index of the snapshot sent.
+        snapshot_wait: in SNAPSHOT, heartbeat answers left before the
+            snapshot is deemed lost and sent again (rule 5).
     """
 
-    __slots__ = ("heard", "match", "next", "paused", "state")
+    __slots__ = ("heard", "match", "next", "paused", "pending_snapshot", "snapshot_wait", "state")
 
     def __init__(self, *, next_index: int, now: float) -> None:
         self.match = 0
@@ -68,6 +76,8 @@ class Progress:
         self.state = ProgressState.PROBE
         self.paused = False
         self.heard = now
+        self.pending_snapshot = 0
+        self.snapshot_wait = 0
 
     def become_probe(self) -> None:
         """Falls back to probing just after the last known match."""
@@ -80,6 +90,14 @@ class Progress:
         self.state = ProgressState.REPLICATE
         self.next = self.match + 1
         self.paused = False
+
+    def become_snapshot(self, index: int, wait: int) -> None:
+        """Waits for the follower to take the snapshot at ``index`` (rule 5)."""
+        self.state = ProgressState.SNAPSHOT
+        self.pending_snapshot = index
+        self.snapshot_wait = wait
+        self.next = index + 1
+        self.paused = True
 
     def maybe_update(self, index: int) -> bool:
         """Records that the follower matches up to ``index``; True if ``match`` rose."""
@@ -97,6 +115,8 @@ class Progress:
             False if the rejection is stale (answers an APPEND sent before a
             newer one), True if ``next`` moved and a new APPEND should go out.
         """
+        if self.state is ProgressState.SNAPSHOT:
+            return False
         if self.state is ProgressState.REPLICATE:
             if rejected <= self.match:
                 return False
@@ -139,6 +159,7 @@ class Replicator:
         self._config = config
         self._send = send
         self._quorum = quorum_size(len(followers) + 1)
+        self._snapshot_wait = max(2, math.ceil(config.election_timeout / config.heartbeat_interval))
         self.progress = {p: Progress(next_index=log.last_index + 1, now=now) for p in followers}
 
     # --- sending --------------------------------------------------------------
@@ -153,6 +174,9 @@ class Replicator:
         """
         pr = self.progress[peer]
         if pr.paused:
+            return
+        if pr.next <= self._log.snapshot_index:
+            self._send_snapshot(peer, pr)
             return
         prev = pr.next - 1
         entries = self._log.slice(pr.next, pr.next + self._config.max_append_entries)
@@ -175,6 +199,21 @@ class Replicator:
                 pr.next = entries[-1].index + 1
         else:
             pr.paused = True
+
+    def _send_snapshot(self, peer: str, pr: Progress) -> None:
+        """Sends the leader's snapshot: the entries ``peer`` needs are compacted (rule 5)."""
+        snapshot: Snapshot = self._log.snapshot
+        self._send(
+            Message(
+                type=MessageType.SNAPSHOT,
+                src=self._id,
+                dst=peer,
+                term=self._term,
+                commit=self._log.committed,
+                snapshot=snapshot,
+            )
+        )
+        pr.become_snapshot(snapshot.index, self._snapshot_wait)
 
     def broadcast_append(self, *, send_empty: bool = False) -> None:
         """Sends new entries (or, with ``send_empty``, at least the commit) to every follower."""
@@ -211,11 +250,16 @@ class Replicator:
             raise AssertionError(
                 f"{msg.src} acknowledged {msg.index}, beyond my last index {self._log.last_index}"
             )
-        probe_matched = pr.state is ProgressState.PROBE and msg.index == pr.match
+        probe_matched = pr.state is not ProgressState.REPLICATE and msg.index == pr.match
         if not pr.maybe_update(msg.index) and not probe_matched:
             return  # a duplicate or reordered answer
-        if pr.state is ProgressState.PROBE:
+        if pr.state is ProgressState.PROBE or (
+            pr.state is ProgressState.SNAPSHOT
+            and (pr.match >= pr.pending_snapshot or pr.match + 1 >= self._log.first_index)
+        ):
             pr.become_replicate()
+        elif pr.state is ProgressState.SNAPSHOT:
+            pr.paused = True  # still waiting for the snapshot's answer
         if self.maybe_commit():
             self.broadcast_append(send_empty=True)
         else:
@@ -225,14 +269,19 @@ class Replicator:
         """Handles a HEARTBEAT_RESP: contact, unpause a probe, resend what is missing."""
         pr = self.progress[msg.src]
         pr.heard = now
+        if pr.state is ProgressState.SNAPSHOT:
+            pr.snapshot_wait -= 1
+            if pr.snapshot_wait > 0:
+                return
+            pr.become_probe()  # rule 5: the snapshot was lost; send it again
         pr.paused = False
         if pr.match < self._log.last_index:
             self.send_append(msg.src)
 
     def report_unreachable(self, peer: str) -> None:
-        """Transport hint: stop streaming to ``peer`` and probe it again (etcd)."""
+        """Transport hint: stop streaming (or waiting for a snapshot) and probe again (etcd)."""
         pr = self.progress[peer]
-        if pr.state is ProgressState.REPLICATE:
+        if pr.state is not ProgressState.PROBE:
             pr.become_probe()
 
     # --- commit and contact -------------------------------------------------------
@@ -246,27 +295,8 @@ class Replicator:
         return self._log.commit_to(index)
 
     def lease_expiry(self) -> float:
-        """Monotonic seconds at which the leader stops being in touch with a quorum (rule 5)."""
+        """Monotonic seconds at which the leader stops being in touch with a quorum (rule 6)."""
         if self._quorum == 1:
             return math.inf
         heard = sorted((pr.heard for pr in self.progress.values()), reverse=True)
         return heard[self._quorum - 2] + self._config.election_timeout
-
-
-def answer_append(log: RaftLog, msg: Message) -> Message:
-    """The follower side of AppendEntries (rule 5); returns the APPEND_RESP.
-
-    Args:
-        log: the follower's log; changed in place.
-        msg: an APPEND of the follower's current term from its leader.
-    """
-    for pos, e in enumerate(msg.entries):
-        assert e.index == msg.index + 1 + pos and e.term <= msg.term, f"malformed APPEND {msg}"
-    resp = Message(type=MessageType.APPEND_RESP, src=msg.dst, dst=msg.src, term=msg.term)
-    if msg.index < log.committed:
-        return replace(resp, index=log.committed)
-    last_new = log.maybe_append(msg.index, msg.log_term, msg.commit, msg.entries)
-    if last_new is not None:
-        return replace(resp, index=last_new)
-    hint, hint_term = log.find_conflict_by_term(msg.index, msg.log_term)
-    return replace(resp, index=msg.index, reject=True, reject_hint=hint, log_term=hint_term)
