@@ -172,9 +172,14 @@ class Observer:
             return HeartbeatVerdict(accepted=False, state=dead, incarnation=highest, lease=0.0)
         current = self._opinions.get(node_id)
         if current is not None and incarnation < current.incarnation:
-            # Older than what this replica already heard: refused as well.
+            # Older than what this replica already heard: refused as well. The
+            # newer life may not be committed yet, so name it explicitly: the
+            # node must learn it was superseded, not that it was declared DEAD.
             return HeartbeatVerdict(
-                accepted=False, state=MemberState.DEAD, incarnation=highest, lease=0.0
+                accepted=False,
+                state=MemberState.DEAD,
+                incarnation=max(highest, current.incarnation),
+                lease=0.0,
             )
         if current is None or incarnation > current.incarnation:
             self._detector.remove(node_id)
@@ -254,7 +259,7 @@ class Observer:
             self._check_committed(node_id, op, state)
             if op.committed:
                 continue
-            if op.proposed_at is not None and now - op.proposed_at < self._retry_after:
+            if op.proposed_at is not None and now < op.proposed_at + self._retry_after:
                 continue
             op.proposed_at = now
             out.append(
@@ -268,8 +273,16 @@ class Observer:
             )
         return tuple(out)
 
+    def needs_sync(self, state: MembershipState) -> bool:
+        """True when the committed view moved since the last :meth:`tick` (rule 5 work is due)."""
+        return state.epoch != self._seen_epoch
+
     def next_deadline(self) -> float | None:
-        """Earliest monotonic time at which :meth:`tick` or :meth:`observations` has work."""
+        """Earliest monotonic time at which :meth:`tick` or :meth:`observations` has work.
+
+        A view that moved since the last tick is not counted here (the observer
+        does not hold the state): callers check :meth:`needs_sync` too.
+        """
         times: list[float] = []
         d = self._detector.next_deadline()
         if d is not None:

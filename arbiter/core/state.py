@@ -22,7 +22,11 @@ Rule 3. n becomes ALIVE at incarnation i when a quorum of replicas' latest
     incarnation k, the same entry emits DEAD at k (the old life is retired)
     and then ALIVE at i.
 Rule 4. ALIVE at k becomes DEAD at k when a quorum of replicas' latest
-    observations of n are SUSPECT at k. A single suspicion never kills.
+    observations of n are SUSPECT at k or at a later incarnation. A single
+    suspicion never kills. (A replica suspecting n at k' > k hears neither
+    life: it refuses k's heartbeats once it heard k'. Without this, a node
+    that restarted as k', was heard while nothing could commit, then died,
+    would stay ALIVE at k for ever: found by the simulator, seed 142.)
 Rule 5. Leave(n, i): a record ALIVE at i becomes LEFT at i. A record above i,
     or final at i, refuses the leave (no change, the outcome says why). No
     record, or a record below i: n is recorded LEFT at i, so that incarnation
@@ -235,6 +239,19 @@ class MembershipState:
             if obs[r].incarnation == incarnation and obs[r].opinion is Opinion.SUSPECT
         )
 
+    def death_votes(self, node_id: str) -> tuple[str, ...]:
+        """Replicas whose latest observation is SUSPECT at the record's incarnation or a
+        later one (rule 4), sorted; empty for a node without a record."""
+        record = self._members.get(node_id)
+        if record is None:
+            return ()
+        obs = self._obs.get(node_id, {})
+        return tuple(
+            r
+            for r in sorted(obs)
+            if obs[r].incarnation >= record.incarnation and obs[r].opinion is Opinion.SUSPECT
+        )
+
     def highest_incarnation(self, node_id: str) -> int | None:
         """The highest incarnation known for the node (record or any observation), or None."""
         known = [o.incarnation for o in self._obs.get(node_id, {}).values()]
@@ -288,7 +305,7 @@ class MembershipState:
         if (
             record is not None
             and record.state is MemberState.ALIVE
-            and len(self.suspected_by(node_id)) >= self._quorum
+            and len(self.death_votes(node_id)) >= self._quorum
         ):
             return [_change(node_id, record.incarnation, MemberState.DEAD)]
         return []

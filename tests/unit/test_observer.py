@@ -153,3 +153,13 @@ def test_observer_restart_grace_defers_suspicion_and_tracks_unheard_members() ->
     obs.tick(10.51, log.state)  # grace over, silence longer than D since start
     assert obs.suspects() == ["n1"]
     assert [o.opinion for o in obs.observations(10.51, log.state)] == [Opinion.SUSPECT]
+
+
+def test_observer_superseded_heartbeat_names_the_newer_uncommitted_incarnation() -> None:
+    log, obs = Log(), _observer()
+    _admit(log, "n1", incarnation=5)
+    obs.heartbeat("n1", 5, {}, 0.0, log.state)
+    obs.heartbeat("n1", 9, {}, 0.1, log.state)  # a newer life, not committed anywhere yet
+    v = obs.heartbeat("n1", 5, {}, 0.2, log.state)
+    assert not v.accepted and v.state is MemberState.DEAD
+    assert v.incarnation == 9  # "superseded by 9", not "declared DEAD at 5"

@@ -552,3 +552,35 @@ def test_state_is_deterministic_and_keeps_invariants(entries: list[bytes], cut: 
     assert one.view() == two.view()
     if restored is not None:
         assert restored.to_bytes() == one.to_bytes()
+
+
+def test_state_suspicion_of_a_later_incarnation_kills_the_recorded_one() -> None:
+    # Simulator seed 142: n1 ALIVE at 1 restarts as 2, is heard (never admitted),
+    # then dies; every replica's latest observation is SUSPECT at 2.
+    from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
+    from membership.view import MemberState as MS
+
+    st = MembershipState(["a1", "a2", "a3"])
+    index = 0
+
+    def obs(r: str, inc: int, op: Opinion, seq: int) -> None:
+        nonlocal index
+        index += 1
+        st.apply(
+            index,
+            encode(
+                ObserveBatch(
+                    replica_id=r,
+                    observations=(Observation(node_id="n1", incarnation=inc, opinion=op, seq=seq),),
+                )
+            ),
+        )
+
+    for r in ("a1", "a2"):
+        obs(r, 1, Opinion.ALIVE, 1)
+    assert st.member("n1").state is MS.ALIVE  # type: ignore[union-attr]
+    obs("a1", 2, Opinion.SUSPECT, 5)
+    assert st.member("n1").state is MS.ALIVE  # type: ignore[union-attr]  # one is not a quorum
+    obs("a2", 2, Opinion.SUSPECT, 5)
+    m = st.member("n1")
+    assert m is not None and m.state is MS.DEAD and m.incarnation == 1

@@ -1,0 +1,91 @@
+"""Deliberate breakages of the cores, to prove the simulator catches each one.
+
+Each is a context manager that patches one rule of a core for the duration
+of a run and restores it after. They exist only to test the checker; the
+issue's "done when" asks that each is caught within the CI seeds.
+
+- ``a``: the tally declares DEAD on a single suspicion (state.py, rule 4).
+- ``b``: the vote is not on disk before the vote reply is sent (the
+  simulator's Ready handling, see ``replicas`` rule 4).
+- ``c``: a replica grants leases before its ALIVE observation is committed
+  (observer.py, rule 4).
+- ``d``: CheckQuorum disabled (``RaftConfig(check_quorum=False)``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+
+from arbiter.core.commands import Opinion
+from arbiter.core.observer import HeartbeatVerdict, Observer
+from arbiter.core.state import MembershipState
+from tests.sim.world import Mutants
+
+__all__ = ["MUTANTS", "patched"]
+
+MUTANTS = ("a", "b", "c", "d")
+
+
+@contextlib.contextmanager
+def _single_suspicion_kills() -> Iterator[None]:
+    original = MembershipState.death_votes
+
+    def death_votes(self: MembershipState, node_id: str) -> tuple[str, ...]:
+        # One suspicion counts as a quorum of them.
+        return original(self, node_id) * self.quorum
+
+    MembershipState.death_votes = death_votes  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        MembershipState.death_votes = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _lease_before_commit() -> Iterator[None]:
+    original = Observer.heartbeat
+
+    def heartbeat(
+        self: Observer,
+        node_id: str,
+        incarnation: int,
+        labels: Mapping[str, str],
+        now: float,
+        state: MembershipState,
+        interval: float | None = None,
+    ) -> HeartbeatVerdict:
+        v = original(self, node_id, incarnation, labels, now, state, interval)
+        op = self._opinions.get(node_id)
+        if v.accepted and v.lease == 0.0 and op is not None and op.opinion is Opinion.ALIVE:
+            # Grant as if the ALIVE opinion were committed already.
+            self._detector.hold(node_id, now + self._lease)
+            return HeartbeatVerdict(
+                accepted=True, state=v.state, incarnation=v.incarnation, lease=self._lease
+            )
+        return v
+
+    Observer.heartbeat = heartbeat  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Observer.heartbeat = original  # type: ignore[method-assign]
+
+
+def patched(mutant: str | None) -> tuple[contextlib.AbstractContextManager[None], Mutants]:
+    """The core patch and the shell flags for ``mutant`` (None: no breakage).
+
+    Raises:
+        ValueError: for an unknown mutant name.
+    """
+    if mutant is None:
+        return contextlib.nullcontext(), Mutants()
+    if mutant == "a":
+        return _single_suspicion_kills(), Mutants()
+    if mutant == "b":
+        return contextlib.nullcontext(), Mutants(vote_after_send=True)
+    if mutant == "c":
+        return _lease_before_commit(), Mutants()
+    if mutant == "d":
+        return contextlib.nullcontext(), Mutants(no_check_quorum=True)
+    raise ValueError(f"unknown mutant {mutant!r}; one of {', '.join(MUTANTS)}")

@@ -1,0 +1,187 @@
+"""The deterministic simulator in CI: seeds, determinism, scenarios, mutants, known bugs.
+
+Run only these with ``pytest -m sim``; replay a failing seed with the command
+the failure prints (``python -m tests.sim --seed N --seconds S --trace``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from arbiter.config import ArbiterConfig
+from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
+from arbiter.core.detector import MissedHeartbeatDetector
+from arbiter.core.observer import Observer
+from arbiter.core.raft import Entry, HardState, Message, MessageType
+from arbiter.core.replica import Replica, ReplicaSettings
+from arbiter.core.state import MembershipState
+from tests.sim.run import replay_command, run_seed
+from tests.sim.scenario import run_file
+
+pytestmark = pytest.mark.sim
+
+CI_SEEDS = 300
+CI_SECONDS = 60.0
+CI_CHUNK = 50  # seeds per test (each well within pytest's per-test timeout)
+SCENARIOS = Path(__file__).parent / "scenarios"
+ROOT = Path(__file__).parents[2]
+
+# Seeds of the CI range that fail because of a known core bug, with the bug
+# (none now; seed 142 found the stale-incarnation tally bug, fixed in state.py).
+KNOWN_BUG_SEEDS: dict[int, str] = {}
+KNOWN_BUG_SCENARIOS: set[str] = set()
+REGRESSION_SEEDS = (142, 731)
+
+
+@pytest.mark.parametrize("first", range(0, CI_SEEDS, CI_CHUNK), ids=lambda f: f"seeds{f}+")
+def test_sim_ci_seeds_hold_every_invariant(first: int) -> None:
+    failures = []
+    for seed in range(first, first + CI_CHUNK):
+        if seed in KNOWN_BUG_SEEDS:
+            continue
+        r = run_seed(seed, CI_SECONDS)
+        if not r.ok:
+            failures.append(f"seed {seed}: {r.error}\n  replay: {replay_command(seed, CI_SECONDS)}")
+    assert not failures, "\n".join(failures)
+
+
+def test_sim_same_seed_gives_same_trace() -> None:
+    first = run_seed(7, 20.0)
+    second = run_seed(7, 20.0)
+    assert first.digest == second.digest
+    assert first.lines == second.lines
+    assert run_seed(8, 20.0).digest != first.digest
+
+
+def test_sim_replay_is_the_same_in_another_process() -> None:
+    # Another interpreter with another string-hash seed: no set-order dependence.
+    env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-m", "tests.sim", "--seed", "7", "--seconds", "20"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        check=True,
+    ).stdout
+    assert f"digest {run_seed(7, 20.0).digest}" in out
+
+
+def test_sim_failure_prints_replay_command() -> None:
+    r = run_seed(0, 20.0, mutant="b")
+    assert not r.ok
+    assert (
+        replay_command(0, 20.0, "b")
+        == "python -m tests.sim --seed 0 --seconds 20 --mutant b --trace"
+    )
+
+
+@pytest.mark.parametrize(
+    ("mutant", "invariant"), [("a", "S5"), ("b", "S2"), ("c", "S6"), ("d", "L1")]
+)
+def test_sim_catches_deliberate_breakage(mutant: str, invariant: str) -> None:
+    # The first CI seeds catch each breakage (the full CI range catches each many times).
+    for seed in range(20):
+        r = run_seed(seed, CI_SECONDS, mutant=mutant)
+        if not r.ok:
+            assert r.error is not None and f": {invariant}:" in r.error, r.error
+            return
+    pytest.fail(f"mutant {mutant} not caught by seeds 0-19")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in sorted(SCENARIOS.glob("*.txt")) if p.name not in KNOWN_BUG_SCENARIOS],
+    ids=lambda p: p.stem,
+)
+def test_sim_scenario(path: Path) -> None:
+    run_file(path, rewrite=os.environ.get("SIM_REWRITE") == "1")
+
+
+def test_observer_retry_is_due_at_its_own_deadline() -> None:
+    # Found by the simulator (seeds 0-4 livelocked): next_deadline() said
+    # proposed_at + retry while observations() tested now - proposed_at < retry,
+    # which float rounding makes disagree; a clock that jumps to the deadline
+    # then ticks forever without the retry.
+    obs = Observer(
+        replica_id="r1",
+        detector=MissedHeartbeatDetector(interval=0.15, missed_limit=5),
+        lease=0.75,
+        retry_after=0.5,
+        seq_base=1,
+        now=0.0,
+        restart_grace=0.0,
+    )
+    state = MembershipState(["r1", "r2", "r3"])
+    t0 = 0.14555034843312536
+    obs.heartbeat("n1", 1, {}, t0, state)
+    assert [o.node_id for o in obs.observations(t0, state)] == ["n1"]
+    due = obs.next_deadline()
+    assert due is not None
+    assert [o.node_id for o in obs.observations(due, state)] == ["n1"]
+
+
+# --- regressions: core bugs the simulator found ------------------------------------------
+
+
+@pytest.mark.parametrize("seed", REGRESSION_SEEDS)
+def test_sim_regression_seed_stale_incarnation(seed: int) -> None:
+    r = run_seed(seed, CI_SECONDS)
+    assert r.ok, r.error
+
+
+def test_replica_next_deadline_reports_view_sync() -> None:
+    # A replica restarts with n1 ALIVE in its log; n1 died while it was down.
+    # Driven only at next_deadline() (as the simulator and STYLE rule 2 do), a
+    # follower whose leader heartbeats it must still start tracking n1 and
+    # suspect it after its grace and D.
+    cfg = ArbiterConfig.lan()
+    alive = [
+        encode(
+            ObserveBatch(
+                replica_id=r,
+                observations=(
+                    Observation(node_id="n1", incarnation=1, opinion=Opinion.ALIVE, seq=1),
+                ),
+            )
+        )
+        for r in ("r1", "r2")
+    ]
+    entries = [Entry(term=1, index=i + 1, data=d) for i, d in enumerate(alive)]
+    now = 100.0
+    rep = Replica(
+        replica_id="r3",
+        replica_ids=["r1", "r2", "r3"],
+        raft_config=cfg.raft(),
+        settings=ReplicaSettings(
+            lease=cfg.lease,
+            observation_retry=cfg.observation_retry,
+            restart_grace=cfg.lease,
+            heartbeat_interval=cfg.heartbeat_interval,
+        ),
+        detector=MissedHeartbeatDetector(
+            interval=cfg.heartbeat_interval, missed_limit=cfg.missed_heartbeats
+        ),
+        rng=random.Random(1),
+        now=now,
+        seq_base=10,
+        hard_state=HardState(term=1, vote=None, commit=2),
+        entries=entries,
+    )
+    rep.advance(rep.ready())
+    assert rep.state.epoch == 1
+    while now < 105.0:
+        now = round(now + 0.1, 6)
+        if rep.next_deadline() <= now:
+            rep.tick(now)
+        beat = Message(type=MessageType.HEARTBEAT, src="r1", dst="r3", term=1, commit=2)
+        rep.step(beat, now)
+        while rep.has_ready():
+            rep.advance(rep.ready())
+    assert rep.observer.suspects() == ["n1"]
