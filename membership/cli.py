@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
+import math
+import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +24,14 @@ from typing import Any
 from membership.errors import MembershipError, UnavailableError
 from membership.session import Fenced, Rejoined, SessionEvent, StateChanged, Superseded
 from membership.validation import parse_address
-from membership.view import QuorumChanged, View, ViewChanged, ViewEvent, ViewSnapshot
+from membership.view import (
+    MemberState,
+    QuorumChanged,
+    View,
+    ViewChanged,
+    ViewEvent,
+    ViewSnapshot,
+)
 
 __all__ = ["main"]
 
@@ -53,8 +64,8 @@ def _positive(value: str) -> float:
         f = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if f <= 0:
-        raise argparse.ArgumentTypeError(f"{value!r} must be > 0")
+    if not math.isfinite(f) or f <= 0:
+        raise argparse.ArgumentTypeError(f"{value!r} must be a finite number > 0")
     return f
 
 
@@ -200,6 +211,8 @@ async def _node(args: argparse.Namespace) -> int:
         stopper.cancel()
         ended.cancel()
         if client.ended.is_set():
+            if args.no_rejoin and client.state is MemberState.DEAD:
+                raise CliError(f"{args.id} was declared DEAD and --no-rejoin is set")
             raise CliError(
                 f"node id {args.id!r} was taken over by a newer incarnation "
                 "(is another process running with the same id?)"
@@ -236,12 +249,23 @@ async def _watch(args: argparse.Namespace) -> int:
                 for line in event_lines(ev, args.json):
                     _print(line)
 
-        task = asyncio.get_running_loop().create_task(pump())
-        stopper = asyncio.get_running_loop().create_task(stop.wait())
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(pump())
+        stopper = loop.create_task(stop.wait())
+        if stat.S_ISFIFO(os.fstat(sys.stdout.fileno()).st_mode):
+            # A pipe's write end polls as an error once its reader is gone:
+            # stop then, not at the next event (which may be far off).
+            def reader_gone() -> None:
+                loop.remove_reader(sys.stdout.fileno())
+                stop.set()
+
+            loop.add_reader(sys.stdout.fileno(), reader_gone)
         await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
         if task.done():
             stopper.cancel()
             exc = task.exception()
+            if isinstance(exc, BrokenPipeError):
+                raise exc
             raise CliError(f"watch ended unexpectedly: {exc!r}")
         for t in (task, stopper):
             await reap(t)
@@ -425,3 +449,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader of our output went away (``membership watch | head -3``):
+        # end quietly, as other command-line tools do.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

@@ -57,7 +57,10 @@ from membership.view import (
     ViewSnapshot,
 )
 
-__all__ = ["MembershipClient", "ViewInfo"]
+__all__ = ["MAX_INCARNATION", "MembershipClient", "ViewInfo"]
+
+# Incarnations travel as uint64; leave room for rejoins above any given start.
+MAX_INCARNATION = 2**62
 
 log = logging.getLogger("membership.client")
 
@@ -127,8 +130,16 @@ class MembershipClient:
         config: ClientConfig | None = None,
         on_event: Callable[[SessionEvent], None] | None = None,
     ) -> None:
+        if isinstance(arbiters, str):
+            raise InvalidArgument("arbiters must be a list of 'host:port' strings, not one string")
         if not arbiters:
             raise InvalidArgument("at least one arbiter address is needed")
+        if labels is not None and not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+        ):
+            raise InvalidArgument("labels must map strings to strings")
+        if incarnation is not None and not 1 <= incarnation <= MAX_INCARNATION:
+            raise InvalidArgument(f"incarnation must be in 1..{MAX_INCARNATION}, got {incarnation}")
         self.arbiters = [parse_address(a) for a in arbiters]
         if len(set(self.arbiters)) != len(self.arbiters):
             raise InvalidArgument("an arbiter address is listed twice")
@@ -151,10 +162,12 @@ class MembershipClient:
         self._alive = asyncio.Event()
         self._state_changed = asyncio.Event()
         self._fence_changed = asyncio.Event()
-        # Set when the session ends by itself (superseded); see wait_ended().
+        # Set when the session ends by itself: superseded by a newer incarnation,
+        # or declared DEAD with auto_rejoin off.
         self.ended = asyncio.Event()
         self._interval = self.config.heartbeat_interval
         self.stream_healthy: dict[str, bool] = dict.fromkeys(self.arbiters, False)
+        self._warned_size = False
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -300,6 +313,8 @@ class MembershipClient:
             if isinstance(ev, StateChanged):
                 log.info("%s incarnation %d is %s", self.node_id, ev.incarnation, ev.state.value)
                 self._state_changed.set()
+                if ev.state is MemberState.DEAD and not self.config.auto_rejoin:
+                    self.ended.set()  # nothing more to do without a rejoin
             elif isinstance(ev, Fenced):
                 self._fence_changed.set()
                 log.info(
@@ -319,7 +334,7 @@ class MembershipClient:
                 self._state_changed.set()
                 self.ended.set()
             elif isinstance(ev, Rejoined):
-                log.warning(
+                log.info(
                     "%s: incarnation %d is over (%s); rejoining as %d",
                     self.node_id,
                     ev.old_incarnation,
@@ -387,6 +402,16 @@ class MembershipClient:
                     healthy = True
                     self.stream_healthy[addr] = True
                     log.debug("heartbeat stream to %s is up", addr)
+                if ack.cluster_size > len(self.arbiters) and not self._warned_size:
+                    self._warned_size = True
+                    log.warning(
+                        "%s lists %d arbiter(s) but the cluster has %d: it can join only if "
+                        "it reaches a majority (%d); list every arbiter",
+                        self.node_id,
+                        len(self.arbiters),
+                        ack.cluster_size,
+                        ack.cluster_size // 2 + 1,
+                    )
                 if ack.next_interval_seconds > 0:
                     self._interval = ack.next_interval_seconds
                 self._dispatch(
@@ -400,6 +425,7 @@ class MembershipClient:
                         recorded_incarnation=ack.incarnation,
                         epoch=ack.epoch,
                         now=now,
+                        cluster_size=ack.cluster_size,
                     )
                 )
                 if session.ended:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 
 from membership.errors import InvalidArgument
@@ -23,9 +25,12 @@ class ClientConfig:
     # reopened, even when writes are stuck (C03). Keep it well below the
     # arbiters' suspicion time D (0.75 s by default) plus the initial backoff.
     ack_timeout: float = 0.6
-    # Reconnect backoff: jittered exponential between these bounds (C19).
+    # Reconnect backoff: jittered exponential between these bounds (C19). The
+    # maximum must stay below the arbiters' restart_grace minus their lease
+    # (3 s - 0.75 s by default), so that nodes are back before a restarted
+    # replica may suspect them.
     backoff_initial: float = 0.05
-    backoff_max: float = 2.0
+    backoff_max: float = 1.0
     # HTTP/2 keepalive: ping after this long without traffic; must be >= the
     # arbiter's min_ping_interval (4 s by default) or GOAWAY too_many_pings (C05).
     keepalive_time: float = 10.0
@@ -50,6 +55,10 @@ class ClientConfig:
         Raises:
             InvalidArgument: naming the field and the rule.
         """
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise InvalidArgument(f"{f.name} must be a finite number, got {value}")
         for name in (
             "heartbeat_interval",
             "ack_timeout",

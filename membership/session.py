@@ -157,6 +157,7 @@ class NodeSession:
         recorded_incarnation: int,
         epoch: int,
         now: float,
+        cluster_size: int = 0,
     ) -> list[SessionEvent]:
         """Takes one ack (rules 2 to 5).
 
@@ -168,6 +169,11 @@ class NodeSession:
             recorded_incarnation: the highest incarnation the cluster records.
             epoch: the arbiter's applied view epoch.
             now: monotonic seconds at receipt.
+            cluster_size: the number of arbiters the cluster is configured
+                with (0: unknown). The lease quorum is a majority of the
+                larger of this and the arbiters given at construction, so a
+                node that lists too few arbiters never believes it holds a
+                quorum (rule 3).
 
         Returns:
             The events this ack caused, in order.
@@ -177,6 +183,8 @@ class NodeSession:
         if sent is None or self.ended:
             return []
         send_time, incarnation = sent
+        if cluster_size > 0:
+            self.quorum = max(self.quorum, cluster_size // 2 + 1)
         if incarnation != self.incarnation:
             return []  # about an incarnation that is over (rule 2)
         events: list[SessionEvent] = []

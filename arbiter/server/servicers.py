@@ -108,6 +108,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     arbiter_id=status.arbiter_id,
                     incarnation=verdict.incarnation,
                     leader_id=status.leader_id or "",
+                    cluster_size=self._driver.cluster_size,
                 )
         finally:
             self.heartbeat_streams -= 1

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1emembership/v1/membership.proto\x12\rmembership.v1\"\xc8\x01\n\nNodeStatus\x12\x0c\n\x04load\x18\x01 \x01(\x01\x12\x17\n\x0fgpu_utilization\x18\x02 \x01(\x01\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x10\n\x08progress\x18\x05 \x01(\x01\x12\x35\n\x06gauges\x18\x06 \x03(\x0b\x32%.membership.v1.NodeStatus.GaugesEntry\x1a-\n\x0bGaugesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xf4\x01\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x16\n\x0esend_time_unix\x18\x04 \x01(\x01\x12;\n\x06labels\x18\x05 \x03(\x0b\x32+.membership.v1.HeartbeatRequest.LabelsEntry\x12)\n\x06status\x18\x06 \x01(\x0b\x32\x19.membership.v1.NodeStatus\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xda\x01\n\x0cHeartbeatAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x15\n\rlease_seconds\x18\x03 \x01(\x01\x12\x1d\n\x15next_interval_seconds\x18\x04 \x01(\x01\x12)\n\x05state\x18\x05 \x01(\x0e\x32\x1a.membership.v1.MemberState\x12\x11\n\tin_quorum\x18\x06 \x01(\x08\x12\x12\n\narbiter_id\x18\x07 \x01(\t\x12\x13\n\x0bincarnation\x18\x08 \x01(\x04\x12\x11\n\tleader_id\x18\t \x01(\t\">\n\x10SubscribeRequest\x12\x13\n\x0bsince_epoch\x18\x01 \x01(\x04\x12\x15\n\rsubscriber_id\x18\x02 \x01(\t\"\xe0\x01\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.membership.v1.MemberState\x12\x31\n\x06labels\x18\x04 \x03(\x0b\x32!.membership.v1.Member.LabelsEntry\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x14\n\x0csuspected_by\x18\x06 \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"=\n\x04View\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12&\n\x07members\x18\x02 \x03(\x0b\x32\x15.membership.v1.Member\"\xc7\x01\n\x0cMemberChange\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.membership.v1.MemberState\x12\x37\n\x06labels\x18\x04 \x03(\x0b\x32\'.membership.v1.MemberChange.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"1\n\x0cViewSnapshot\x12!\n\x04view\x18\x01 \x01(\x0b\x32\x13.membership.v1.View\"I\n\nViewChange\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12,\n\x07\x63hanges\x18\x02 \x03(\x0b\x32\x1b.membership.v1.MemberChange\"C\n\x0cQuorumStatus\x12\x11\n\tin_quorum\x18\x01 \x01(\x08\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"\x19\n\x08Progress\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\xe8\x01\n\x0fMembershipEvent\x12\x12\n\narbiter_id\x18\x01 \x01(\t\x12/\n\x08snapshot\x18\x02 \x01(\x0b\x32\x1b.membership.v1.ViewSnapshotH\x00\x12+\n\x06\x63hange\x18\x03 \x01(\x0b\x32\x19.membership.v1.ViewChangeH\x00\x12-\n\x06quorum\x18\x04 \x01(\x0b\x32\x1b.membership.v1.QuorumStatusH\x00\x12+\n\x08progress\x18\x05 \x01(\x0b\x32\x17.membership.v1.ProgressH\x00\x42\x07\n\x05\x65vent\"\x10\n\x0eGetViewRequest\"\x94\x01\n\x0fGetViewResponse\x12!\n\x04view\x18\x01 \x01(\x0b\x32\x13.membership.v1.View\x12\x12\n\narbiter_id\x18\x02 \x01(\t\x12\x11\n\tleader_id\x18\x03 \x01(\t\x12\x11\n\tin_quorum\x18\x04 \x01(\x08\x12\x0c\n\x04term\x18\x05 \x01(\x04\x12\x16\n\x0elocal_suspects\x18\x06 \x03(\t\"4\n\x0cLeaveRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\"\x1e\n\rLeaveResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04*\x8b\x01\n\x0bMemberState\x12\x1c\n\x18MEMBER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14MEMBER_STATE_JOINING\x10\x01\x12\x16\n\x12MEMBER_STATE_ALIVE\x10\x02\x12\x15\n\x11MEMBER_STATE_DEAD\x10\x03\x12\x15\n\x11MEMBER_STATE_LEFT\x10\x04\x32\xb9\x02\n\nMembership\x12M\n\tHeartbeat\x12\x1f.membership.v1.HeartbeatRequest\x1a\x1b.membership.v1.HeartbeatAck(\x01\x30\x01\x12N\n\tSubscribe\x12\x1f.membership.v1.SubscribeRequest\x1a\x1e.membership.v1.MembershipEvent0\x01\x12H\n\x07GetView\x12\x1d.membership.v1.GetViewRequest\x1a\x1e.membership.v1.GetViewResponse\x12\x42\n\x05Leave\x12\x1b.membership.v1.LeaveRequest\x1a\x1c.membership.v1.LeaveResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1emembership/v1/membership.proto\x12\rmembership.v1\"\xc8\x01\n\nNodeStatus\x12\x0c\n\x04load\x18\x01 \x01(\x01\x12\x17\n\x0fgpu_utilization\x18\x02 \x01(\x01\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x10\n\x08progress\x18\x05 \x01(\x01\x12\x35\n\x06gauges\x18\x06 \x03(\x0b\x32%.membership.v1.NodeStatus.GaugesEntry\x1a-\n\x0bGaugesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xf4\x01\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x16\n\x0esend_time_unix\x18\x04 \x01(\x01\x12;\n\x06labels\x18\x05 \x03(\x0b\x32+.membership.v1.HeartbeatRequest.LabelsEntry\x12)\n\x06status\x18\x06 \x01(\x0b\x32\x19.membership.v1.NodeStatus\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xf0\x01\n\x0cHeartbeatAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x15\n\rlease_seconds\x18\x03 \x01(\x01\x12\x1d\n\x15next_interval_seconds\x18\x04 \x01(\x01\x12)\n\x05state\x18\x05 \x01(\x0e\x32\x1a.membership.v1.MemberState\x12\x11\n\tin_quorum\x18\x06 \x01(\x08\x12\x12\n\narbiter_id\x18\x07 \x01(\t\x12\x13\n\x0bincarnation\x18\x08 \x01(\x04\x12\x11\n\tleader_id\x18\t \x01(\t\x12\x14\n\x0c\x63luster_size\x18\n \x01(\r\">\n\x10SubscribeRequest\x12\x13\n\x0bsince_epoch\x18\x01 \x01(\x04\x12\x15\n\rsubscriber_id\x18\x02 \x01(\t\"\xe0\x01\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.membership.v1.MemberState\x12\x31\n\x06labels\x18\x04 \x03(\x0b\x32!.membership.v1.Member.LabelsEntry\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x14\n\x0csuspected_by\x18\x06 \x03(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"=\n\x04View\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12&\n\x07members\x18\x02 \x03(\x0b\x32\x15.membership.v1.Member\"\xc7\x01\n\x0cMemberChange\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.membership.v1.MemberState\x12\x37\n\x06labels\x18\x04 \x03(\x0b\x32\'.membership.v1.MemberChange.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"1\n\x0cViewSnapshot\x12!\n\x04view\x18\x01 \x01(\x0b\x32\x13.membership.v1.View\"I\n\nViewChange\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12,\n\x07\x63hanges\x18\x02 \x03(\x0b\x32\x1b.membership.v1.MemberChange\"C\n\x0cQuorumStatus\x12\x11\n\tin_quorum\x18\x01 \x01(\x08\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"\x19\n\x08Progress\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\"\xe8\x01\n\x0fMembershipEvent\x12\x12\n\narbiter_id\x18\x01 \x01(\t\x12/\n\x08snapshot\x18\x02 \x01(\x0b\x32\x1b.membership.v1.ViewSnapshotH\x00\x12+\n\x06\x63hange\x18\x03 \x01(\x0b\x32\x19.membership.v1.ViewChangeH\x00\x12-\n\x06quorum\x18\x04 \x01(\x0b\x32\x1b.membership.v1.QuorumStatusH\x00\x12+\n\x08progress\x18\x05 \x01(\x0b\x32\x17.membership.v1.ProgressH\x00\x42\x07\n\x05\x65vent\"\x10\n\x0eGetViewRequest\"\x94\x01\n\x0fGetViewResponse\x12!\n\x04view\x18\x01 \x01(\x0b\x32\x13.membership.v1.View\x12\x12\n\narbiter_id\x18\x02 \x01(\t\x12\x11\n\tleader_id\x18\x03 \x01(\t\x12\x11\n\tin_quorum\x18\x04 \x01(\x08\x12\x0c\n\x04term\x18\x05 \x01(\x04\x12\x16\n\x0elocal_suspects\x18\x06 \x03(\t\"4\n\x0cLeaveRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\"\x1e\n\rLeaveResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04*\x8b\x01\n\x0bMemberState\x12\x1c\n\x18MEMBER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14MEMBER_STATE_JOINING\x10\x01\x12\x16\n\x12MEMBER_STATE_ALIVE\x10\x02\x12\x15\n\x11MEMBER_STATE_DEAD\x10\x03\x12\x15\n\x11MEMBER_STATE_LEFT\x10\x04\x32\xb9\x02\n\nMembership\x12M\n\tHeartbeat\x12\x1f.membership.v1.HeartbeatRequest\x1a\x1b.membership.v1.HeartbeatAck(\x01\x30\x01\x12N\n\tSubscribe\x12\x1f.membership.v1.SubscribeRequest\x1a\x1e.membership.v1.MembershipEvent0\x01\x12H\n\x07GetView\x12\x1d.membership.v1.GetViewRequest\x1a\x1e.membership.v1.GetViewResponse\x12\x42\n\x05Leave\x12\x1b.membership.v1.LeaveRequest\x1a\x1c.membership.v1.LeaveResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,8 +39,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MEMBER_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_MEMBERCHANGE_LABELSENTRY']._loaded_options = None
   _globals['_MEMBERCHANGE_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_MEMBERSTATE']._serialized_start=1989
-  _globals['_MEMBERSTATE']._serialized_end=2128
+  _globals['_MEMBERSTATE']._serialized_start=2011
+  _globals['_MEMBERSTATE']._serialized_end=2150
   _globals['_NODESTATUS']._serialized_start=50
   _globals['_NODESTATUS']._serialized_end=250
   _globals['_NODESTATUS_GAUGESENTRY']._serialized_start=205
@@ -50,37 +50,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HEARTBEATREQUEST_LABELSENTRY']._serialized_start=452
   _globals['_HEARTBEATREQUEST_LABELSENTRY']._serialized_end=497
   _globals['_HEARTBEATACK']._serialized_start=500
-  _globals['_HEARTBEATACK']._serialized_end=718
-  _globals['_SUBSCRIBEREQUEST']._serialized_start=720
-  _globals['_SUBSCRIBEREQUEST']._serialized_end=782
-  _globals['_MEMBER']._serialized_start=785
-  _globals['_MEMBER']._serialized_end=1009
+  _globals['_HEARTBEATACK']._serialized_end=740
+  _globals['_SUBSCRIBEREQUEST']._serialized_start=742
+  _globals['_SUBSCRIBEREQUEST']._serialized_end=804
+  _globals['_MEMBER']._serialized_start=807
+  _globals['_MEMBER']._serialized_end=1031
   _globals['_MEMBER_LABELSENTRY']._serialized_start=452
   _globals['_MEMBER_LABELSENTRY']._serialized_end=497
-  _globals['_VIEW']._serialized_start=1011
-  _globals['_VIEW']._serialized_end=1072
-  _globals['_MEMBERCHANGE']._serialized_start=1075
-  _globals['_MEMBERCHANGE']._serialized_end=1274
+  _globals['_VIEW']._serialized_start=1033
+  _globals['_VIEW']._serialized_end=1094
+  _globals['_MEMBERCHANGE']._serialized_start=1097
+  _globals['_MEMBERCHANGE']._serialized_end=1296
   _globals['_MEMBERCHANGE_LABELSENTRY']._serialized_start=452
   _globals['_MEMBERCHANGE_LABELSENTRY']._serialized_end=497
-  _globals['_VIEWSNAPSHOT']._serialized_start=1276
-  _globals['_VIEWSNAPSHOT']._serialized_end=1325
-  _globals['_VIEWCHANGE']._serialized_start=1327
-  _globals['_VIEWCHANGE']._serialized_end=1400
-  _globals['_QUORUMSTATUS']._serialized_start=1402
-  _globals['_QUORUMSTATUS']._serialized_end=1469
-  _globals['_PROGRESS']._serialized_start=1471
-  _globals['_PROGRESS']._serialized_end=1496
-  _globals['_MEMBERSHIPEVENT']._serialized_start=1499
-  _globals['_MEMBERSHIPEVENT']._serialized_end=1731
-  _globals['_GETVIEWREQUEST']._serialized_start=1733
-  _globals['_GETVIEWREQUEST']._serialized_end=1749
-  _globals['_GETVIEWRESPONSE']._serialized_start=1752
-  _globals['_GETVIEWRESPONSE']._serialized_end=1900
-  _globals['_LEAVEREQUEST']._serialized_start=1902
-  _globals['_LEAVEREQUEST']._serialized_end=1954
-  _globals['_LEAVERESPONSE']._serialized_start=1956
-  _globals['_LEAVERESPONSE']._serialized_end=1986
-  _globals['_MEMBERSHIP']._serialized_start=2131
-  _globals['_MEMBERSHIP']._serialized_end=2444
+  _globals['_VIEWSNAPSHOT']._serialized_start=1298
+  _globals['_VIEWSNAPSHOT']._serialized_end=1347
+  _globals['_VIEWCHANGE']._serialized_start=1349
+  _globals['_VIEWCHANGE']._serialized_end=1422
+  _globals['_QUORUMSTATUS']._serialized_start=1424
+  _globals['_QUORUMSTATUS']._serialized_end=1491
+  _globals['_PROGRESS']._serialized_start=1493
+  _globals['_PROGRESS']._serialized_end=1518
+  _globals['_MEMBERSHIPEVENT']._serialized_start=1521
+  _globals['_MEMBERSHIPEVENT']._serialized_end=1753
+  _globals['_GETVIEWREQUEST']._serialized_start=1755
+  _globals['_GETVIEWREQUEST']._serialized_end=1771
+  _globals['_GETVIEWRESPONSE']._serialized_start=1774
+  _globals['_GETVIEWRESPONSE']._serialized_end=1922
+  _globals['_LEAVEREQUEST']._serialized_start=1924
+  _globals['_LEAVEREQUEST']._serialized_end=1976
+  _globals['_LEAVERESPONSE']._serialized_start=1978
+  _globals['_LEAVERESPONSE']._serialized_end=2008
+  _globals['_MEMBERSHIP']._serialized_start=2153
+  _globals['_MEMBERSHIP']._serialized_end=2466
 # @@protoc_insertion_point(module_scope)

@@ -186,6 +186,7 @@ class HeartbeatAck(_message.Message):
     ARBITER_ID_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
     LEADER_ID_FIELD_NUMBER: _builtins.int
+    CLUSTER_SIZE_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """the request this answers"""
     epoch: _builtins.int
@@ -203,6 +204,8 @@ class HeartbeatAck(_message.Message):
     """the highest incarnation the cluster records for this node_id"""
     leader_id: _builtins.str
     """empty when unknown"""
+    cluster_size: _builtins.int
+    """configured arbiters: the node's lease quorum is a majority of these"""
     def __init__(
         self,
         *,
@@ -215,10 +218,11 @@ class HeartbeatAck(_message.Message):
         arbiter_id: _builtins.str = ...,
         incarnation: _builtins.int = ...,
         leader_id: _builtins.str = ...,
+        cluster_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "epoch", b"epoch", "in_quorum", b"in_quorum", "incarnation", b"incarnation", "leader_id", b"leader_id", "lease_seconds", b"lease_seconds", "next_interval_seconds", b"next_interval_seconds", "seq", b"seq", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "cluster_size", b"cluster_size", "epoch", b"epoch", "in_quorum", b"in_quorum", "incarnation", b"incarnation", "leader_id", b"leader_id", "lease_seconds", b"lease_seconds", "next_interval_seconds", b"next_interval_seconds", "seq", b"seq", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

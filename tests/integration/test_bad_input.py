@@ -25,6 +25,15 @@ async def good_node(replicas: list[ArbiterServer]) -> AsyncIterator[MembershipCl
     client = MembershipClient([f"127.0.0.1:{s.port}" for s in replicas], node_id="good")
     async with client:
         await client.wait_alive(timeout=10)
+        for s in replicas:  # admitted on every replica, not only the first to answer
+            await wait_async(
+                lambda s=s: (
+                    (m := s.driver.state.member("good")) is not None
+                    and m.state is MemberState.ALIVE
+                ),
+                10,
+                f"{s.replica_id} to apply the admission",
+            )
         yield client
 
 

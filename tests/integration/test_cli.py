@@ -33,7 +33,7 @@ def _one_line_error(r: subprocess.CompletedProcess[str]) -> str:
         (["node", "--id", "bad id", "--arbiters", "127.0.0.1:1"], "node_id"),
         (["node", "--id", "n1", "--arbiters", "127.0.0.1:1", "--label", "novalue"], "key=value"),
         (["watch"], "--arbiters"),
-        (["view", "--arbiters", "127.0.0.1:1", "--timeout", "-1"], "must be > 0"),
+        (["view", "--arbiters", "127.0.0.1:1", "--timeout", "-1"], "finite number > 0"),
         (
             ["arbiter", "--id", "a9", "--listen", "127.0.0.1:1", "--peers", "a1=127.0.0.1:1"],
             "not in --peers",
@@ -54,6 +54,30 @@ def _one_line_error(r: subprocess.CompletedProcess[str]) -> str:
             "election_timeout",
         ),
         (["bogus"], "invalid choice"),
+        (
+            ["node", "--id", "n1", "--arbiters", "127.0.0.1:1", "--incarnation", "-1"],
+            "incarnation must be in",
+        ),
+        (
+            ["node", "--id", "n1", "--arbiters", "127.0.0.1:1", "--leave-timeout", "nan"],
+            "finite number",
+        ),
+        (
+            [
+                "arbiter",
+                "--id",
+                "a1",
+                "--listen",
+                "127.0.0.1:1",
+                "--peers",
+                "a1=127.0.0.1:1",
+                "--heartbeat-interval",
+                "inf",
+                "--check-config",
+            ],
+            "finite number",
+        ),
+        (["demo", "--timeout", "0"], "finite number > 0"),
     ],
 )
 def test_cli_bad_flags_one_line_error_no_traceback(argv: list[str], expect: str) -> None:
@@ -196,3 +220,25 @@ def _marked(mark: str) -> list[str]:
         except OSError:
             continue
     return found
+
+
+def test_cli_arbiter_port_in_use_is_one_line_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        addr = f"127.0.0.1:{taken.getsockname()[1]}"
+        r = run_cli(
+            "arbiter",
+            "--id",
+            "a1",
+            "--listen",
+            addr,
+            "--peers",
+            f"a1={addr}",
+            "--data-dir",
+            str(tmp_path / "a1"),
+        )
+    assert r.returncode == 1
+    assert "cannot listen on" in _one_line_error(r)

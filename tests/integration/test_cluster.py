@@ -157,3 +157,33 @@ def test_cluster_same_node_id_twice_newer_takes_over_older_steps_aside(
     assert len(retired) == 1 and len(joined) == 1
     assert retired[0]["epoch"] <= joined[0]["epoch"]
     assert new.alive()
+
+
+def test_cluster_replicas_with_different_peer_lists_refuse_each_other_loudly(
+    cluster: ProcCluster,
+) -> None:
+    from membership.demo import free_ports
+
+    ports = free_ports(3)
+    addrs = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(ports)}
+    full = ",".join(f"{k}={v}" for k, v in addrs.items())
+    cluster.arbiters = addrs
+    a1 = cluster.spawn(
+        "a1", "arbiter", "--id", "a1", "--listen", addrs["a1"], "--peers", f"a1={addrs['a1']}"
+    )
+    others = [
+        cluster.spawn(r, "arbiter", "--id", r, "--listen", addrs[r], "--peers", full)
+        for r in ("a2", "a3")
+    ]
+    wait_until(
+        lambda: "every replica must be given the same" in a1.stderr(),
+        15,
+        "a1 to refuse traffic from a replica with another --peers list",
+    )
+    assert "ERROR" in a1.stderr()
+    wait_until(
+        lambda: any("refuses our raft traffic" in p.stderr() for p in others),
+        15,
+        "a2 or a3 to log that a1 refuses them",
+    )
+    assert "a group of 1 replica(s) survives no replica failure" in a1.stderr()

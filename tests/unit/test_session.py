@@ -160,3 +160,21 @@ def test_session_member_superseded_by_higher_incarnation_steps_aside() -> None:
     assert s.ended and s.incarnation == 10  # no fight back with incarnation 21
     seq, _ = s.heartbeat("a2", 0.2)
     assert _ack(s, "a2", seq, 0.2) == []
+
+
+def test_session_quorum_follows_cluster_size_not_the_node_list() -> None:
+    # A node that lists one arbiter of three must never believe it holds a quorum.
+    s = NodeSession(node_id="n1", incarnation=10, arbiters=("a1",))
+    seq, _ = s.heartbeat("a1", 0.0)
+    s.on_ack(
+        "a1",
+        seq=seq,
+        lease=1.0,
+        state=MemberState.JOINING,
+        recorded_incarnation=10,
+        epoch=1,
+        now=0.0,
+        cluster_size=3,
+    )
+    assert s.quorum == 2
+    assert s.fenced(0.1)
