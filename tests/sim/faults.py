@@ -26,13 +26,14 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from arbiter.config import ArbiterConfig
 from tests.sim.nodes import NodeStatus
 from tests.sim.world import World
 
 __all__ = ["LEADER_BOUND", "LIVENESS_BOUND", "TAIL", "FaultSchedule"]
 
 T = 1.0  # election timeout of ArbiterConfig.lan()
-D = 0.75  # detection time of ArbiterConfig.lan(): 0.15 s x 5; also the lease and restart grace
+D = 0.75  # detection time of ArbiterConfig.lan(): 0.15 s x 5; also the lease
 RETRY = 0.5  # observation retry of ArbiterConfig.lan()
 
 LEADER_BOUND = 8 * T
@@ -42,11 +43,13 @@ CheckQuorum deposes an unreachable leader within T; the followers' timers
 (drawn in [T, 2T)) then fire within 2T more; that is 3T, plus two more
 rounds of 2T for split or refused votes, plus a second of slack."""
 
-LIVENESS_BOUND = 3 * T + D + D + 2 * RETRY + 3.0
-"""L2: after the last heal, settled views within this many seconds (8.5 s).
+GRACE = ArbiterConfig.lan().restart_grace  # no suspicion this long after a restart (3 s)
+
+LIVENESS_BOUND = 3 * T + GRACE + D + 2 * RETRY + 3.0
+"""L2: after the last heal, settled views within this many seconds (10.75 s).
 
 A leader within 3T; a replica restarted at the heal casts no suspicion for its
-grace (one lease, D) and suspects a silent node D later; an observation lost
+restart grace and suspects a silent node D later; an observation lost
 with a leader is proposed again after RETRY (twice); three seconds of slack for
 a node that learns it is DEAD, rejoins, and is admitted."""
 

@@ -89,7 +89,7 @@ class World:
         self.settings = ReplicaSettings(
             lease=self.config.lease,
             observation_retry=self.config.observation_retry,
-            restart_grace=self.config.lease,
+            restart_grace=self.config.restart_grace,
             heartbeat_interval=self.config.heartbeat_interval,
             **compaction,
         )
