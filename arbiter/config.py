@@ -14,7 +14,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from arbiter.core.detector import MissedHeartbeatDetector
 from arbiter.core.raft import RaftConfig
+from arbiter.core.replica import ReplicaSettings
 from membership.errors import InvalidArgument
 
 __all__ = ["ArbiterConfig"]
@@ -121,6 +123,22 @@ class ArbiterConfig:
         return RaftConfig(
             heartbeat_interval=self.raft_heartbeat_interval,
             election_timeout=self.election_timeout,
+        )
+
+    def replica_settings(self) -> ReplicaSettings:
+        """The replica core's share of this configuration (leases, retries, grace, compaction)."""
+        return ReplicaSettings(
+            lease=self.lease,
+            observation_retry=self.observation_retry,
+            restart_grace=self.restart_grace,
+            heartbeat_interval=self.heartbeat_interval,
+            snapshot_every=self.snapshot_every,
+        )
+
+    def detector(self) -> MissedHeartbeatDetector:
+        """A new failure detector with this configuration's timings."""
+        return MissedHeartbeatDetector(
+            interval=self.heartbeat_interval, missed_limit=self.missed_heartbeats
         )
 
     def validate(self) -> ArbiterConfig:

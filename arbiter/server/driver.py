@@ -21,10 +21,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from arbiter.config import ArbiterConfig
-from arbiter.core.detector import MissedHeartbeatDetector
 from arbiter.core.observer import HeartbeatVerdict
 from arbiter.core.raft import Message, Ready, Role
-from arbiter.core.replica import Replica, ReplicaSettings
+from arbiter.core.replica import Replica
 from arbiter.core.state import LeaveOutcome, MembershipState, ViewChange
 from arbiter.server.storage import DurableState, Storage
 
@@ -91,16 +90,8 @@ class Driver:
             replica_id=replica_id,
             replica_ids=replica_ids,
             raft_config=config.raft(),
-            settings=ReplicaSettings(
-                lease=config.lease,
-                observation_retry=config.observation_retry,
-                restart_grace=config.restart_grace,
-                heartbeat_interval=config.heartbeat_interval,
-                snapshot_every=config.snapshot_every,
-            ),
-            detector=MissedHeartbeatDetector(
-                interval=config.heartbeat_interval, missed_limit=config.missed_heartbeats
-            ),
+            settings=config.replica_settings(),
+            detector=config.detector(),
             rng=random.Random(),
             now=now,
             seq_base=time.time_ns(),

@@ -31,7 +31,6 @@ import random
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from arbiter.core.detector import MissedHeartbeatDetector
 from arbiter.core.raft import Entry, HardState, Message, Ready, Role
 from arbiter.core.replica import Replica, ReplicaSettings
 from tests.sim.nodes import Ack, Heartbeat
@@ -132,9 +131,7 @@ class SimReplica:
             replica_ids=w.replica_ids,
             raft_config=w.raft_config,
             settings=w.settings,
-            detector=MissedHeartbeatDetector(
-                interval=cfg.heartbeat_interval, missed_limit=cfg.missed_heartbeats
-            ),
+            detector=cfg.detector(),
             rng=random.Random(f"{w.seed}/{self.id}/{self.boots}"),
             now=w.q.now,
             seq_base=self.boots * _SEQ_STRIDE,

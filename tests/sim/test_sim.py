@@ -6,6 +6,7 @@ the failure prints (``python -m tests.sim --seed N --seconds S --trace``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import subprocess
@@ -19,7 +20,7 @@ from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
 from arbiter.core.detector import MissedHeartbeatDetector
 from arbiter.core.observer import Observer
 from arbiter.core.raft import Entry, HardState, Message, MessageType
-from arbiter.core.replica import Replica, ReplicaSettings
+from arbiter.core.replica import Replica
 from arbiter.core.state import MembershipState
 from tests.sim.run import replay_command, run_seed
 from tests.sim.scenario import run_file
@@ -159,15 +160,8 @@ def test_replica_next_deadline_reports_view_sync() -> None:
         replica_id="r3",
         replica_ids=["r1", "r2", "r3"],
         raft_config=cfg.raft(),
-        settings=ReplicaSettings(
-            lease=cfg.lease,
-            observation_retry=cfg.observation_retry,
-            restart_grace=cfg.lease,
-            heartbeat_interval=cfg.heartbeat_interval,
-        ),
-        detector=MissedHeartbeatDetector(
-            interval=cfg.heartbeat_interval, missed_limit=cfg.missed_heartbeats
-        ),
+        settings=dataclasses.replace(cfg.replica_settings(), restart_grace=cfg.lease),
+        detector=cfg.detector(),
         rng=random.Random(1),
         now=now,
         seq_base=10,

@@ -10,6 +10,7 @@ of one seed can be compared.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import random
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 
 from arbiter.config import ArbiterConfig
 from arbiter.core.raft import Message, RaftConfig, Role
-from arbiter.core.replica import ReplicaSettings
 from membership.view import MemberState, View
 from tests.sim.clock import EventQueue
 from tests.sim.invariants import Checker
@@ -86,13 +86,7 @@ class World:
             )
         self.raft_config = raft
         compaction = {"snapshot_every": SNAPSHOT_EVERY} if SETTINGS_HAVE_SNAPSHOT_EVERY else {}
-        self.settings = ReplicaSettings(
-            lease=self.config.lease,
-            observation_retry=self.config.observation_retry,
-            restart_grace=self.config.restart_grace,
-            heartbeat_interval=self.config.heartbeat_interval,
-            **compaction,
-        )
+        self.settings = dataclasses.replace(self.config.replica_settings(), **compaction)
         self.history = history
         self.echo = echo
         self.verbose = verbose
