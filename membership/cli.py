@@ -357,9 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--log-level",
-        default="warning",
+        default=None,
         choices=["debug", "info", "warning", "error"],
-        help="log level on stderr (default: warning)",
+        help="log level on stderr (default: info for arbiter, warning otherwise)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -438,20 +438,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except MembershipError as e:
         parser.error(str(e))
-    _setup_logging(args.log_level)
+    # A server logs what it decides (elections, deaths); clients stay quiet.
+    _setup_logging(args.log_level or ("info" if args.command == "arbiter" else "warning"))
     try:
         result = args.func(args)
         if asyncio.iscoroutine(result):
             result = asyncio.run(result)
         return int(result or 0)
-    except (CliError, MembershipError, OSError) as e:
-        print(f"membership {args.command}: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
     except BrokenPipeError:
         # The reader of our output went away (``membership watch | head -3``):
         # end quietly, as other command-line tools do.
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except (CliError, MembershipError, OSError) as e:
+        print(f"membership {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

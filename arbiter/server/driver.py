@@ -323,7 +323,7 @@ class Driver:
         st = self.raft.status()
         key = (self.raft.in_quorum(now), st.leader)
         if key != self._last_status:
-            if self._last_status is None or key[0] != self._last_status[0]:
+            if self._last_status is None or key != self._last_status:
                 log.info(
                     "%s: in_quorum=%s leader=%s term=%d role=%s",
                     self.replica_id,

@@ -206,6 +206,25 @@ class PeerTransport:
             await peer.ready.wait()
 
     async def _sender(self, peer: _Peer) -> None:
+        # Never ends by itself: a sender that died silently would leave Raft
+        # unable to reach that peer (an election needs the followers to talk).
+        while True:
+            try:
+                await self._stream(peer)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("raft sender to %s failed; restarting it", peer.peer_id)
+                peer.outbox.clear()
+                await asyncio.sleep(0.1)
+
+    def _unreachable(self, peer: _Peer) -> None:
+        try:
+            self._report(peer.peer_id)
+        except Exception:
+            log.exception("reporting %s unreachable failed", peer.peer_id)
+
+    async def _stream(self, peer: _Peer) -> None:
         retrying = AsyncRetrying(
             wait=wait_random_exponential(multiplier=0.05, max=1.0),
             retry=retry_if_exception_type((grpc.aio.AioRpcError, _StreamBroken)),
@@ -237,7 +256,7 @@ class PeerTransport:
                     peer.connected = False
                     # Messages queued for a dead peer are stale by the time it is back.
                     peer.outbox.clear()
-                    self._report(peer.peer_id)
+                    self._unreachable(peer)
                     raise
                 raise _StreamBroken()
 

@@ -57,7 +57,13 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         state = self._driver.state
         return pb.View(
             epoch=view.epoch,
-            members=[convert.member_to_pb(m, state.suspected_by(m.node_id)) for m in view.members],
+            members=[
+                # LEFT was a choice, not a failure: suspicions after it mean nothing.
+                convert.member_to_pb(
+                    m, state.suspected_by(m.node_id) if m.state is not MemberState.LEFT else ()
+                )
+                for m in view.members
+            ],
         )
 
     async def Heartbeat(

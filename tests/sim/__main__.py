@@ -10,6 +10,7 @@ replays it; it exits 1 if any seed failed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -56,4 +57,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # ``--trace | head``: the reader went away
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)
