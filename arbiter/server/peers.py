@@ -20,7 +20,9 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
@@ -33,6 +35,9 @@ __all__ = ["PeerServicer", "PeerTransport", "SnapshotAssembler", "from_proto", "
 log = logging.getLogger("arbiter.peers")
 
 OUTBOX_LIMIT = 1024
+# A stream that takes no queued message for STALL_LIMIT seconds is reopened.
+STALL_CHECK = 0.5
+STALL_LIMIT = 2.0
 # Bytes of snapshot data per wire message: well under the 64 KiB receive limit.
 SNAPSHOT_CHUNK = 32 * 1024
 
@@ -140,6 +145,9 @@ class _Peer:
         self.stub = peer_pb2_grpc.PeerStub(self.channel)
         self.task: asyncio.Task[None] | None = None
         self.connected = False
+        self.refused = False
+        # When the stream last took a message from the outbox (monotonic seconds).
+        self.last_pull = 0.0
 
 
 class PeerTransport:
@@ -195,15 +203,44 @@ class PeerTransport:
         if peer is None:
             log.warning("no peer %s for raft message %s", msg.dst, msg.type.value)
             return
+        if not peer.outbox:
+            peer.last_pull = time.monotonic()  # the wait to be taken starts now
         peer.outbox.extend(to_protos(msg, self._cluster))
         peer.ready.set()
 
     async def _messages(self, peer: _Peer) -> AsyncIterator[peer_pb2.RaftMessage]:
         while True:
             while peer.outbox:
+                peer.last_pull = time.monotonic()
                 yield peer.outbox.popleft()
+            peer.last_pull = time.monotonic()
             peer.ready.clear()
             await peer.ready.wait()
+
+    async def _await_call(self, peer: _Peer, call: Any) -> None:
+        """Waits for the stream to end; cancels it when it stopped taking messages.
+
+        A stream whose connection hangs (peer paused, half-open link) takes no
+        more messages long before keepalive notices; Raft needs them now.
+        """
+        task = asyncio.ensure_future(call)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=STALL_CHECK)
+                if done:
+                    task.result()
+                    return
+                if peer.outbox and time.monotonic() - peer.last_pull > STALL_LIMIT:
+                    log.warning(
+                        "raft stream to %s took no message for %.1fs; reopening it",
+                        peer.peer_id,
+                        time.monotonic() - peer.last_pull,
+                    )
+                    call.cancel()
+                    raise _StreamBroken()
+        finally:
+            if not task.done():
+                task.cancel()
 
     async def _sender(self, peer: _Peer) -> None:
         # Never ends by itself: a sender that died silently would leave Raft
@@ -232,14 +269,16 @@ class PeerTransport:
         async for attempt in retrying:
             with attempt:
                 call = peer.stub.Raft(self._messages(peer))
+                peer.last_pull = time.monotonic()
                 try:
-                    await call
+                    await self._await_call(peer, call)
                 except grpc.aio.AioRpcError as e:
                     refused = e.code() in (
                         grpc.StatusCode.FAILED_PRECONDITION,
                         grpc.StatusCode.PERMISSION_DENIED,
                     )
-                    if refused and attempt.retry_state.attempt_number == 1:
+                    if refused and not peer.refused:
+                        peer.refused = True  # once: it is retried for ever
                         log.error(
                             "replica %s (%s) refuses our raft traffic: %s",
                             peer.peer_id,
