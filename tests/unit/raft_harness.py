@@ -345,3 +345,24 @@ class Network:
 
     def _trace(self, event: str) -> None:
         self.trace.append(f"{self.now:.6f} {event}")
+
+
+def elected(ids: list[str], seed: int = 0, **kwargs: object) -> tuple[Network, str]:
+    """A network whose leader is known to all and whose no-op is applied everywhere."""
+    net = Network(ids, seed=seed, **kwargs)  # type: ignore[arg-type]
+
+    def settled() -> bool:
+        lead = net.stable_leader()
+        return lead is not None and all(
+            n.status().applied == net.nodes[lead].status().last_index for n in net.nodes.values()
+        )
+
+    assert net.run_until(settled, timeout=10)
+    lead = net.stable_leader()
+    assert lead is not None
+    return net, lead
+
+
+def all_applied(net: Network, data: list[bytes], ids: list[str] | None = None) -> bool:
+    """True when every node (or those in ``ids``) applied exactly ``data``."""
+    return all(net.data_applied(i) == data for i in (ids or list(net.nodes)))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 
@@ -19,29 +18,11 @@ from arbiter.core.raft import (
 )
 from arbiter.core.raft.replication import Progress, ProgressState
 from tests.unit.raft_harness import Network
+from tests.unit.raft_harness import all_applied as _all_applied
+from tests.unit.raft_harness import elected as _elected
 
 IDS3 = ["a", "b", "c"]
 IDS5 = ["a", "b", "c", "d", "e"]
-
-
-def _elected(ids: list[str], seed: int = 0, **kwargs: Any) -> tuple[Network, str]:
-    """A network whose leader is known to all and whose no-op is applied everywhere."""
-    net = Network(ids, seed=seed, **kwargs)
-
-    def settled() -> bool:
-        lead = net.stable_leader()
-        return lead is not None and all(
-            n.status().applied == net.nodes[lead].status().last_index for n in net.nodes.values()
-        )
-
-    assert net.run_until(settled, timeout=10)
-    lead = net.stable_leader()
-    assert lead is not None
-    return net, lead
-
-
-def _all_applied(net: Network, data: list[bytes], ids: list[str] | None = None) -> bool:
-    return all(net.data_applied(i) == data for i in (ids or list(net.nodes)))
 
 
 @pytest.mark.parametrize("ids", [IDS3, IDS5], ids=["3", "5"])

@@ -20,28 +20,11 @@ from arbiter.core.raft import (
     Snapshot,
 )
 from tests.unit.raft_harness import Network, decode_applied, encode_applied
+from tests.unit.raft_harness import all_applied as _all_applied
+from tests.unit.raft_harness import elected as _elected
 
 IDS3 = ["a", "b", "c"]
 IDS5 = ["a", "b", "c", "d", "e"]
-
-
-def _elected(ids: list[str], seed: int = 0, **kwargs: Any) -> tuple[Network, str]:
-    net = Network(ids, seed=seed, **kwargs)
-
-    def settled() -> bool:
-        lead = net.stable_leader()
-        return lead is not None and all(
-            n.status().applied == net.nodes[lead].status().last_index for n in net.nodes.values()
-        )
-
-    assert net.run_until(settled, timeout=10)
-    lead = net.stable_leader()
-    assert lead is not None
-    return net, lead
-
-
-def _all_applied(net: Network, data: list[bytes], ids: list[str] | None = None) -> bool:
-    return all(net.data_applied(i) == data for i in (ids or list(net.nodes)))
 
 
 def _propose_all(net: Network, lead: str, data: list[bytes]) -> None:
