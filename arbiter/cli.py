@@ -83,6 +83,13 @@ def register(sub: Any) -> None:
         help="Raft election timeout in seconds (default 1.0)",
     )
     p.add_argument(
+        "--detector",
+        dest="detector_kind",
+        choices=["missed", "phi"],
+        default=None,
+        help="failure detector: missed-heartbeat count or phi accrual (default missed)",
+    )
+    p.add_argument(
         "--data-dir",
         type=Path,
         default=None,
@@ -106,7 +113,13 @@ def register(sub: Any) -> None:
 def _config(args: argparse.Namespace) -> ArbiterConfig:
     base = ArbiterConfig.local() if args.preset == "local" else ArbiterConfig.lan()
     overrides: dict[str, Any] = {"cluster": args.cluster}
-    for name in ("heartbeat_interval", "missed_heartbeats", "election_timeout", "snapshot_every"):
+    for name in (
+        "heartbeat_interval",
+        "missed_heartbeats",
+        "election_timeout",
+        "snapshot_every",
+        "detector_kind",
+    ):
         value = getattr(args, name)
         if value is not None:
             overrides[name] = value

@@ -14,12 +14,19 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from arbiter.core.detector import MissedHeartbeatDetector
+from arbiter.core.detector import FailureDetector, MissedHeartbeatDetector
+from arbiter.core.phi import PhiAccrualDetector, threshold_sigmas
 from arbiter.core.raft import RaftConfig
 from arbiter.core.replica import ReplicaSettings
 from membership.errors import InvalidArgument
 
 __all__ = ["ArbiterConfig"]
+
+# Phi accrual parameters, fixed (not tunables): Akka's threshold and window,
+# and a deviation floor of a quarter interval (the cold-start deviation).
+_PHI_THRESHOLD = 8.0
+_PHI_MAX_SAMPLES = 200
+_PHI_MIN_STD_FRACTION = 0.25
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,6 +49,12 @@ class ArbiterConfig:
     # D = heartbeat_interval * missed_heartbeats (0.75 s by default). Must
     # exceed the longest pause a node may take without being suspected.
     missed_heartbeats: float = 5.0
+    # Which failure detector a replica runs: "missed" (suspect after
+    # missed_heartbeats silent intervals) or "phi" (phi accrual, Hayashibara
+    # et al. 2004 as in Akka: adapts to the jitter each node shows). Both are
+    # tuned to the same D for a clean silence after regular heartbeats; phi
+    # then waits longer for nodes whose heartbeats jitter. See detector().
+    detector_kind: str = "missed"
     # Lease granted with each ack, as a fraction of D. The replica promises
     # not to suspect the node before the lease runs out, so it must be <= 1.
     lease_fraction: float = 1.0
@@ -135,8 +148,39 @@ class ArbiterConfig:
             snapshot_every=self.snapshot_every,
         )
 
-    def detector(self) -> MissedHeartbeatDetector:
-        """A new failure detector with this configuration's timings."""
+    def detector(self) -> FailureDetector:
+        """A new failure detector of kind :attr:`detector_kind` with this configuration's timings.
+
+        ``"missed"``: :class:`MissedHeartbeatDetector` suspecting after
+        ``missed_heartbeats`` intervals, i.e. at D.
+
+        ``"phi"``: :class:`PhiAccrualDetector` with threshold 8, a window of
+        200 samples, ``min_std_deviation = H / 4`` and a first-heartbeat
+        estimate of H (H = heartbeat_interval). Its acceptable pause is chosen
+        so that a clean silence after perfectly regular heartbeats (fitted
+        deviation below the floor) is suspected at D, like the missed-count
+        detector: the phi deadline is ``H + pause + y8 * H / 4`` where
+        ``y8 ~ 5.23`` is the number of deviations at which phi reaches 8, so
+        ``pause = D - H - y8 * H / 4`` (about 2.69 H, 0.40 s, by default).
+        Jittery heartbeats raise the deviation and so delay suspicion beyond
+        D; a node killed after its first heartbeat (window seeded with
+        deviation H / 4) is suspected at D too. If D < H * (1 + y8 / 4)
+        (missed_heartbeats below ~2.31) the pause is 0 and suspicion comes at
+        ``H * (1 + y8 / 4)``, a little after D; a hold (lease) is honoured
+        either way.
+        """
+        if self.detector_kind == "phi":
+            h = self.heartbeat_interval
+            min_std = h * _PHI_MIN_STD_FRACTION
+            y = threshold_sigmas(_PHI_THRESHOLD)
+            return PhiAccrualDetector(
+                interval=h,
+                threshold=_PHI_THRESHOLD,
+                max_sample_size=_PHI_MAX_SAMPLES,
+                min_std_deviation=min_std,
+                acceptable_heartbeat_pause=max(0.0, self.suspect_after - h - y * min_std),
+                first_heartbeat_estimate=h,
+            )
         return MissedHeartbeatDetector(
             interval=self.heartbeat_interval, missed_limit=self.missed_heartbeats
         )
@@ -187,6 +231,10 @@ class ArbiterConfig:
             raise InvalidArgument(
                 f"election_timeout ({self.election_timeout}s) must be > 2 x "
                 f"raft_heartbeat_interval ({self.raft_heartbeat_interval}s)"
+            )
+        if self.detector_kind not in ("missed", "phi"):
+            raise InvalidArgument(
+                f"detector_kind must be 'missed' or 'phi', got {self.detector_kind!r}"
             )
         if self.snapshot_every < 1:
             raise InvalidArgument(f"snapshot_every must be >= 1, got {self.snapshot_every}")

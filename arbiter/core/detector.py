@@ -61,7 +61,8 @@ class FailureDetector(Protocol):
     """What the shell needs from a per-node failure detector.
 
     Implementations: :class:`MissedHeartbeatDetector` (counting missed
-    intervals); phi accrual (Hayashibara et al. 2004) comes later.
+    intervals) and :class:`arbiter.core.phi.PhiAccrualDetector` (phi accrual,
+    Hayashibara et al. 2004, as in Akka).
     All times are monotonic seconds.
     """
 

@@ -187,3 +187,18 @@ def test_cluster_replicas_with_different_peer_lists_refuse_each_other_loudly(
         "a2 or a3 to log that a1 refuses them",
     )
     assert "a group of 1 replica(s) survives no replica failure" in a1.stderr()
+
+
+def test_cluster_phi_detector_declares_a_killed_node_dead_and_nobody_else(
+    cluster: ProcCluster,
+) -> None:
+    cluster.start_arbiters(3, "--detector", "phi")
+    wait_until(cluster.leader, 20, "a leader")
+    for n in NODES:
+        cluster.start_node(n)
+    w = cluster.start_watch("w", first="a2")
+    wait_until(lambda: alive_set(w) == set(NODES), 20, "every node ALIVE")
+    cluster.procs["n3"].kill()
+    wait_until(lambda: any(c["state"] == "DEAD" for c in changes(w, "n3")), 10, "n3 DEAD")
+    assert alive_set(w) == {"n1", "n2"}
+    assert all(c["state"] == "ALIVE" for c in changes(w) if c["node_id"] != "n3")
