@@ -3,6 +3,7 @@
 Raft messages are one-way and Raft tolerates loss, duplication and
 reordering, so the transport is simple and never blocks the driver: each
 peer has a bounded outbox; when it is full the oldest message is dropped.
+Only the newest stream of a peer takes messages from its outbox.
 A sender task per peer keeps a client stream open and reconnects with
 jittered exponential backoff (tenacity); a failure is reported to Raft as a
 hint (``report_unreachable``), never as a verdict.
@@ -146,6 +147,8 @@ class _Peer:
         self.task: asyncio.Task[None] | None = None
         self.connected = False
         self.refused = False
+        # Bumped for every new stream; a request iterator of an older one stops.
+        self.generation = 0
         # When the stream last took a message from the outbox (monotonic seconds).
         self.last_pull = 0.0
 
@@ -208,11 +211,23 @@ class PeerTransport:
         peer.outbox.extend(to_protos(msg, self._cluster))
         peer.ready.set()
 
-    async def _messages(self, peer: _Peer) -> AsyncIterator[peer_pb2.RaftMessage]:
-        while True:
-            while peer.outbox:
+    async def _messages(self, peer: _Peer, generation: int) -> AsyncIterator[peer_pb2.RaftMessage]:
+        # Only the newest stream may take messages. gRPC can keep pulling from
+        # the iterator of a call that already failed; without this check such
+        # stale readers stole (and lost) the first messages after every
+        # reconnect, which delayed elections by seconds.
+        while peer.generation == generation:
+            while peer.outbox and peer.generation == generation:
                 peer.last_pull = time.monotonic()
-                yield peer.outbox.popleft()
+                head = peer.outbox[0]
+                yield head
+                # Resumed: gRPC wrote it. Only now is it taken off the outbox, so
+                # a message handed to a call that failed is sent again by the next
+                # stream (Raft ignores the rare duplicate) instead of being lost.
+                if peer.outbox and peer.outbox[0] is head:
+                    peer.outbox.popleft()
+            if peer.generation != generation:
+                return
             peer.last_pull = time.monotonic()
             peer.ready.clear()
             await peer.ready.wait()
@@ -241,6 +256,10 @@ class PeerTransport:
         finally:
             if not task.done():
                 task.cancel()
+            # This stream is over: its request iterator must not take the
+            # messages queued for the next one (during the backoff too).
+            peer.generation += 1
+            peer.ready.set()
 
     async def _sender(self, peer: _Peer) -> None:
         # Never ends by itself: a sender that died silently would leave Raft
@@ -268,7 +287,9 @@ class PeerTransport:
         )
         async for attempt in retrying:
             with attempt:
-                call = peer.stub.Raft(self._messages(peer))
+                peer.generation += 1
+                peer.ready.set()  # stale readers wake, see the new generation and stop
+                call = peer.stub.Raft(self._messages(peer, peer.generation))
                 peer.last_pull = time.monotonic()
                 try:
                     await self._await_call(peer, call)
@@ -293,8 +314,9 @@ class PeerTransport:
                             e.code().name,
                         )
                     peer.connected = False
-                    # Messages queued for a dead peer are stale by the time it is back.
-                    peer.outbox.clear()
+                    # The outbox is kept (it is bounded): a message queued while
+                    # the channel reconnects (a vote, say) is still current when
+                    # the next attempt succeeds; an old one is harmless to Raft.
                     self._unreachable(peer)
                     raise
                 raise _StreamBroken()
