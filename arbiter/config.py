@@ -58,7 +58,8 @@ class ArbiterConfig:
     # Lease granted with each ack, as a fraction of D. The replica promises
     # not to suspect the node before the lease runs out, so it must be <= 1.
     lease_fraction: float = 1.0
-    # After a (re)start a replica casts no suspicion for this long (seconds).
+    # After a restart with durable state a replica casts no suspicion for this
+    # long (seconds); a first start (empty data dir) has none.
     # It must cover one maximum lease (a lease granted before a crash is a
     # promise, DESIGN.md rule 3) plus the time nodes need to reconnect after
     # an outage (their backoff is at most 1 s by default): otherwise restarting

@@ -13,6 +13,7 @@ it serves anything; it snapshots its state machine every
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -42,6 +43,12 @@ class ReplicaStatus:
     term: int
     role: str
     epoch: int
+
+
+def _has_state(durable: DurableState) -> bool:
+    """True when a replica restarts with Raft state (it may have granted leases)."""
+    hs = durable.hard_state
+    return bool(durable.entries or durable.snapshot or (hs is not None and hs.term > 0))
 
 
 class Driver:
@@ -90,7 +97,13 @@ class Driver:
             replica_id=replica_id,
             replica_ids=replica_ids,
             raft_config=config.raft(),
-            settings=config.replica_settings(),
+            settings=dataclasses.replace(
+                config.replica_settings(),
+                # A replica with no durable state never granted a lease and
+                # tracks no member: it has no promise to keep and nobody to
+                # wait for, so a first start needs no grace.
+                restart_grace=config.restart_grace if _has_state(durable) else 0.0,
+            ),
             detector=config.detector(),
             rng=random.Random(),
             now=now,
