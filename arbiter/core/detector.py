@@ -45,9 +45,9 @@ import enum
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
-__all__ = ["DetectorState", "FailureDetector", "MissedHeartbeatDetector"]
+__all__ = ["DeadlineDetector", "DetectorState", "FailureDetector", "MissedHeartbeatDetector"]
 
 
 class DetectorState(enum.Enum):
@@ -147,77 +147,29 @@ def _check_positive(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a finite number > 0 seconds, got {value!r}")
 
 
-class MissedHeartbeatDetector:
-    """Suspects a node after ``missed_limit`` heartbeat intervals without one.
+TrackT = TypeVar("TrackT", bound=_Track)
 
-    The classic fixed-timeout detector (the "missed heartbeats" count of
-    Chandra and Toueg style detectors; memberlist's probe timeout works the
-    same way): suspect when ``now - last_heard >= interval * missed_limit``,
-    unless a lease :meth:`hold` is still running.
+
+class DeadlineDetector(Generic[TrackT]):
+    """What every detector here shares: per-node tracks and a heap of deadlines.
+
+    A subclass says when a node's track is due (:meth:`_deadline`) and how a
+    heartbeat updates it; this class keeps one live heap entry per HEALTHY
+    node, recognised by a token (stale entries are skipped, never acted
+    upon), so tick() costs O(expired log n) and next_deadline() is exact.
     """
 
-    def __init__(self, *, interval: float, missed_limit: float) -> None:
-        """Creates an empty detector.
-
-        Args:
-            interval: default expected heartbeat interval, seconds (> 0).
-            missed_limit: how many intervals may pass without a heartbeat
-                before the node is suspected (>= 1; fractions allowed).
-
-        Raises:
-            ValueError: interval <= 0 or missed_limit < 1 (or not finite).
-        """
-        _check_positive("interval", interval)
-        if not (math.isfinite(missed_limit) and missed_limit >= 1):
-            raise ValueError(f"missed_limit must be a finite number >= 1, got {missed_limit!r}")
-        self._interval = interval
-        self._missed_limit = missed_limit
-        self._nodes: dict[str, _Track] = {}
+    def __init__(self) -> None:
+        self._nodes: dict[str, TrackT] = {}
         # Entries (deadline, node_id, token); node_id breaks ties deterministically.
         self._heap: list[tuple[float, str, int]] = []
         # Tokens come from one counter, so a node removed and tracked again
         # can never mistake an entry of its former track for a live one.
         self._tokens = 0
 
-    @property
-    def interval(self) -> float:
-        """The default heartbeat interval, seconds."""
-        return self._interval
-
-    @property
-    def missed_limit(self) -> float:
-        """Intervals without a heartbeat before a node is suspected."""
-        return self._missed_limit
-
-    def heartbeat(self, node_id: str, now: float, interval: float | None = None) -> bool:
-        """See :meth:`FailureDetector.heartbeat` (rules 1, 3 and 4).
-
-        Raises:
-            ValueError: ``interval`` is not > 0, or ``now`` is before the
-                node's last heartbeat.
-        """
-        if interval is not None:
-            _check_positive("interval", interval)
-        track = self._nodes.get(node_id)
-        if track is None:
-            track = _Track(
-                last_heard=now, interval=self._interval if interval is None else interval
-            )
-            self._nodes[node_id] = track
-            self._arm(node_id, track)
-            return True
-        if now < track.last_heard:
-            raise ValueError(
-                f"heartbeat of {node_id!r} at {now!r} is before its last one at "
-                f"{track.last_heard!r}: time must not run backwards"
-            )
-        track.last_heard = now
-        if interval is not None:
-            track.interval = interval
-        revived = track.state is DetectorState.SUSPECT
-        track.state = DetectorState.HEALTHY
-        self._arm(node_id, track)
-        return revived
+    def _deadline(self, track: TrackT) -> float:
+        """When the node is due to turn SUSPECT (monotonic seconds), holds included."""
+        raise NotImplementedError
 
     def tick(self, now: float) -> list[str]:
         """See :meth:`FailureDetector.tick` (rule 2)."""
@@ -264,18 +216,6 @@ class MissedHeartbeatDetector:
         track = self._nodes.get(node_id)
         return None if track is None else track.state
 
-    def suspicion(self, node_id: str, now: float) -> float:
-        """Missed intervals: ``(now - last_heard) / interval``, never below 0.
-
-        The node is suspected once this reaches ``missed_limit`` (and no hold
-        runs).
-
-        Raises:
-            KeyError: the node is not tracked.
-        """
-        track = self._nodes[node_id]
-        return max(0.0, (now - track.last_heard) / track.interval)
-
     def last_heard(self, node_id: str) -> float | None:
         """See :meth:`FailureDetector.last_heard`."""
         track = self._nodes.get(node_id)
@@ -298,12 +238,7 @@ class MissedHeartbeatDetector:
         """Number of tracked nodes."""
         return len(self._nodes)
 
-    # -- internals ---------------------------------------------------------
-
-    def _deadline(self, track: _Track) -> float:
-        return max(track.last_heard + track.interval * self._missed_limit, track.hold_until)
-
-    def _live(self, node_id: str, token: int) -> _Track | None:
+    def _live(self, node_id: str, token: int) -> TrackT | None:
         """The node's track if the heap entry with ``token`` is its live one."""
         track = self._nodes.get(node_id)
         if track is None or track.token != token or track.armed is None:
@@ -311,7 +246,7 @@ class MissedHeartbeatDetector:
         assert track.state is DetectorState.HEALTHY, "a SUSPECT node has a live heap entry"
         return track
 
-    def _arm(self, node_id: str, track: _Track) -> None:
+    def _arm(self, node_id: str, track: TrackT) -> None:
         """Ensures a HEALTHY node has a live entry firing no later than its deadline."""
         deadline = self._deadline(track)
         if track.armed is not None and track.armed <= deadline:
@@ -320,3 +255,88 @@ class MissedHeartbeatDetector:
         track.token = self._tokens  # any older entry of this node is stale from here on
         track.armed = deadline
         heapq.heappush(self._heap, (deadline, node_id, track.token))
+
+
+class MissedHeartbeatDetector(DeadlineDetector[_Track]):
+    """Suspects a node after ``missed_limit`` heartbeat intervals without one.
+
+    The classic fixed-timeout detector (the "missed heartbeats" count of
+    Chandra and Toueg style detectors; memberlist's probe timeout works the
+    same way): suspect when ``now - last_heard >= interval * missed_limit``,
+    unless a lease :meth:`hold` is still running.
+    """
+
+    def __init__(self, *, interval: float, missed_limit: float) -> None:
+        """Creates an empty detector.
+
+        Args:
+            interval: default expected heartbeat interval, seconds (> 0).
+            missed_limit: how many intervals may pass without a heartbeat
+                before the node is suspected (>= 1; fractions allowed).
+
+        Raises:
+            ValueError: interval <= 0 or missed_limit < 1 (or not finite).
+        """
+        _check_positive("interval", interval)
+        if not (math.isfinite(missed_limit) and missed_limit >= 1):
+            raise ValueError(f"missed_limit must be a finite number >= 1, got {missed_limit!r}")
+        self._interval = interval
+        self._missed_limit = missed_limit
+        super().__init__()
+
+    @property
+    def interval(self) -> float:
+        """The default heartbeat interval, seconds."""
+        return self._interval
+
+    @property
+    def missed_limit(self) -> float:
+        """Intervals without a heartbeat before a node is suspected."""
+        return self._missed_limit
+
+    def heartbeat(self, node_id: str, now: float, interval: float | None = None) -> bool:
+        """See :meth:`FailureDetector.heartbeat` (rules 1, 3 and 4).
+
+        Raises:
+            ValueError: ``interval`` is not > 0, or ``now`` is before the
+                node's last heartbeat.
+        """
+        if interval is not None:
+            _check_positive("interval", interval)
+        track = self._nodes.get(node_id)
+        if track is None:
+            track = _Track(
+                last_heard=now, interval=self._interval if interval is None else interval
+            )
+            self._nodes[node_id] = track
+            self._arm(node_id, track)
+            return True
+        if now < track.last_heard:
+            raise ValueError(
+                f"heartbeat of {node_id!r} at {now!r} is before its last one at "
+                f"{track.last_heard!r}: time must not run backwards"
+            )
+        track.last_heard = now
+        if interval is not None:
+            track.interval = interval
+        revived = track.state is DetectorState.SUSPECT
+        track.state = DetectorState.HEALTHY
+        self._arm(node_id, track)
+        return revived
+
+    def suspicion(self, node_id: str, now: float) -> float:
+        """Missed intervals: ``(now - last_heard) / interval``, never below 0.
+
+        The node is suspected once this reaches ``missed_limit`` (and no hold
+        runs).
+
+        Raises:
+            KeyError: the node is not tracked.
+        """
+        track = self._nodes[node_id]
+        return max(0.0, (now - track.last_heard) / track.interval)
+
+    # -- internals ---------------------------------------------------------
+
+    def _deadline(self, track: _Track) -> float:
+        return max(track.last_heard + track.interval * self._missed_limit, track.hold_until)

@@ -69,12 +69,11 @@ Sans-I/O: time is the argument ``now``; nothing here reads a clock or logs.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from arbiter.core.detector import DetectorState
+from arbiter.core.detector import DeadlineDetector, DetectorState, _check_positive, _Track
 
 __all__ = ["PhiAccrualDetector", "phi", "threshold_sigmas"]
 
@@ -144,17 +143,10 @@ def threshold_sigmas(threshold: float) -> float:
             lo = mid
 
 
-def _check_positive(name: str, value: float) -> None:
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0 seconds, got {value!r}")
-
-
 @dataclass(slots=True, kw_only=True)
-class _PhiTrack:
+class _PhiTrack(_Track):
     """Mutable per-node bookkeeping (private; never handed out)."""
 
-    last_heard: float
-    interval: float
     # Window of inter-arrival samples and their running sums.
     samples: deque[float] = field(default_factory=deque)
     total: float = 0.0
@@ -163,14 +155,9 @@ class _PhiTrack:
     pushes: int = 0
     # When phi reaches the threshold (rule 2), ignoring holds.
     phi_deadline: float = math.inf
-    hold_until: float = -math.inf
-    state: DetectorState = DetectorState.HEALTHY
-    token: int = 0
-    # Deadline of the node's live heap entry, or None (SUSPECT nodes).
-    armed: float | None = None
 
 
-class PhiAccrualDetector:
+class PhiAccrualDetector(DeadlineDetector[_PhiTrack]):
     """Suspects a node once its phi reaches ``threshold`` (Hayashibara et al. 2004, as in Akka).
 
     Implements :class:`~arbiter.core.detector.FailureDetector`; see the module
@@ -227,10 +214,7 @@ class PhiAccrualDetector:
         self._min_std = min_std
         self._pause = pause
         self._estimate = estimate
-        self._nodes: dict[str, _PhiTrack] = {}
-        # Entries (deadline, node_id, token); node_id breaks ties deterministically.
-        self._heap: list[tuple[float, str, int]] = []
-        self._tokens = 0
+        super().__init__()
 
     @property
     def interval(self) -> float:
@@ -298,45 +282,6 @@ class PhiAccrualDetector:
         self._arm(node_id, track)
         return revived
 
-    def tick(self, now: float) -> list[str]:
-        """See :meth:`FailureDetector.tick` (rule 2)."""
-        suspects: list[str] = []
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            _, node_id, token = heapq.heappop(heap)
-            track = self._live(node_id, token)
-            if track is None:
-                continue  # stale entry: skipped, never acted upon
-            track.armed = None
-            if self._deadline(track) <= now:
-                track.state = DetectorState.SUSPECT
-                suspects.append(node_id)
-            else:
-                self._arm(node_id, track)  # fired early: the deadline moved later
-        suspects.sort()
-        return suspects
-
-    def next_deadline(self) -> float | None:
-        """See :meth:`FailureDetector.next_deadline`; exact, as in ``detector.py``."""
-        heap = self._heap
-        while heap:
-            deadline, node_id, token = heap[0]
-            track = self._live(node_id, token)
-            if track is None:
-                heapq.heappop(heap)
-                continue
-            if self._deadline(track) <= deadline:
-                return deadline
-            heapq.heappop(heap)
-            track.armed = None
-            self._arm(node_id, track)
-        return None
-
-    def state(self, node_id: str) -> DetectorState | None:
-        """See :meth:`FailureDetector.state`."""
-        track = self._nodes.get(node_id)
-        return None if track is None else track.state
-
     def suspicion(self, node_id: str, now: float) -> float:
         """phi of the node at ``now`` (finite; ``now`` before the last heartbeat counts as 0 s).
 
@@ -351,24 +296,6 @@ class PhiAccrualDetector:
         mean, std = self._fit(track)
         return phi(max(0.0, now - track.last_heard), mean, std)
 
-    def last_heard(self, node_id: str) -> float | None:
-        """See :meth:`FailureDetector.last_heard`."""
-        track = self._nodes.get(node_id)
-        return None if track is None else track.last_heard
-
-    def remove(self, node_id: str) -> None:
-        """See :meth:`FailureDetector.remove`. Its heap entry goes stale."""
-        self._nodes.pop(node_id, None)
-
-    def hold(self, node_id: str, until: float) -> None:
-        """See :meth:`FailureDetector.hold` (rule 5)."""
-        track = self._nodes[node_id]
-        if track.state is DetectorState.SUSPECT:
-            raise ValueError(f"cannot hold {node_id!r}: it is SUSPECT (no lease for a suspect)")
-        if until > track.hold_until:
-            track.hold_until = until
-            self._arm(node_id, track)
-
     def samples(self, node_id: str) -> tuple[float, ...]:
         """The node's window of inter-arrival samples, oldest first (seeds included).
 
@@ -376,10 +303,6 @@ class PhiAccrualDetector:
             KeyError: the node is not tracked.
         """
         return tuple(self._nodes[node_id].samples)
-
-    def __len__(self) -> int:
-        """Number of tracked nodes."""
-        return len(self._nodes)
 
     # -- internals ---------------------------------------------------------
 
@@ -432,20 +355,3 @@ class PhiAccrualDetector:
 
     def _deadline(self, track: _PhiTrack) -> float:
         return max(track.phi_deadline, track.hold_until)
-
-    def _live(self, node_id: str, token: int) -> _PhiTrack | None:
-        track = self._nodes.get(node_id)
-        if track is None or track.token != token or track.armed is None:
-            return None
-        assert track.state is DetectorState.HEALTHY, "a SUSPECT node has a live heap entry"
-        return track
-
-    def _arm(self, node_id: str, track: _PhiTrack) -> None:
-        """Ensures a HEALTHY node has a live entry firing no later than its deadline."""
-        deadline = self._deadline(track)
-        if track.armed is not None and track.armed <= deadline:
-            return  # fires early at worst; tick() or next_deadline() re-arms it then
-        self._tokens += 1
-        track.token = self._tokens
-        track.armed = deadline
-        heapq.heappush(self._heap, (deadline, node_id, track.token))
