@@ -49,6 +49,18 @@ class ArbiterConfig:
     # D = heartbeat_interval * missed_heartbeats (0.75 s by default). Must
     # exceed the longest pause a node may take without being suspected.
     missed_heartbeats: float = 5.0
+    # Heartbeats per second one replica should handle at most. Beyond
+    # heartbeat_budget * heartbeat_interval nodes (750 by default) the
+    # interval suggested in acks grows (25 % steps) so that nodes / interval
+    # stays within the budget; D and the leases grow with it. The formula and
+    # a table per cluster size: arbiter/core/interval.py.
+    heartbeat_budget: float = 5000.0
+    # The longest interval ever suggested or accepted (seconds). Past
+    # heartbeat_budget * max_heartbeat_interval nodes (3,000) the budget is
+    # exceeded rather than detection slowed further. The lease at this
+    # interval (missed_heartbeats * max_heartbeat_interval * lease_fraction)
+    # must not exceed restart_grace.
+    max_heartbeat_interval: float = 0.6
     # Which failure detector a replica runs: "missed" (suspect after
     # missed_heartbeats silent intervals) or "phi" (phi accrual, Hayashibara
     # et al. 2004 as in Akka: adapts to the jitter each node shows). Both are
@@ -94,6 +106,10 @@ class ArbiterConfig:
     # this often (seconds), so idle middleboxes keep it and the subscriber
     # can tell a silent stream from a dead one.
     progress_interval: float = 5.0
+    # Subscribers that opt in to status events receive the nodes whose status
+    # or suspicions changed at most this often (seconds); they may ask for
+    # less often, never more. Coalesced per node: only the latest is sent.
+    status_interval: float = 1.0
 
     # --- transport -------------------------------------------------------------
     # Largest message accepted from a node or subscriber (bytes).
@@ -132,6 +148,11 @@ class ArbiterConfig:
         """Seconds of lease granted with each ack (<= D)."""
         return self.suspect_after * self.lease_fraction
 
+    @property
+    def max_lease(self) -> float:
+        """Seconds of lease granted to a node heartbeating at ``max_heartbeat_interval``."""
+        return self.lease * self.max_heartbeat_interval / self.heartbeat_interval
+
     def raft(self) -> RaftConfig:
         """The Raft core's share of this configuration."""
         return RaftConfig(
@@ -147,6 +168,9 @@ class ArbiterConfig:
             restart_grace=self.restart_grace,
             heartbeat_interval=self.heartbeat_interval,
             snapshot_every=self.snapshot_every,
+            heartbeat_budget=self.heartbeat_budget,
+            max_heartbeat_interval=self.max_heartbeat_interval,
+            detector_kind=self.detector_kind,
         )
 
     def detector(self) -> FailureDetector:
@@ -201,7 +225,9 @@ class ArbiterConfig:
             "raft_heartbeat_interval",
             "election_timeout",
             "progress_interval",
+            "status_interval",
             "max_heartbeat_rate",
+            "heartbeat_budget",
             "keepalive_time",
             "keepalive_timeout",
             "min_ping_interval",
@@ -218,15 +244,28 @@ class ArbiterConfig:
                 f"missed_heartbeats must be >= 2 (one late heartbeat must not suspect), "
                 f"got {self.missed_heartbeats}"
             )
-        if self.restart_grace < self.lease:
+        if self.max_heartbeat_interval < self.heartbeat_interval:
             raise InvalidArgument(
-                f"restart_grace ({self.restart_grace}s) must be >= the lease ({self.lease:.3f}s): "
-                "a lease granted before a crash must still be honoured after it"
+                f"max_heartbeat_interval ({self.max_heartbeat_interval}s) must be >= "
+                f"heartbeat_interval ({self.heartbeat_interval}s)"
+            )
+        if self.max_lease > self.restart_grace + 1e-9:
+            raise InvalidArgument(
+                f"restart_grace ({self.restart_grace}s) must be >= the longest lease "
+                f"({self.max_lease:.3f}s, granted at max_heartbeat_interval): a lease granted "
+                "before a crash must still be honoured after it; raise restart_grace or lower "
+                "max_heartbeat_interval"
             )
         if not 0 < self.lease_fraction <= 1:
             raise InvalidArgument(
                 f"lease_fraction must be in (0, 1]: a lease longer than D would promise "
                 f"what the detector cannot keep; got {self.lease_fraction}"
+            )
+        if self.lease < 2 * self.heartbeat_interval:
+            raise InvalidArgument(
+                f"the lease ({self.lease:.3f}s = missed_heartbeats x heartbeat_interval x "
+                f"lease_fraction) must be >= 2 x heartbeat_interval ({self.heartbeat_interval}s): "
+                "a shorter lease would fence healthy nodes between two heartbeats"
             )
         if self.election_timeout <= 2 * self.raft_heartbeat_interval:
             raise InvalidArgument(

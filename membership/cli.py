@@ -23,10 +23,14 @@ from typing import Any
 
 from membership.errors import MembershipError, UnavailableError
 from membership.session import Fenced, Rejoined, SessionEvent, StateChanged, Superseded
+from membership.status import NodeStatus
 from membership.validation import parse_address
 from membership.view import (
+    Evidence,
+    MemberChange,
     MemberState,
     QuorumChanged,
+    StatusUpdated,
     View,
     ViewChanged,
     ViewEvent,
@@ -87,13 +91,118 @@ def _member_json(m: Any) -> dict[str, Any]:
     }
 
 
+def status_json(status: NodeStatus) -> dict[str, Any]:
+    """A node status as a JSON object: only the fields that are present."""
+    d: dict[str, Any] = {}
+    for name in (
+        "load",
+        "cpu_utilization",
+        "memory_utilization",
+        "gpu_utilization",
+        "gpu_memory_utilization",
+        "phase",
+        "step",
+        "progress",
+    ):
+        value = getattr(status, name)
+        if value is not None:
+            d[name] = value
+    if status.gauges:
+        d["gauges"] = dict(status.gauges)
+    return d
+
+
+def status_text(status: NodeStatus) -> str:
+    """A node status in one short line, e.g. ``load 0.52 cpu 12% mem 40% phase allreduce``."""
+    parts = []
+    if status.load is not None:
+        parts.append(f"load {status.load:.2f}")
+    for label, value in (
+        ("cpu", status.cpu_utilization),
+        ("mem", status.memory_utilization),
+        ("gpu", status.gpu_utilization),
+        ("gpu-mem", status.gpu_memory_utilization),
+        ("progress", status.progress),
+    ):
+        if value is not None:
+            parts.append(f"{label} {value:.0%}")
+    if status.phase is not None:
+        parts.append(f"phase {status.phase}")
+    if status.step is not None:
+        parts.append(f"step {status.step}")
+    parts.extend(f"{k}={v:g}" for k, v in sorted(status.gauges.items()))
+    return " ".join(parts) or "(no status)"
+
+
+def _evidence_json(e: Evidence) -> dict[str, Any]:
+    return {
+        "arbiter": e.arbiter_id,
+        "silence_seconds": e.silence,
+        "suspicion": e.suspicion,
+        "detector": e.detector or None,
+    }
+
+
+def _evidence_text(evidence: tuple[Evidence, ...]) -> str:
+    parts = []
+    for e in evidence:
+        what = e.arbiter_id
+        if e.silence is not None:
+            what += f" after {e.silence:.2f}s silent"
+        if e.suspicion is not None:
+            unit = "phi" if e.detector == "phi" else "missed"
+            what += f" ({unit} {e.suspicion:.1f})"
+        parts.append(what)
+    return "; suspected by " + ", ".join(parts) if parts else ""
+
+
+def _change_json(ev: ViewChanged, c: MemberChange) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "type": "change",
+        "epoch": ev.epoch,
+        "node_id": c.node_id,
+        "incarnation": c.incarnation,
+        "state": c.state.value,
+        "labels": dict(c.labels),
+        "arbiter": ev.arbiter_id,
+    }
+    if c.evidence:
+        d["evidence"] = [_evidence_json(e) for e in c.evidence]
+    return d
+
+
 def event_lines(ev: ViewEvent, as_json: bool) -> list[str]:
-    """Renders one watch event as output lines (one per member change).
+    """Renders one watch event as output lines (one per member change or status report).
 
     JSON shapes: ``{"type": "snapshot", "epoch", "members": [...]}``,
-    ``{"type": "change", "epoch", "node_id", "incarnation", "state", "labels"}``,
-    ``{"type": "quorum", "in_quorum", "arbiter", "leader"}``.
+    ``{"type": "change", "epoch", "node_id", "incarnation", "state", "labels"}``
+    (a DEAD decided by a quorum adds ``"evidence": [{"arbiter",
+    "silence_seconds", "suspicion", "detector"}]``),
+    ``{"type": "quorum", "in_quorum", "arbiter", "leader"}``,
+    ``{"type": "status", "node_id", "incarnation", "status": {...},
+    "suspected_by", "silence_seconds", "arbiter"}``.
     """
+    if isinstance(ev, StatusUpdated):
+        if as_json:
+            return [
+                json.dumps(
+                    {
+                        "type": "status",
+                        "node_id": r.node_id,
+                        "incarnation": r.incarnation,
+                        "status": status_json(r.status),
+                        "suspected_by": list(r.suspected_by),
+                        "silence_seconds": r.silence,
+                        "arbiter": ev.arbiter_id,
+                    }
+                )
+                for r in ev.reports
+            ]
+        return [
+            f"status {r.node_id} (incarnation {r.incarnation}): {status_text(r.status)}"
+            + (f"  SUSPECT by {','.join(r.suspected_by)}" if r.suspected_by else "")
+            for r in ev.reports
+        ]
     if isinstance(ev, ViewSnapshot):
         if as_json:
             return [
@@ -110,22 +219,10 @@ def event_lines(ev: ViewEvent, as_json: bool) -> list[str]:
         return [f"epoch {ev.view.epoch}  snapshot from {ev.arbiter_id}: {members}"]
     if isinstance(ev, ViewChanged):
         if as_json:
-            return [
-                json.dumps(
-                    {
-                        "type": "change",
-                        "epoch": ev.epoch,
-                        "node_id": c.node_id,
-                        "incarnation": c.incarnation,
-                        "state": c.state.value,
-                        "labels": dict(c.labels),
-                        "arbiter": ev.arbiter_id,
-                    }
-                )
-                for c in ev.changes
-            ]
+            return [json.dumps(_change_json(ev, c)) for c in ev.changes]
         return [
             f"epoch {ev.epoch}  {c.node_id} (incarnation {c.incarnation}) {c.state.value}"
+            + _evidence_text(c.evidence)
             for c in ev.changes
         ]
     assert isinstance(ev, QuorumChanged)
@@ -198,7 +295,11 @@ async def _node(args: argparse.Namespace) -> int:
         node_id=args.id,
         labels=dict(args.label),
         incarnation=args.incarnation,
-        config=ClientConfig(auto_rejoin=not args.no_rejoin, follow_view=False),
+        config=ClientConfig(
+            auto_rejoin=not args.no_rejoin,
+            follow_view=False,
+            collect_status=not args.no_status_probes,
+        ),
         on_event=on_event,
     )
 
@@ -245,7 +346,11 @@ async def _watch(args: argparse.Namespace) -> int:
         await _wait_reachable(client, args.connect_timeout)
 
         async def pump() -> None:
-            async for ev in client.watch(since_epoch=args.since_epoch):
+            async for ev in client.watch(
+                since_epoch=args.since_epoch,
+                status=args.status,
+                status_interval=args.status_interval,
+            ):
                 for line in event_lines(ev, args.json):
                     _print(line)
 
@@ -284,6 +389,9 @@ def view_json(info: Any) -> dict[str, Any]:
     for m in info.view.members:
         d = _member_json(m)
         d["suspected_by"] = list(info.suspected_by.get(m.node_id, ()))
+        status = info.statuses.get(m.node_id)
+        if status is not None:
+            d["status"] = status_json(status)
         members.append(d)
     return {
         "epoch": info.view.epoch,
@@ -319,11 +427,14 @@ async def _view(args: argparse.Namespace) -> int:
     for m in view.members:
         labels = ",".join(f"{k}={v}" for k, v in m.labels.items())
         suspects = info.suspected_by.get(m.node_id)
-        extra = f"  suspected by {','.join(suspects)}" if suspects else ""
+        extra = f"  SUSPECT by {','.join(suspects)}" if suspects else ""
         _print(
             f"  {m.node_id:<20} {m.state.value:<6} incarnation {m.incarnation}  "
             f"since epoch {m.epoch}  {labels}{extra}"
         )
+        status = info.statuses.get(m.node_id)
+        if status is not None:
+            _print(f"  {'':<20} {status_text(status)}")
     return 0
 
 
@@ -386,6 +497,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not rejoin at a higher incarnation when declared DEAD",
     )
+    p.add_argument(
+        "--no-status-probes",
+        action="store_true",
+        help="do not probe load, CPU, memory and GPUs for the live status",
+    )
     _add_connect_timeout(p)
     p.add_argument(
         "--leave-timeout",
@@ -403,6 +519,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=_epoch_arg,
         default=0,
         help="resume after this epoch (default 0: start with a snapshot)",
+    )
+    p.add_argument(
+        "--status",
+        action="store_true",
+        help="also print the nodes' live status (load, CPU, memory, GPU, phase, step, gauges, "
+        "which replicas suspect them) as it changes",
+    )
+    p.add_argument(
+        "--status-interval",
+        type=_positive,
+        default=0.0,
+        help="seconds between status updates (default: the arbiter's, 1 s; never faster)",
     )
     _add_connect_timeout(p)
     p.set_defaults(func=_watch)

@@ -18,12 +18,13 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
@@ -51,11 +52,15 @@ from membership.view import (
     Member,
     MemberState,
     QuorumChanged,
+    StatusUpdated,
     View,
     ViewChanged,
     ViewEvent,
     ViewSnapshot,
 )
+
+if TYPE_CHECKING:
+    from membership.status import NodeStatus, StatusCollector
 
 __all__ = ["MAX_INCARNATION", "MembershipClient", "ViewInfo"]
 
@@ -76,6 +81,8 @@ class ViewInfo:
     suspected_by: Mapping[str, tuple[str, ...]]
     # Nodes the answering arbiter's own detector suspects now (committed or not).
     local_suspects: tuple[str, ...] = ()
+    # Latest live status of each member, as the answering arbiter heard it.
+    statuses: Mapping[str, NodeStatus] = dataclasses.field(default_factory=dict)
 
 
 async def reap(task: asyncio.Future[Any]) -> None:
@@ -115,6 +122,9 @@ class MembershipClient:
         config: tunables (validated here).
         on_event: called with every session event (state change, fencing,
             rejoin) on the event loop; must not block.
+        status: the collector of this node's live status, sent with every
+            heartbeat; default: a new one probing load, CPU, memory and GPUs
+            (when ``config.collect_status``), started and closed with the client.
 
     Raises:
         InvalidArgument: for a malformed address, node id, label or config.
@@ -129,6 +139,7 @@ class MembershipClient:
         incarnation: int | None = None,
         config: ClientConfig | None = None,
         on_event: Callable[[SessionEvent], None] | None = None,
+        status: StatusCollector | None = None,
     ) -> None:
         if isinstance(arbiters, str):
             raise InvalidArgument("arbiters must be a list of 'host:port' strings, not one string")
@@ -165,7 +176,16 @@ class MembershipClient:
         # Set when the session ends by itself: superseded by a newer incarnation,
         # or declared DEAD with auto_rejoin off.
         self.ended = asyncio.Event()
-        self._interval = self.config.heartbeat_interval
+        # Interval each arbiter suggested in its latest ack (seconds).
+        self._suggested: dict[str, float] = {}
+        from membership.status import StatusCollector
+
+        self._own_status = status is None
+        self._status = status or StatusCollector(
+            providers=None if self.config.collect_status else [],
+            probe_interval=self.config.status_probe_interval,
+        )
+        self._status_pb: tuple[NodeStatus, pb.NodeStatus] | None = None
         self.stream_healthy: dict[str, bool] = dict.fromkeys(self.arbiters, False)
         self._warned_size = False
 
@@ -184,6 +204,8 @@ class MembershipClient:
             raise ClosedError("client is closed")
         loop = asyncio.get_running_loop()
         if self._session is not None:
+            if self._own_status:
+                self._status.start()
             for addr in self.arbiters:
                 self._tasks.append(
                     loop.create_task(self._supervise(addr), name=f"heartbeat-{addr}")
@@ -198,6 +220,8 @@ class MembershipClient:
         for t in self._tasks:
             await reap(t)
         self._tasks.clear()
+        if self._own_status:
+            self._status.close()
         for ch in self._channels.values():
             await ch.close(grace=None)
         self._channels.clear()
@@ -211,6 +235,54 @@ class MembershipClient:
         return pb_grpc.MembershipStub(ch)
 
     # --- node state ------------------------------------------------------------------
+
+    @property
+    def interval(self) -> float:
+        """Seconds between this node's heartbeats: the longest interval any arbiter
+        suggested in its latest ack (so no arbiter gets more than it asked for),
+        ``config.heartbeat_interval`` until one did."""
+        return max(self._suggested.values(), default=self.config.heartbeat_interval)
+
+    def _ack_timeout(self) -> float:
+        # The ack deadline scales with the interval: at 1 s between heartbeats
+        # a 0.6 s deadline would abandon every stream between two of them.
+        c = self.config
+        return max(c.ack_timeout, c.ack_timeout * self.interval / c.heartbeat_interval)
+
+    def report(
+        self,
+        *,
+        phase: str | None = None,
+        step: int | None = None,
+        progress: float | None = None,
+        gpu_utilization: float | None = None,
+        **gauges: float,
+    ) -> None:
+        """Sets live status values sent with the next heartbeats (they stay until changed).
+
+        Example: ``client.report(phase="allreduce", step=1200, loss=0.31)``.
+        Never blocks and never delays a heartbeat.
+
+        Args:
+            phase: training phase, up to 64 characters.
+            step: training step, >= 0.
+            progress: 0..1.
+            gpu_utilization: 0..1 (overrides the NVML probe).
+            **gauges: free-form numeric gauges (finite; at most 32).
+
+        Raises:
+            InvalidArgument: a value breaks a bound (nothing is changed then).
+        """
+        self._status.report(
+            phase=phase, step=step, progress=progress, gpu_utilization=gpu_utilization, **gauges
+        )
+
+    def _status_message(self) -> pb.NodeStatus:
+        snap = self._status.snapshot()
+        cached = self._status_pb
+        if cached is None or cached[0] is not snap:
+            cached = self._status_pb = (snap, convert.status_to_pb(snap))
+        return cached[1]
 
     @property
     def state(self) -> MemberState:
@@ -413,7 +485,7 @@ class MembershipClient:
                         ack.cluster_size // 2 + 1,
                     )
                 if ack.next_interval_seconds > 0:
-                    self._interval = ack.next_interval_seconds
+                    self._suggested[addr] = ack.next_interval_seconds
                 self._dispatch(
                     session.on_ack(
                         addr,
@@ -435,18 +507,22 @@ class MembershipClient:
         try:
             while not read_task.done():
                 now = time.monotonic()
-                if now - last_ack > self.config.ack_timeout:
+                ack_timeout = self._ack_timeout()
+                if now - last_ack > ack_timeout:
                     raise TimeoutError(f"no ack from {addr} for {now - last_ack:.2f}s")
                 seq, incarnation = session.heartbeat(addr, now)
+                interval = self.interval
                 req = pb.HeartbeatRequest(
                     node_id=session.node_id,
                     incarnation=incarnation,
                     seq=seq,
                     send_time_unix=time.time(),
                     labels=self.labels,
+                    status=self._status_message(),
+                    interval_seconds=interval,
                 )
-                await asyncio.wait_for(call.write(req), self.config.ack_timeout)
-                await asyncio.wait({read_task}, timeout=self._interval)
+                await asyncio.wait_for(call.write(req), ack_timeout)
+                await asyncio.wait({read_task}, timeout=interval)
             await read_task  # re-raises a read error
         except (grpc.aio.AioRpcError, TimeoutError, asyncio.InvalidStateError) as e:
             detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
@@ -535,6 +611,11 @@ class MembershipClient:
                     m.node_id: tuple(m.suspected_by) for m in resp.view.members if m.suspected_by
                 },
                 local_suspects=tuple(resp.local_suspects),
+                statuses={
+                    m.node_id: convert.status_from_pb(m.status)
+                    for m in resp.view.members
+                    if m.HasField("status")
+                },
             )
             if info.in_quorum:
                 return info
@@ -547,7 +628,9 @@ class MembershipClient:
         async for _ in self.watch():
             pass
 
-    async def watch(self, since_epoch: int = 0) -> AsyncIterator[ViewEvent]:
+    async def watch(
+        self, since_epoch: int = 0, *, status: bool = False, status_interval: float = 0.0
+    ) -> AsyncIterator[ViewEvent]:
         """Yields the view as a stream: a snapshot (or the changes after
         ``since_epoch``), then every change, and quorum transitions.
 
@@ -555,8 +638,15 @@ class MembershipClient:
         yielded, so epochs are contiguous (or a fresh snapshot is yielded):
         no gap, no duplicate. Also updates :attr:`view`.
 
+        Args:
+            since_epoch: the last epoch the caller holds (0: start with a snapshot).
+            status: also yield :class:`StatusUpdated` events (live status of
+                the nodes, coalesced per node, from the serving arbiter).
+            status_interval: seconds between status events (0: the arbiter's
+                default; an arbiter never sends them more often than its own).
+
         Yields:
-            ViewSnapshot, ViewChanged, QuorumChanged.
+            ViewSnapshot, ViewChanged, QuorumChanged, and StatusUpdated when asked.
         """
         last = since_epoch
         index = 0
@@ -564,7 +654,11 @@ class MembershipClient:
         failures = 0
         while not self._closed:
             addr = self.arbiters[index % len(self.arbiters)]
-            call = self._stub(addr).Subscribe(pb.SubscribeRequest(since_epoch=last))
+            call = self._stub(addr).Subscribe(
+                pb.SubscribeRequest(
+                    since_epoch=last, include_status=status, status_interval_seconds=status_interval
+                )
+            )
             got_any = False
             # One pending read at a time, never cancelled by a timeout: a
             # cancelled read would cancel the whole call.
@@ -605,6 +699,9 @@ class MembershipClient:
                         last = ev.epoch
                         self._view = self._view.with_changes(ev.epoch, ev.changes)
                         yield ev
+                    elif isinstance(ev, StatusUpdated):
+                        if status:
+                            yield ev
                     elif isinstance(ev, QuorumChanged):
                         if ev.in_quorum != in_quorum and (
                             in_quorum is not None or not ev.in_quorum

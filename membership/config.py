@@ -48,6 +48,13 @@ class ClientConfig:
     auto_rejoin: bool = True
     # Keep ``client.view`` current with a background subscription.
     follow_view: bool = True
+    # Probe this node's load, CPU, memory and GPUs (NVML, when installed) in a
+    # background thread and send them with the heartbeats; values the
+    # application sets with ``client.report()`` are sent either way.
+    collect_status: bool = True
+    # Seconds between two probes. A probe still running at its next turn is
+    # skipped, never waited for: a heartbeat is never delayed by it (C26).
+    status_probe_interval: float = 1.0
 
     def validate(self) -> ClientConfig:
         """Checks every value and relation; returns self.
@@ -69,6 +76,7 @@ class ClientConfig:
             "call_timeout",
             "stream_idle_timeout",
             "failover_probe_interval",
+            "status_probe_interval",
         ):
             if not getattr(self, name) > 0:
                 raise InvalidArgument(f"{name} must be > 0, got {getattr(self, name)}")

@@ -3,26 +3,37 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from membership.v1 import membership_pb2 as pb
 from membership.view import (
+    Evidence,
     Member,
     MemberChange,
     MemberState,
     QuorumChanged,
+    StatusReport,
+    StatusUpdated,
     View,
     ViewChanged,
     ViewEvent,
     ViewSnapshot,
 )
 
+if TYPE_CHECKING:
+    from membership.status import NodeStatus
+
 __all__ = [
     "change_to_pb",
     "event_from_pb",
+    "evidence_from_pb",
     "member_from_pb",
     "member_to_pb",
     "state_from_pb",
     "state_to_pb",
+    "status_from_pb",
+    "status_numbers",
+    "status_to_pb",
     "view_from_pb",
 ]
 
@@ -82,12 +93,84 @@ def view_from_pb(v: pb.View) -> View:
 
 
 def change_to_pb(change: MemberChange) -> pb.MemberChange:
-    """MemberChange -> wire MemberChange."""
+    """MemberChange -> wire MemberChange (with its evidence; unknown values are 0 / "")."""
     return pb.MemberChange(
         node_id=change.node_id,
         incarnation=change.incarnation,
         state=state_to_pb(change.state),
         labels=dict(change.labels),
+        evidence=[
+            pb.Evidence(
+                arbiter_id=e.arbiter_id,
+                silence_seconds=e.silence or 0.0,
+                suspicion=e.suspicion or 0.0,
+                detector=e.detector,
+            )
+            for e in change.evidence
+        ],
+    )
+
+
+def evidence_from_pb(e: pb.Evidence) -> Evidence:
+    """Wire Evidence -> Evidence (an unrecorded value, 0 with no detector, becomes None)."""
+    known = bool(e.detector)
+    return Evidence(
+        arbiter_id=e.arbiter_id,
+        silence=e.silence_seconds if known or e.silence_seconds else None,
+        suspicion=e.suspicion if known or e.suspicion else None,
+        detector=e.detector,
+    )
+
+
+# NodeStatus fields carried as proto3 optional scalars.
+_STATUS_NUMBERS = (
+    "load",
+    "cpu_utilization",
+    "memory_utilization",
+    "gpu_utilization",
+    "gpu_memory_utilization",
+    "progress",
+)
+
+
+def status_to_pb(status: NodeStatus) -> pb.NodeStatus:
+    """NodeStatus -> wire NodeStatus (absent fields stay unset)."""
+    msg = pb.NodeStatus(gauges=dict(status.gauges or {}))
+    for name in _STATUS_NUMBERS:
+        value = getattr(status, name)
+        if value is not None:
+            setattr(msg, name, float(value))
+    if status.phase is not None:
+        msg.phase = status.phase
+    if status.step is not None:
+        msg.step = int(status.step)
+    return msg
+
+
+def status_numbers(msg: pb.NodeStatus) -> dict[str, float]:
+    """The numeric fields present in a wire NodeStatus, by name (for validation)."""
+    out = {n: float(getattr(msg, n)) for n in _STATUS_NUMBERS if msg.HasField(n)}  # type: ignore[arg-type]
+    if msg.HasField("step"):
+        out["step"] = float(msg.step)
+    return out
+
+
+def status_from_pb(msg: pb.NodeStatus) -> NodeStatus:
+    """Wire NodeStatus -> NodeStatus (unset fields are None)."""
+    from membership.status import NodeStatus
+
+    return NodeStatus(
+        load=msg.load if msg.HasField("load") else None,
+        cpu_utilization=msg.cpu_utilization if msg.HasField("cpu_utilization") else None,
+        memory_utilization=msg.memory_utilization if msg.HasField("memory_utilization") else None,
+        gpu_utilization=msg.gpu_utilization if msg.HasField("gpu_utilization") else None,
+        gpu_memory_utilization=(
+            msg.gpu_memory_utilization if msg.HasField("gpu_memory_utilization") else None
+        ),
+        phase=msg.phase if msg.HasField("phase") else None,
+        step=msg.step if msg.HasField("step") else None,
+        progress=msg.progress if msg.HasField("progress") else None,
+        gauges=dict(msg.gauges),
     )
 
 
@@ -105,6 +188,7 @@ def event_from_pb(ev: pb.MembershipEvent) -> ViewEvent | int | None:
                     incarnation=c.incarnation,
                     state=state_from_pb(c.state),
                     labels=dict(c.labels),
+                    evidence=tuple(evidence_from_pb(e) for e in c.evidence),
                 )
                 for c in ev.change.changes
             ),
@@ -119,4 +203,18 @@ def event_from_pb(ev: pb.MembershipEvent) -> ViewEvent | int | None:
         )
     if kind == "progress":
         return int(ev.progress.epoch)
+    if kind == "status":
+        return StatusUpdated(
+            reports=tuple(
+                StatusReport(
+                    node_id=r.node_id,
+                    incarnation=r.incarnation,
+                    status=status_from_pb(r.status),
+                    suspected_by=tuple(r.suspected_by),
+                    silence=r.silence_seconds,
+                )
+                for r in ev.status.nodes
+            ),
+            arbiter_id=ev.arbiter_id,
+        )
     return None

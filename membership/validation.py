@@ -6,6 +6,7 @@ message that names the offending field and the limit.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 
@@ -88,19 +89,51 @@ def validate_labels(labels: Mapping[str, str]) -> Mapping[str, str]:
     return labels
 
 
-def validate_status(phase: str, gauges: Mapping[str, float]) -> None:
-    """Checks a heartbeat's status: phase up to 64 characters, at most 64 gauges named like labels.
+# Status fields that are fractions (0..1) and those that are only >= 0.
+_FRACTIONS = (
+    "gpu_utilization",
+    "progress",
+    "cpu_utilization",
+    "memory_utilization",
+    "gpu_memory_utilization",
+)
+
+
+def validate_status(
+    phase: str,
+    gauges: Mapping[str, float],
+    numbers: Mapping[str, float] | None = None,
+) -> None:
+    """Checks a heartbeat's status: phase up to 64 printable characters, at most 64
+    gauges named like label keys with finite values, and the numeric fields.
+
+    Args:
+        phase: the training phase ("" when absent).
+        gauges: the application gauges.
+        numbers: the numeric fields that are present, by name: ``load``
+            (>= 0), ``step`` (>= 0) and the fractions ``progress``,
+            ``cpu_utilization``, ``memory_utilization``, ``gpu_utilization``,
+            ``gpu_memory_utilization`` (0..1).
 
     Raises:
         InvalidArgument: naming what breaks a limit.
     """
     if len(phase) > MAX_PHASE:
         raise InvalidArgument(f"status phase is {len(phase)} characters, the limit is {MAX_PHASE}")
+    if not phase.isprintable():
+        raise InvalidArgument("status phase has a non-printable character")
     if len(gauges) > MAX_GAUGES:
         raise InvalidArgument(f"{len(gauges)} status gauges, the limit is {MAX_GAUGES}")
-    for key in gauges:
+    for key, value in gauges.items():
         if not key or len(key) > MAX_LABEL_KEY or not _LABEL_KEY.fullmatch(key):
             raise InvalidArgument(f"status gauge name {key[:80]!r} is not a valid name")
+        if not math.isfinite(value):
+            raise InvalidArgument(f"status gauge {key!r} is {value}, not a finite number")
+    for name, value in (numbers or {}).items():
+        if not math.isfinite(value) or value < 0:
+            raise InvalidArgument(f"status {name} is {value}, not a finite number >= 0")
+        if name in _FRACTIONS and value > 1:
+            raise InvalidArgument(f"status {name} is {value}, not a fraction in 0..1")
 
 
 def parse_address(address: str) -> str:

@@ -15,12 +15,19 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from membership.status import NodeStatus
 
 __all__ = [
+    "Evidence",
     "Member",
     "MemberChange",
     "MemberState",
     "QuorumChanged",
+    "StatusReport",
+    "StatusUpdated",
     "View",
     "ViewChanged",
     "ViewEvent",
@@ -119,16 +126,41 @@ class View:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Evidence:
+    """One replica's committed suspicion of a node: why a DEAD was decided.
+
+    Attributes:
+        arbiter_id: the replica that suspected the node.
+        silence: seconds since that replica had last heard the node when its
+            failure detector suspected it (None if not recorded).
+        suspicion: the detector's suspicion level at that moment: phi for the
+            phi accrual detector, missed heartbeat intervals for the
+            missed-count detector (None if not recorded).
+        detector: ``"phi"`` or ``"missed"`` ("" if not recorded).
+    """
+
+    arbiter_id: str
+    silence: float | None = None
+    suspicion: float | None = None
+    detector: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MemberChange:
     """One member entering a new state at some epoch.
 
     ``labels`` is filled when the member becomes ALIVE and may be empty otherwise.
+    ``evidence`` is filled when the member becomes DEAD because a quorum of
+    replicas suspected it: one :class:`Evidence` per suspecting replica of
+    that quorum, sorted by replica id (empty for other changes, such as the
+    retirement of an incarnation replaced by a newer one).
     """
 
     node_id: str
     incarnation: int
     state: MemberState
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    evidence: tuple[Evidence, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.labels, MappingProxyType):
@@ -169,4 +201,32 @@ class QuorumChanged:
     epoch: int = 0
 
 
-ViewEvent = ViewSnapshot | ViewChanged | QuorumChanged
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusReport:
+    """One node's latest live status as the serving replica heard it (never a view change).
+
+    Attributes:
+        node_id: the node.
+        incarnation: the incarnation that reported it.
+        status: what it reported (load, GPU use, phase, step, gauges...).
+        suspected_by: replicas whose committed observation of the node is
+            SUSPECT (fewer than a quorum: a quorum makes it DEAD).
+        silence: seconds since the serving replica last heard the node.
+    """
+
+    node_id: str
+    incarnation: int
+    status: NodeStatus
+    suspected_by: tuple[str, ...] = ()
+    silence: float = 0.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatusUpdated:
+    """Event (only when asked for): nodes whose status or suspicions changed, coalesced."""
+
+    reports: tuple[StatusReport, ...]
+    arbiter_id: str = ""
+
+
+ViewEvent = ViewSnapshot | ViewChanged | QuorumChanged | StatusUpdated

@@ -13,6 +13,10 @@ Rule 1. An :class:`Observation` is one replica's opinion of one node at one
     restarts, so (incarnation, seq) orders a replica's observations of a node.
 Rule 2. An :class:`ObserveBatch` carries observations of one replica, in the
     order it made them; the leader appends them as one log entry.
+Rule 2a. A SUSPECT observation may carry its evidence: seconds since the
+    replica last heard the node (``silence``), the detector's suspicion level
+    then (``suspicion``: phi, or missed intervals) and the detector's kind.
+    Informational: the tally never reads it, a DEAD change reports it.
 Rule 3. A :class:`Leave` is a node's graceful departure at an incarnation;
     ``request_id`` lets the shell answer the RPC waiting for it.
 Rule 4. The encoding is JSON from the standard library, compact
@@ -30,6 +34,7 @@ from __future__ import annotations
 import enum
 import itertools
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,10 +88,17 @@ class Observation:
             from a value above any it used before).
         labels: the node's static labels as (key, value) pairs sorted by key,
             keys unique; sent with ALIVE observations, ignored otherwise.
+        silence: SUSPECT only (rule 2a): seconds since the replica last
+            heard the node when it suspected it; None if not recorded.
+        suspicion: SUSPECT only: the detector's suspicion level then (phi,
+            or missed heartbeat intervals); None if not recorded.
+        detector: SUSPECT only: ``"phi"`` or ``"missed"``; "" if not recorded.
 
     Raises:
-        ValueError: an empty node_id, a negative or non-int number, or labels
-            that are not sorted (key, value) string pairs with unique keys.
+        ValueError: an empty node_id, a negative or non-int number, labels
+            that are not sorted (key, value) string pairs with unique keys, or
+            evidence on an ALIVE observation, or evidence that is not a finite
+            number >= 0.
     """
 
     node_id: str
@@ -94,6 +106,14 @@ class Observation:
     opinion: Opinion
     seq: int
     labels: tuple[tuple[str, str], ...] = ()
+    silence: float | None = None
+    suspicion: float | None = None
+    detector: str = ""
+
+    @property
+    def has_evidence(self) -> bool:
+        """True when the observation carries suspicion evidence (rule 2a)."""
+        return self.silence is not None or self.suspicion is not None or bool(self.detector)
 
     def __post_init__(self) -> None:
         _check_id("node_id", self.node_id)
@@ -101,6 +121,16 @@ class Observation:
         _check_count("seq", self.seq)
         if not isinstance(self.opinion, Opinion):
             raise ValueError(f"opinion must be an Opinion, got {self.opinion!r}")
+        for name in ("silence", "suspicion"):
+            value = getattr(self, name)
+            if value is not None and (
+                type(value) is not float or not math.isfinite(value) or value < 0
+            ):
+                raise ValueError(f"{name} must be a finite float >= 0 or None, got {value!r}")
+        if not isinstance(self.detector, str):
+            raise ValueError(f"detector must be a string, got {self.detector!r}")
+        if self.has_evidence and self.opinion is not Opinion.SUSPECT:
+            raise ValueError("only a SUSPECT observation carries evidence")
         if not isinstance(self.labels, tuple):
             raise ValueError(f"labels must be a tuple of pairs, got {self.labels!r}")
         for pair in self.labels:
@@ -176,16 +206,7 @@ def encode(command: Command) -> bytes:
             "v": VERSION,
             "type": "observe",
             "replica": command.replica_id,
-            "obs": [
-                {
-                    "node": o.node_id,
-                    "inc": o.incarnation,
-                    "op": o.opinion.value,
-                    "seq": o.seq,
-                    "labels": [list(p) for p in o.labels],
-                }
-                for o in command.observations
-            ],
+            "obs": [_encode_observation(o) for o in command.observations],
         }
     elif isinstance(command, Leave):
         obj = {
@@ -198,6 +219,19 @@ def encode(command: Command) -> bytes:
     else:
         raise TypeError(f"not a command: {command!r}")
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def _encode_observation(o: Observation) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "node": o.node_id,
+        "inc": o.incarnation,
+        "op": o.opinion.value,
+        "seq": o.seq,
+        "labels": [list(p) for p in o.labels],
+    }
+    if o.has_evidence:
+        obj["ev"] = [o.silence, o.suspicion, o.detector]
+    return obj
 
 
 def decode(data: bytes) -> Command:
@@ -288,7 +322,8 @@ def _decode_obj(obj: Any) -> Command:
 
 def _decode_observation(obj: Any, i: int) -> Observation:
     where = f"observe.obs[{i}]"
-    f = _fields(obj, where, {"node", "inc", "op", "seq", "labels"})
+    names = {"node", "inc", "op", "seq", "labels"}
+    f = _fields(obj, where, names | {"ev"} if isinstance(obj, dict) and "ev" in obj else names)
     op = _get(f, "op", str, where)
     try:
         opinion = Opinion(op)
@@ -304,10 +339,29 @@ def _decode_observation(obj: Any, i: int) -> Observation:
         ):
             raise CommandDecodeError(f"{where}.labels: expected [key, value] strings, got {pair!r}")
         labels.append((pair[0], pair[1]))
+    silence: float | None = None
+    suspicion: float | None = None
+    detector = ""
+    if "ev" in f:
+        ev = _get(f, "ev", list, where)
+        if not (
+            len(ev) == 3
+            and all(v is None or type(v) is float for v in ev[:2])
+            and isinstance(ev[2], str)
+        ):
+            raise CommandDecodeError(
+                f"{where}.ev: expected [silence, suspicion, detector], got {ev!r}"
+            )
+        silence, suspicion, detector = ev
+        if silence is None and suspicion is None and not detector:
+            raise CommandDecodeError(f"{where}.ev: empty evidence is written as no 'ev' at all")
     return Observation(
         node_id=_get(f, "node", str, where),
         incarnation=_get(f, "inc", int, where),
         opinion=opinion,
         seq=_get(f, "seq", int, where),
         labels=tuple(labels),
+        silence=silence,
+        suspicion=suspicion,
+        detector=detector,
     )

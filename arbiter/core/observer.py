@@ -31,6 +31,7 @@ Rules:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -40,6 +41,9 @@ from arbiter.core.state import MembershipState
 from membership.view import MemberState
 
 __all__ = ["HeartbeatVerdict", "Observer"]
+
+# Cap of a suspicion level written to the log (phi can reach infinity).
+_MAX_LEVEL = 1e6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,6 +72,8 @@ class _Opinion:
     opinion: Opinion
     seq: int
     labels: tuple[tuple[str, str], ...]
+    # SUSPECT only: (silence seconds, suspicion level) when it was suspected.
+    evidence: tuple[float, float] | None = None
     # Assumed ALIVE after a restart without hearing the node: never proposed.
     assumed: bool = False
     # When it was last proposed (None: never); None once committed.
@@ -89,6 +95,7 @@ class Observer:
             boot-time value, e.g. wall-clock nanoseconds).
         now: monotonic seconds at start.
         restart_grace: seconds after ``now`` during which no suspicion is cast.
+        detector_kind: the detector's name in evidence (``"missed"``, ``"phi"``).
     """
 
     def __init__(
@@ -101,6 +108,7 @@ class Observer:
         seq_base: int,
         now: float,
         restart_grace: float,
+        detector_kind: str = "",
     ) -> None:
         if lease < 0 or retry_after <= 0 or restart_grace < 0:
             raise ValueError("lease and restart_grace must be >= 0, retry_after > 0")
@@ -113,6 +121,7 @@ class Observer:
         self._opinions: dict[str, _Opinion] = {}
         self._owed: set[str] = set()
         self._seen_epoch = -1
+        self._detector_kind = detector_kind
 
     @property
     def detector(self) -> FailureDetector:
@@ -128,15 +137,24 @@ class Observer:
         """Node ids whose latest opinion here is SUSPECT, sorted."""
         return sorted(k for k, op in self._opinions.items() if op.opinion is Opinion.SUSPECT)
 
+    def tracked(self) -> int:
+        """How many nodes this replica has an opinion of (its heartbeat load)."""
+        return len(self._opinions)
+
     def owed(self) -> int:
         """How many observations are not yet committed."""
         return len(self._owed)
 
     def _new_opinion(
-        self, node_id: str, incarnation: int, opinion: Opinion, labels: tuple[tuple[str, str], ...]
+        self,
+        node_id: str,
+        incarnation: int,
+        opinion: Opinion,
+        labels: tuple[tuple[str, str], ...],
+        evidence: tuple[float, float] | None = None,
     ) -> None:
         self._seq += 1
-        self._opinions[node_id] = _Opinion(incarnation, opinion, self._seq, labels)
+        self._opinions[node_id] = _Opinion(incarnation, opinion, self._seq, labels, evidence)
         self._owed.add(node_id)
 
     def heartbeat(
@@ -147,6 +165,7 @@ class Observer:
         now: float,
         state: MembershipState,
         interval: float | None = None,
+        lease: float | None = None,
     ) -> HeartbeatVerdict:
         """Takes one heartbeat received at ``now`` (rules 1, 3, 4).
 
@@ -156,7 +175,10 @@ class Observer:
             labels: the node's static labels (validated).
             now: monotonic seconds at receipt.
             state: the committed state machine, for the node's record.
-            interval: seconds the node was told to wait between heartbeats.
+            interval: seconds the node waits between heartbeats (None: the
+                detector's current one for the node).
+            lease: seconds of lease this heartbeat may earn (None: the
+                observer's ``lease``); it scales with ``interval``.
 
         Returns:
             The verdict to put in the ack.
@@ -189,14 +211,16 @@ class Observer:
             self._new_opinion(node_id, incarnation, Opinion.ALIVE, tuple(sorted(labels.items())))
             current = self._opinions[node_id]
         self._check_committed(node_id, current, state)
-        lease = 0.0
+        granted = 0.0
         if current.committed:
-            lease = self._lease
-            self._detector.hold(node_id, now + lease)
+            granted = self._lease if lease is None else lease
+            self._detector.hold(node_id, now + granted)
         member_state = MemberState.JOINING
         if record is not None and record.incarnation == incarnation:
             member_state = record.state
-        return HeartbeatVerdict(accepted=True, state=member_state, incarnation=highest, lease=lease)
+        return HeartbeatVerdict(
+            accepted=True, state=member_state, incarnation=highest, lease=granted
+        )
 
     def _check_committed(self, node_id: str, op: _Opinion, state: MembershipState) -> None:
         if op.committed or op.assumed:
@@ -222,7 +246,18 @@ class Observer:
             op = self._opinions.get(node_id)
             if op is None or op.opinion is Opinion.SUSPECT:
                 continue
-            self._new_opinion(node_id, op.incarnation, Opinion.SUSPECT, op.labels)
+            self._new_opinion(
+                node_id, op.incarnation, Opinion.SUSPECT, op.labels, self._evidence(node_id, now)
+            )
+
+    def _evidence(self, node_id: str, now: float) -> tuple[float, float]:
+        """(silence, suspicion level) of a node just suspected, rounded for the log."""
+        last = self._detector.last_heard(node_id)
+        silence = 0.0 if last is None else max(0.0, now - last)
+        level = self._detector.suspicion(node_id, now)
+        if not math.isfinite(level):
+            level = _MAX_LEVEL
+        return round(silence, 3), round(min(max(level, 0.0), _MAX_LEVEL), 3)
 
     def _sync_view(self, now: float, state: MembershipState) -> None:
         self._seen_epoch = state.epoch
@@ -262,6 +297,7 @@ class Observer:
             if op.proposed_at is not None and now < op.proposed_at + self._retry_after:
                 continue
             op.proposed_at = now
+            ev = op.evidence if op.opinion is Opinion.SUSPECT else None
             out.append(
                 Observation(
                     node_id=node_id,
@@ -269,6 +305,9 @@ class Observer:
                     opinion=op.opinion,
                     seq=op.seq,
                     labels=op.labels if op.opinion is Opinion.ALIVE else (),
+                    silence=None if ev is None else ev[0],
+                    suspicion=None if ev is None else ev[1],
+                    detector=self._detector_kind if ev is not None else "",
                 )
             )
         return tuple(out)

@@ -27,11 +27,13 @@ Rules:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from arbiter.core.commands import Leave, ObserveBatch, encode
 from arbiter.core.detector import FailureDetector
+from arbiter.core.interval import suggest_interval
 from arbiter.core.observer import HeartbeatVerdict, Observer
 from arbiter.core.raft import (
     Entry,
@@ -90,10 +92,17 @@ class ReplicaSettings:
         lease: seconds of lease granted per accepted heartbeat (<= detection time).
         observation_retry: seconds before an uncommitted observation is proposed again.
         restart_grace: seconds after start without casting suspicion (one maximum lease).
-        heartbeat_interval: seconds between heartbeats suggested to nodes; the
-            detector scales its timeout with it.
+        heartbeat_interval: seconds between heartbeats suggested to nodes of a
+            small cluster (H0); the detector scales its timeout with it.
         snapshot_every: applied log entries between two snapshots of the
             state machine (rule 5); 0 never snapshots.
+        heartbeat_budget: heartbeats per second this replica should handle
+            at most; the suggested interval grows with the number of nodes
+            to stay within it (:func:`arbiter.core.interval.suggest_interval`);
+            ``inf`` always suggests ``heartbeat_interval``.
+        max_heartbeat_interval: the longest interval suggested or accepted
+            from a node, seconds (>= heartbeat_interval).
+        detector_kind: the failure detector's name, recorded in evidence.
     """
 
     lease: float
@@ -101,6 +110,17 @@ class ReplicaSettings:
     restart_grace: float
     heartbeat_interval: float
     snapshot_every: int = 0
+    heartbeat_budget: float = math.inf
+    max_heartbeat_interval: float = math.inf
+    detector_kind: str = ""
+
+    def lease_for(self, interval: float) -> float:
+        """Seconds of lease for a node heartbeating every ``interval`` seconds.
+
+        ``lease`` is the lease at ``heartbeat_interval``; it scales with the
+        interval, as the detector's suspicion time does.
+        """
+        return self.lease * interval / self.heartbeat_interval
 
 
 class Replica:
@@ -168,17 +188,62 @@ class Replica:
             seq_base=seq_base,
             now=now,
             restart_grace=settings.restart_grace,
+            detector_kind=settings.detector_kind,
         )
         self.proposals_dropped = 0
 
     # --- inputs ---------------------------------------------------------------------
 
     def heartbeat(
-        self, node_id: str, incarnation: int, labels: Mapping[str, str], now: float
+        self,
+        node_id: str,
+        incarnation: int,
+        labels: Mapping[str, str],
+        now: float,
+        interval: float | None = None,
     ) -> HeartbeatVerdict:
-        """Takes a validated heartbeat received at ``now``; returns the verdict for the ack."""
+        """Takes a validated heartbeat received at ``now``; returns the verdict for the ack.
+
+        Args:
+            node_id: the node.
+            incarnation: its incarnation (>= 1).
+            labels: its static labels.
+            now: monotonic seconds at receipt.
+            interval: seconds the node says it heartbeats at (the interval
+                suggested to it); None: ``settings.heartbeat_interval``. The
+                detector expects this cadence and the lease scales with it.
+
+        Raises:
+            ValueError: ``interval`` is not in (0, max_heartbeat_interval].
+        """
+        s = self.settings
+        if interval is None:
+            interval = s.heartbeat_interval
+        elif not 0 < interval <= s.max_heartbeat_interval:
+            raise ValueError(
+                f"heartbeat interval must be in (0, {s.max_heartbeat_interval:g}] seconds, "
+                f"got {interval!r}"
+            )
         return self.observer.heartbeat(
-            node_id, incarnation, labels, now, self.state, interval=self.settings.heartbeat_interval
+            node_id,
+            incarnation,
+            labels,
+            now,
+            self.state,
+            interval=interval,
+            lease=s.lease_for(interval),
+        )
+
+    def suggested_interval(self) -> float:
+        """The heartbeat interval to suggest in acks now, seconds (adaptive: module interval)."""
+        s = self.settings
+        if math.isinf(s.heartbeat_budget):
+            return s.heartbeat_interval
+        return suggest_interval(
+            self.observer.tracked(),
+            base=s.heartbeat_interval,
+            budget=s.heartbeat_budget,
+            maximum=s.max_heartbeat_interval,
         )
 
     def step(self, msg: Message, now: float) -> None:

@@ -36,6 +36,9 @@ Rule 6. An entry that changes the view bumps the epoch by exactly one, however
     many member changes it carries; an entry that changes nothing leaves the
     epoch alone. Changes of one entry are ordered by node_id (a DEAD-then-
     ALIVE or DEAD-then-LEFT pair stays adjacent, in that order).
+Rule 4a. The DEAD change of rule 4 carries the evidence of the quorum that
+    decided it: one :class:`~membership.view.Evidence` per replica counted
+    by rule 4 (sorted by replica id), from its stored SUSPECT observation.
 Rule 7. SUSPECT is never a view state; it shows only in :meth:`suspected_by`.
 Rule 8. The tally runs once per entry, after all the entry's observations are
     stored, over the nodes whose observations changed. A batch is one
@@ -49,6 +52,7 @@ as do observations: O(nodes x arbiters) memory until a later issue prunes them.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from collections.abc import Mapping, Sequence
@@ -56,7 +60,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from arbiter.core.commands import CommandDecodeError, Leave, ObserveBatch, Opinion, decode
-from membership.view import Member, MemberChange, MemberState, View
+from membership.view import Evidence, Member, MemberChange, MemberState, View
 
 __all__ = [
     "ApplyResult",
@@ -119,13 +123,30 @@ class ApplyResult:
 class ObservationRecord:
     """A replica's latest committed observation of a node (rule 1).
 
-    ``labels`` are those the observation carried (sorted pairs).
+    ``labels`` are those the observation carried (sorted pairs); ``silence``,
+    ``suspicion`` and ``detector`` its suspicion evidence (commands rule 2a).
     """
 
     incarnation: int
     opinion: Opinion
     seq: int
     labels: tuple[tuple[str, str], ...] = ()
+    silence: float | None = None
+    suspicion: float | None = None
+    detector: str = ""
+
+    def evidence(self, replica_id: str) -> Evidence:
+        """This observation as the evidence of ``replica_id``'s suspicion."""
+        return Evidence(
+            arbiter_id=replica_id,
+            silence=self.silence,
+            suspicion=self.suspicion,
+            detector=self.detector,
+        )
+
+    def _ev_row(self) -> list[Any]:
+        has = self.silence is not None or self.suspicion is not None or self.detector
+        return [[self.silence, self.suspicion, self.detector]] if has else []
 
 
 class MembershipState:
@@ -275,7 +296,13 @@ class MembershipState:
             if stored is not None and (o.incarnation, o.seq) <= (stored.incarnation, stored.seq):
                 continue
             self._obs.setdefault(o.node_id, {})[batch.replica_id] = ObservationRecord(
-                incarnation=o.incarnation, opinion=o.opinion, seq=o.seq, labels=o.labels
+                incarnation=o.incarnation,
+                opinion=o.opinion,
+                seq=o.seq,
+                labels=o.labels,
+                silence=o.silence,
+                suspicion=o.suspicion,
+                detector=o.detector,
             )
             touched.add(o.node_id)
         return touched
@@ -302,12 +329,12 @@ class MembershipState:
                 labels = dict(obs[alive[i][0]].labels)  # lowest replica id among them
                 changes.append(_change(node_id, i, MemberState.ALIVE, labels))
                 return changes
-        if (
-            record is not None
-            and record.state is MemberState.ALIVE
-            and len(self.death_votes(node_id)) >= self._quorum
-        ):
-            return [_change(node_id, record.incarnation, MemberState.DEAD)]
+        if record is not None and record.state is MemberState.ALIVE:
+            votes = self.death_votes(node_id)
+            if len(votes) >= self._quorum:
+                dead = _change(node_id, record.incarnation, MemberState.DEAD)
+                evidence = tuple(obs[r].evidence(r) for r in votes)  # rule 4a
+                return [dataclasses.replace(dead, evidence=evidence)]
         return []
 
     def _leave(self, command: Leave) -> tuple[list[MemberChange], bool, str]:
@@ -356,7 +383,7 @@ class MembershipState:
             for m in (self._members[n] for n in sorted(self._members))
         ]
         obs = [
-            [n, r, o.incarnation, o.opinion.value, o.seq, [list(p) for p in o.labels]]
+            [n, r, o.incarnation, o.opinion.value, o.seq, [list(p) for p in o.labels], *o._ev_row()]
             for n in sorted(self._obs)
             for r, o in sorted(self._obs[n].items())
         ]
@@ -409,11 +436,19 @@ class MembershipState:
             if member.state is MemberState.JOINING or not 0 < member.epoch <= state._epoch:
                 raise SnapshotDecodeError(f"bad member record {member!r}")
             state._members[node] = member
-        for node, replica, inc, op, seq, labels in snap["obs"]:
+        for row in snap["obs"]:
+            node, replica, inc, op, seq, labels = row[:6]
             if replica not in state._arbiters:
                 raise SnapshotDecodeError(f"observation from unknown replica {replica!r}")
+            silence, suspicion, detector = _evidence(row[6:])
             state._obs.setdefault(_str(node, empty=False), {})[replica] = ObservationRecord(
-                incarnation=_int(inc), opinion=Opinion(op), seq=_int(seq), labels=_pairs(labels)
+                incarnation=_int(inc),
+                opinion=Opinion(op),
+                seq=_int(seq),
+                labels=_pairs(labels),
+                silence=silence,
+                suspicion=suspicion,
+                detector=detector,
             )
         state._view = None
         return state
@@ -423,6 +458,19 @@ def _change(
     node_id: str, incarnation: int, state: MemberState, labels: Mapping[str, str] | None = None
 ) -> MemberChange:
     return MemberChange(node_id=node_id, incarnation=incarnation, state=state, labels=labels or {})
+
+
+def _evidence(rest: list[Any]) -> tuple[float | None, float | None, str]:
+    """The optional 7th column of an observation row: [silence, suspicion, detector]."""
+    if not rest:
+        return None, None, ""
+    if len(rest) != 1 or not isinstance(rest[0], list) or len(rest[0]) != 3:
+        raise SnapshotDecodeError(f"bad observation evidence {rest!r}")
+    silence, suspicion, detector = rest[0]
+    for v in (silence, suspicion):
+        if v is not None and (type(v) is not float or not v >= 0):
+            raise SnapshotDecodeError(f"bad evidence value {v!r}")
+    return silence, suspicion, _str(detector)
 
 
 def _int(value: Any) -> int:

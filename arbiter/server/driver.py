@@ -163,11 +163,25 @@ class Driver:
     # --- inputs -------------------------------------------------------------------
 
     def on_heartbeat(
-        self, node_id: str, incarnation: int, labels: Mapping[str, str]
+        self,
+        node_id: str,
+        incarnation: int,
+        labels: Mapping[str, str],
+        interval: float | None = None,
     ) -> HeartbeatVerdict:
-        """Takes a validated heartbeat received now; returns the verdict for the ack."""
+        """Takes a validated heartbeat received now; returns the verdict for the ack.
+
+        Args:
+            node_id: the node.
+            incarnation: its incarnation.
+            labels: its static labels.
+            interval: seconds the node heartbeats at (None: the configured one).
+
+        Raises:
+            ValueError: ``interval`` is outside (0, max_heartbeat_interval].
+        """
         owed = self.observer.owed()
-        verdict = self.replica.heartbeat(node_id, incarnation, labels, time.monotonic())
+        verdict = self.replica.heartbeat(node_id, incarnation, labels, time.monotonic(), interval)
         if self.observer.owed() != owed:
             self._wake.set()
         return verdict
@@ -235,6 +249,10 @@ class Driver:
     def cluster_size(self) -> int:
         """Number of configured replicas (the quorum is a strict majority of them)."""
         return len(self.state.arbiters)
+
+    def suggested_interval(self) -> float:
+        """Seconds between heartbeats to suggest in acks (grows with the node count)."""
+        return self.replica.suggested_interval()
 
     def local_suspects(self) -> list[str]:
         """Node ids this replica's own latest opinion is SUSPECT of (sorted)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 
@@ -18,6 +19,7 @@ from arbiter.core.raft import ProposalDropped
 from arbiter.core.state import ViewChange
 from arbiter.server.driver import Driver
 from arbiter.server.hub import Hub, HubStatus
+from arbiter.server.statusboard import StatusBoard
 from membership import convert
 from membership.errors import InvalidArgument
 from membership.v1 import membership_pb2 as pb
@@ -30,12 +32,22 @@ __all__ = ["MembershipServicer"]
 log = logging.getLogger("arbiter.api")
 
 
-def _check_heartbeat(req: pb.HeartbeatRequest) -> None:
+# Nodes per StatusUpdate message: keeps each well under the 4 MiB gRPC default
+# receive limit (a report is at most a few KiB with 64 gauges).
+_STATUS_CHUNK = 256
+
+
+def _check_heartbeat(req: pb.HeartbeatRequest, max_interval: float) -> None:
     validate_node_id(req.node_id)
     if req.incarnation < 1:
         raise InvalidArgument("incarnation must be >= 1")
     validate_labels(req.labels)
-    validate_status(req.status.phase, req.status.gauges)
+    validate_status(req.status.phase, req.status.gauges, convert.status_numbers(req.status))
+    if not (req.interval_seconds == 0 or 0 < req.interval_seconds <= max_interval):
+        raise InvalidArgument(
+            f"interval_seconds must be 0 (the arbiter's default) or in (0, {max_interval:g}], "
+            f"got {req.interval_seconds}"
+        )
 
 
 class MembershipServicer(pb_grpc.MembershipServicer):
@@ -47,24 +59,56 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         self._config = driver.config
         self._closing = asyncio.Event()
         self.heartbeat_streams = 0
+        self.board = StatusBoard()
+        self._pruned_at = time.monotonic()
 
     def close(self) -> None:
         """Shutdown: heartbeat streams end with UNAVAILABLE so nodes go elsewhere."""
         self._closing.set()
         self._hub.close_all()
 
-    def _view_pb(self, view: View) -> pb.View:
-        state = self._driver.state
-        return pb.View(
-            epoch=view.epoch,
-            members=[
-                # LEFT was a choice, not a failure: suspicions after it mean nothing.
-                convert.member_to_pb(
-                    m, state.suspected_by(m.node_id) if m.state is not MemberState.LEFT else ()
+    def _suspected_by(self, node_id: str) -> tuple[str, ...]:
+        member = self._driver.state.member(node_id)
+        # LEFT was a choice, not a failure: suspicions after it mean nothing.
+        if member is not None and member.state is MemberState.LEFT:
+            return ()
+        return self._driver.state.suspected_by(node_id)
+
+    def _view_pb(self, view: View, with_status: bool = False) -> pb.View:
+        members = []
+        for m in view.members:
+            msg = convert.member_to_pb(m, self._suspected_by(m.node_id))
+            entry = self.board.get(m.node_id) if with_status else None
+            if entry is not None and entry.incarnation == m.incarnation:
+                msg.status.CopyFrom(entry.status)
+            members.append(msg)
+        return pb.View(epoch=view.epoch, members=members)
+
+    def _status_updates(
+        self, sent: dict[str, tuple[int, tuple[str, ...]]]
+    ) -> list[pb.StatusUpdate]:
+        """Reports of the nodes whose status or suspicions changed since ``sent`` (updated)."""
+        now = time.monotonic()
+        reports = []
+        for node_id, entry in self.board.items():
+            suspected = self._suspected_by(node_id)
+            key = (entry.version, suspected)
+            if sent.get(node_id) == key:
+                continue
+            sent[node_id] = key
+            reports.append(
+                pb.NodeStatusReport(
+                    node_id=node_id,
+                    incarnation=entry.incarnation,
+                    status=entry.status,
+                    suspected_by=suspected,
+                    silence_seconds=round(max(0.0, now - entry.heard), 3),
                 )
-                for m in view.members
-            ],
-        )
+            )
+        return [
+            pb.StatusUpdate(nodes=reports[i : i + _STATUS_CHUNK])
+            for i in range(0, len(reports), _STATUS_CHUNK)
+        ]
 
     async def Heartbeat(
         self,
@@ -81,7 +125,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 if self._closing.is_set():
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
                 try:
-                    _check_heartbeat(req)
+                    _check_heartbeat(req, self._config.max_heartbeat_interval)
                 except InvalidArgument as e:
                     log.info("heartbeat refused from %s: %s", context.peer(), e)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -102,13 +146,20 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                         f"more than {self._config.max_heartbeat_rate:g} heartbeats per second "
                         f"on one stream; follow next_interval_seconds",
                     )
-                verdict = self._driver.on_heartbeat(req.node_id, req.incarnation, req.labels)
+                verdict = self._driver.on_heartbeat(
+                    req.node_id, req.incarnation, req.labels, req.interval_seconds or None
+                )
+                if verdict.accepted:
+                    self.board.update(req.node_id, req.incarnation, req.status, now)
+                    if now - self._pruned_at > 10.0:
+                        self._pruned_at = now
+                        self.board.prune(now)
                 status = self._driver.status()
                 yield pb.HeartbeatAck(
                     seq=req.seq,
                     epoch=status.epoch,
                     lease_seconds=verdict.lease,
-                    next_interval_seconds=self._config.heartbeat_interval,
+                    next_interval_seconds=self._driver.suggested_interval(),
                     state=convert.state_to_pb(verdict.state),
                     in_quorum=status.in_quorum,
                     arbiter_id=status.arbiter_id,
@@ -122,8 +173,25 @@ class MembershipServicer(pb_grpc.MembershipServicer):
     async def Subscribe(
         self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.MembershipEvent]:
-        """Snapshot or resumed changes, then every change, quorum status and progress."""
+        """Snapshot or resumed changes, then every change, quorum status and progress.
+
+        With ``include_status``, also StatusUpdate events: every node whose
+        status or suspicions changed, at most once per status interval.
+        """
         me = self._driver.replica_id
+        if not (
+            math.isfinite(request.status_interval_seconds) and request.status_interval_seconds >= 0
+        ):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"status_interval_seconds must be a number >= 0, got "
+                f"{request.status_interval_seconds}",
+            )
+        # Never more often than the configured interval: a subscriber may only ask for less.
+        status_every = max(self._config.status_interval, request.status_interval_seconds)
+        sent: dict[str, tuple[int, tuple[str, ...]]] = {}
+        loop = asyncio.get_running_loop()
+        next_status = loop.time() if request.include_status else math.inf
         sub = self._hub.subscribe(request.since_epoch)
         try:
             status = self._driver.status()
@@ -135,15 +203,24 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     epoch=status.epoch,
                 ),
             )
+            next_progress = loop.time() + self._config.progress_interval
             while not self._closing.is_set():
-                item = await sub.get(self._config.progress_interval)
+                if loop.time() >= next_status:
+                    for update in self._status_updates(sent):
+                        yield pb.MembershipEvent(arbiter_id=me, status=update)
+                    next_status = loop.time() + status_every
+                item = await sub.get(max(0.0, min(next_progress, next_status) - loop.time()))
                 if item is None:
                     if sub.closed:
                         break
-                    yield pb.MembershipEvent(
-                        arbiter_id=me, progress=pb.Progress(epoch=self._driver.state.epoch)
-                    )
-                elif isinstance(item, View):
+                    if loop.time() >= next_progress:
+                        yield pb.MembershipEvent(
+                            arbiter_id=me, progress=pb.Progress(epoch=self._driver.state.epoch)
+                        )
+                        next_progress = loop.time() + self._config.progress_interval
+                    continue
+                next_progress = loop.time() + self._config.progress_interval
+                if isinstance(item, View):
                     yield pb.MembershipEvent(
                         arbiter_id=me, snapshot=pb.ViewSnapshot(view=self._view_pb(item))
                     )
@@ -174,7 +251,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         """The committed view as this replica has applied it."""
         status = self._driver.status()
         return pb.GetViewResponse(
-            view=self._view_pb(self._driver.state.view()),
+            view=self._view_pb(self._driver.state.view(), with_status=True),
             arbiter_id=status.arbiter_id,
             leader_id=status.leader_id or "",
             in_quorum=status.in_quorum,

@@ -51,7 +51,8 @@ Global___MemberState: _TypeAlias = MemberState  # noqa: Y015
 @_typing.final
 class NodeStatus(_message.Message):
     """What the node reports about itself with every heartbeat (informational:
-    never used for liveness).
+    never used for liveness). Every field is optional: an absent field is not
+    known (no GPU, probe skipped), which is not the same as 0.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -82,33 +83,78 @@ class NodeStatus(_message.Message):
     STEP_FIELD_NUMBER: _builtins.int
     PROGRESS_FIELD_NUMBER: _builtins.int
     GAUGES_FIELD_NUMBER: _builtins.int
+    CPU_UTILIZATION_FIELD_NUMBER: _builtins.int
+    MEMORY_UTILIZATION_FIELD_NUMBER: _builtins.int
+    GPU_MEMORY_UTILIZATION_FIELD_NUMBER: _builtins.int
     load: _builtins.float
     """1-minute load average"""
     gpu_utilization: _builtins.float
-    """0..1"""
+    """0..1, mean over the node's GPUs"""
     phase: _builtins.str
     """training phase, e.g. "allreduce" """
     step: _builtins.int
-    """training step"""
+    """training step, >= 0"""
     progress: _builtins.float
     """0..1"""
+    cpu_utilization: _builtins.float
+    """0..1"""
+    memory_utilization: _builtins.float
+    """0..1"""
+    gpu_memory_utilization: _builtins.float
+    """0..1, over the node's GPUs"""
     @_builtins.property
-    def gauges(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]: ...
+    def gauges(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
+        """application gauges (at most 32)"""
+
     def __init__(
         self,
         *,
-        load: _builtins.float = ...,
-        gpu_utilization: _builtins.float = ...,
-        phase: _builtins.str = ...,
-        step: _builtins.int = ...,
-        progress: _builtins.float = ...,
+        load: _builtins.float | None = ...,
+        gpu_utilization: _builtins.float | None = ...,
+        phase: _builtins.str | None = ...,
+        step: _builtins.int | None = ...,
+        progress: _builtins.float | None = ...,
         gauges: _abc.Mapping[_builtins.str, _builtins.float] | None = ...,
+        cpu_utilization: _builtins.float | None = ...,
+        memory_utilization: _builtins.float | None = ...,
+        gpu_memory_utilization: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_utilization", b"_cpu_utilization", "_gpu_memory_utilization", b"_gpu_memory_utilization", "_gpu_utilization", b"_gpu_utilization", "_load", b"_load", "_memory_utilization", b"_memory_utilization", "_phase", b"_phase", "_progress", b"_progress", "_step", b"_step", "cpu_utilization", b"cpu_utilization", "gpu_memory_utilization", b"gpu_memory_utilization", "gpu_utilization", b"gpu_utilization", "load", b"load", "memory_utilization", b"memory_utilization", "phase", b"phase", "progress", b"progress", "step", b"step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gauges", b"gauges", "gpu_utilization", b"gpu_utilization", "load", b"load", "phase", b"phase", "progress", b"progress", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_utilization", b"_cpu_utilization", "_gpu_memory_utilization", b"_gpu_memory_utilization", "_gpu_utilization", b"_gpu_utilization", "_load", b"_load", "_memory_utilization", b"_memory_utilization", "_phase", b"_phase", "_progress", b"_progress", "_step", b"_step", "cpu_utilization", b"cpu_utilization", "gauges", b"gauges", "gpu_memory_utilization", b"gpu_memory_utilization", "gpu_utilization", b"gpu_utilization", "load", b"load", "memory_utilization", b"memory_utilization", "phase", b"phase", "progress", b"progress", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__cpu_utilization: _TypeAlias = _typing.Literal["cpu_utilization"]  # noqa: Y015
+    _WhichOneofArgType__cpu_utilization: _TypeAlias = _typing.Literal["_cpu_utilization", b"_cpu_utilization"]  # noqa: Y015
+    _WhichOneofReturnType__gpu_memory_utilization: _TypeAlias = _typing.Literal["gpu_memory_utilization"]  # noqa: Y015
+    _WhichOneofArgType__gpu_memory_utilization: _TypeAlias = _typing.Literal["_gpu_memory_utilization", b"_gpu_memory_utilization"]  # noqa: Y015
+    _WhichOneofReturnType__gpu_utilization: _TypeAlias = _typing.Literal["gpu_utilization"]  # noqa: Y015
+    _WhichOneofArgType__gpu_utilization: _TypeAlias = _typing.Literal["_gpu_utilization", b"_gpu_utilization"]  # noqa: Y015
+    _WhichOneofReturnType__load: _TypeAlias = _typing.Literal["load"]  # noqa: Y015
+    _WhichOneofArgType__load: _TypeAlias = _typing.Literal["_load", b"_load"]  # noqa: Y015
+    _WhichOneofReturnType__memory_utilization: _TypeAlias = _typing.Literal["memory_utilization"]  # noqa: Y015
+    _WhichOneofArgType__memory_utilization: _TypeAlias = _typing.Literal["_memory_utilization", b"_memory_utilization"]  # noqa: Y015
+    _WhichOneofReturnType__phase: _TypeAlias = _typing.Literal["phase"]  # noqa: Y015
+    _WhichOneofArgType__phase: _TypeAlias = _typing.Literal["_phase", b"_phase"]  # noqa: Y015
+    _WhichOneofReturnType__progress: _TypeAlias = _typing.Literal["progress"]  # noqa: Y015
+    _WhichOneofArgType__progress: _TypeAlias = _typing.Literal["_progress", b"_progress"]  # noqa: Y015
+    _WhichOneofReturnType__step: _TypeAlias = _typing.Literal["step"]  # noqa: Y015
+    _WhichOneofArgType__step: _TypeAlias = _typing.Literal["_step", b"_step"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cpu_utilization) -> _WhichOneofReturnType__cpu_utilization | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu_memory_utilization) -> _WhichOneofReturnType__gpu_memory_utilization | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu_utilization) -> _WhichOneofReturnType__gpu_utilization | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__load) -> _WhichOneofReturnType__load | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_utilization) -> _WhichOneofReturnType__memory_utilization | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__phase) -> _WhichOneofReturnType__phase | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__progress) -> _WhichOneofReturnType__progress | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__step) -> _WhichOneofReturnType__step | None: ...
 
 Global___NodeStatus: _TypeAlias = NodeStatus  # noqa: Y015
 
@@ -142,6 +188,7 @@ class HeartbeatRequest(_message.Message):
     SEND_TIME_UNIX_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
     """which life of the node; a restart uses a higher one"""
@@ -149,6 +196,11 @@ class HeartbeatRequest(_message.Message):
     """per stream, strictly increasing"""
     send_time_unix: _builtins.float
     """node's wall clock, seconds; informational only"""
+    interval_seconds: _builtins.float
+    """The interval the node sends heartbeats at, seconds: the one the replica
+    suggested in its last ack. The replica's failure detector expects this
+    cadence from this node. 0 = the replica's configured default.
+    """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """static; read when the node joins"""
@@ -164,10 +216,11 @@ class HeartbeatRequest(_message.Message):
         send_time_unix: _builtins.float = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         status: Global___NodeStatus | None = ...,
+        interval_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "labels", b"labels", "node_id", b"node_id", "send_time_unix", b"send_time_unix", "seq", b"seq", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "interval_seconds", b"interval_seconds", "labels", b"labels", "node_id", b"node_id", "send_time_unix", b"send_time_unix", "seq", b"seq", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -234,21 +287,32 @@ class SubscribeRequest(_message.Message):
 
     SINCE_EPOCH_FIELD_NUMBER: _builtins.int
     SUBSCRIBER_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_STATUS_FIELD_NUMBER: _builtins.int
+    STATUS_INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
     since_epoch: _builtins.int
     """Last epoch the subscriber holds; 0 = send a snapshot first. When that
     epoch is no longer retained, a snapshot is sent instead: never a gap.
     """
     subscriber_id: _builtins.str
     """for logs only"""
+    include_status: _builtins.bool
+    """Also send StatusUpdate events: each node's latest reported status and the
+    replicas suspecting it, coalesced per node and sent at most once every
+    status_interval_seconds (0 = the replica's default; it never sends more
+    often than its own minimum).
+    """
+    status_interval_seconds: _builtins.float
     def __init__(
         self,
         *,
         since_epoch: _builtins.int = ...,
         subscriber_id: _builtins.str = ...,
+        include_status: _builtins.bool = ...,
+        status_interval_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["since_epoch", b"since_epoch", "subscriber_id", b"subscriber_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_status", b"include_status", "since_epoch", b"since_epoch", "status_interval_seconds", b"status_interval_seconds", "subscriber_id", b"subscriber_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -284,6 +348,7 @@ class Member(_message.Message):
     LABELS_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
     SUSPECTED_BY_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
     state: Global___MemberState.ValueType
@@ -295,6 +360,10 @@ class Member(_message.Message):
     def suspected_by(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """replicas suspecting it now (status, not a view change)"""
 
+    @_builtins.property
+    def status(self) -> Global___NodeStatus:
+        """latest status the serving replica heard (GetView only)"""
+
     def __init__(
         self,
         *,
@@ -304,10 +373,11 @@ class Member(_message.Message):
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         epoch: _builtins.int = ...,
         suspected_by: _abc.Iterable[_builtins.str] | None = ...,
+        status: Global___NodeStatus | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "incarnation", b"incarnation", "labels", b"labels", "node_id", b"node_id", "state", b"state", "suspected_by", b"suspected_by"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "incarnation", b"incarnation", "labels", b"labels", "node_id", b"node_id", "state", b"state", "status", b"status", "suspected_by", b"suspected_by"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -364,11 +434,16 @@ class MemberChange(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
+    EVIDENCE_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
     state: Global___MemberState.ValueType
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def evidence(self) -> _containers.RepeatedCompositeFieldContainer[Global___Evidence]:
+        """For DEAD: the suspicions that formed the quorum, one per replica."""
+
     def __init__(
         self,
         *,
@@ -376,14 +451,111 @@ class MemberChange(_message.Message):
         incarnation: _builtins.int = ...,
         state: Global___MemberState.ValueType = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        evidence: _abc.Iterable[Global___Evidence] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "labels", b"labels", "node_id", b"node_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["evidence", b"evidence", "incarnation", b"incarnation", "labels", b"labels", "node_id", b"node_id", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___MemberChange: _TypeAlias = MemberChange  # noqa: Y015
+
+@_typing.final
+class Evidence(_message.Message):
+    """One replica's suspicion of a node, as it was committed."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ARBITER_ID_FIELD_NUMBER: _builtins.int
+    SILENCE_SECONDS_FIELD_NUMBER: _builtins.int
+    SUSPICION_FIELD_NUMBER: _builtins.int
+    DETECTOR_FIELD_NUMBER: _builtins.int
+    arbiter_id: _builtins.str
+    silence_seconds: _builtins.float
+    """Seconds since the replica last heard the node, when it suspected it."""
+    suspicion: _builtins.float
+    """The detector's suspicion level then: phi (detector "phi") or missed
+    heartbeat intervals (detector "missed").
+    """
+    detector: _builtins.str
+    def __init__(
+        self,
+        *,
+        arbiter_id: _builtins.str = ...,
+        silence_seconds: _builtins.float = ...,
+        suspicion: _builtins.float = ...,
+        detector: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "detector", b"detector", "silence_seconds", b"silence_seconds", "suspicion", b"suspicion"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Evidence: _TypeAlias = Evidence  # noqa: Y015
+
+@_typing.final
+class NodeStatusReport(_message.Message):
+    """A node's latest status as the serving replica heard it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    SUSPECTED_BY_FIELD_NUMBER: _builtins.int
+    SILENCE_SECONDS_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    incarnation: _builtins.int
+    silence_seconds: _builtins.float
+    """Seconds since the serving replica last heard the node."""
+    @_builtins.property
+    def status(self) -> Global___NodeStatus: ...
+    @_builtins.property
+    def suspected_by(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Replicas whose committed observation of the node is SUSPECT (fewer than a
+        quorum, or it would be DEAD): status, never a view change.
+        """
+
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        status: Global___NodeStatus | None = ...,
+        suspected_by: _abc.Iterable[_builtins.str] | None = ...,
+        silence_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "node_id", b"node_id", "silence_seconds", b"silence_seconds", "status", b"status", "suspected_by", b"suspected_by"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NodeStatusReport: _TypeAlias = NodeStatusReport  # noqa: Y015
+
+@_typing.final
+class StatusUpdate(_message.Message):
+    """Coalesced status of the nodes whose status changed since the last update."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def nodes(self) -> _containers.RepeatedCompositeFieldContainer[Global___NodeStatusReport]: ...
+    def __init__(
+        self,
+        *,
+        nodes: _abc.Iterable[Global___NodeStatusReport] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["nodes", b"nodes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StatusUpdate: _TypeAlias = StatusUpdate  # noqa: Y015
 
 @_typing.final
 class ViewSnapshot(_message.Message):
@@ -485,6 +657,7 @@ class MembershipEvent(_message.Message):
     CHANGE_FIELD_NUMBER: _builtins.int
     QUORUM_FIELD_NUMBER: _builtins.int
     PROGRESS_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
     arbiter_id: _builtins.str
     @_builtins.property
     def snapshot(self) -> Global___ViewSnapshot: ...
@@ -494,6 +667,10 @@ class MembershipEvent(_message.Message):
     def quorum(self) -> Global___QuorumStatus: ...
     @_builtins.property
     def progress(self) -> Global___Progress: ...
+    @_builtins.property
+    def status(self) -> Global___StatusUpdate:
+        """only with include_status"""
+
     def __init__(
         self,
         *,
@@ -502,12 +679,13 @@ class MembershipEvent(_message.Message):
         change: Global___ViewChange | None = ...,
         quorum: Global___QuorumStatus | None = ...,
         progress: Global___Progress | None = ...,
+        status: Global___StatusUpdate | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "event", b"event", "progress", b"progress", "quorum", b"quorum", "snapshot", b"snapshot"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "event", b"event", "progress", b"progress", "quorum", b"quorum", "snapshot", b"snapshot", "status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "change", b"change", "event", b"event", "progress", b"progress", "quorum", b"quorum", "snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "change", b"change", "event", b"event", "progress", b"progress", "quorum", b"quorum", "snapshot", b"snapshot", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["snapshot", "change", "quorum", "progress"]  # noqa: Y015
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["snapshot", "change", "quorum", "progress", "status"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 

@@ -379,7 +379,10 @@ def test_config_selects_detector() -> None:
 
 @pytest.mark.parametrize("missed", [2.0, 3.0, 5.0, 10.0])
 def test_config_phi_suspects_clean_silence_at_d(missed: float) -> None:
-    cfg = ArbiterConfig(detector_kind="phi", missed_heartbeats=missed).validate()
+    # A longer D means longer leases: the restart grace must cover the longest one.
+    cfg = ArbiterConfig(
+        detector_kind="phi", missed_heartbeats=missed, restart_grace=max(3.0, missed * 0.6)
+    ).validate()
     d = cfg.detector()
     t = 0.0
     for _ in range(300):

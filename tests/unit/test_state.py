@@ -524,8 +524,11 @@ def _check_invariants(state: MembershipState, result: ApplyResult, folded: View)
         assert [c.node_id for c in changes] == sorted(c.node_id for c in changes)
         for i, c in enumerate(changes):
             retired = i + 1 < len(changes) and changes[i + 1].node_id == c.node_id
-            if c.state is DEAD and not retired:  # a death needs a quorum of suspects
-                assert len(state.suspected_by(c.node_id)) >= state.quorum
+            if c.state is DEAD and not retired:  # a death needs a quorum of suspects (rule 4)
+                votes = state.death_votes(c.node_id)
+                assert len(votes) >= state.quorum
+                # ... and names them as its evidence (rule 4a)
+                assert tuple(e.arbiter_id for e in c.evidence) == votes
 
 
 @settings(max_examples=200, deadline=None)
