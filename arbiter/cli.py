@@ -34,12 +34,41 @@ def default_data_dir(cluster: str, replica_id: str) -> Path:
     return Path(base) / "membership" / cluster / replica_id
 
 
+# (flag, ArbiterConfig field, help) of the tunables the command line sets.
+_TUNABLES = (
+    ("--heartbeat-interval", "heartbeat_interval", "seconds between node heartbeats, H"),
+    ("--missed-heartbeats", "missed_heartbeats", "silent intervals before a replica suspects"),
+    (
+        "--heartbeat-budget",
+        "heartbeat_budget",
+        "heartbeats per second per replica; the interval grows past budget x H nodes",
+    ),
+    (
+        "--max-heartbeat-interval",
+        "max_heartbeat_interval",
+        "longest interval suggested to nodes, seconds",
+    ),
+    ("--lease-fraction", "lease_fraction", "lease granted per ack, as a fraction of D"),
+    ("--restart-grace", "restart_grace", "seconds without suspicion after a restart"),
+    ("--election-timeout", "election_timeout", "Raft election timeout, seconds"),
+    ("--raft-heartbeat-interval", "raft_heartbeat_interval", "Raft leader heartbeat, seconds"),
+    ("--snapshot-every", "snapshot_every", "applied log entries between two snapshots"),
+    (
+        "--progress-interval",
+        "progress_interval",
+        "seconds between progress markers to idle subscribers",
+    ),
+    ("--status-interval", "status_interval", "seconds between status events to subscribers"),
+)
+
+
 def _defaults_help() -> str:
     cfg = ArbiterConfig.lan()
     return (
         f"defaults: heartbeat interval {cfg.heartbeat_interval}s, suspect after "
-        f"{cfg.missed_heartbeats:g} missed ({cfg.suspect_after:.2f}s), lease {cfg.lease:.2f}s, "
-        f"election timeout {cfg.election_timeout}s"
+        f"{cfg.missed_heartbeats:g} missed (D = {cfg.suspect_after:.2f}s), lease {cfg.lease:.2f}s, "
+        f"interval grows past {cfg.heartbeat_budget * cfg.heartbeat_interval:.0f} nodes up to "
+        f"{cfg.max_heartbeat_interval}s, election timeout {cfg.election_timeout}s"
     )
 
 
@@ -64,30 +93,27 @@ def register(sub: Any) -> None:
         default="lan",
         help="configuration preset (default: lan)",
     )
-    p.add_argument(
-        "--heartbeat-interval",
-        type=float,
-        default=None,
-        help="seconds between node heartbeats (default 0.15)",
+    cfg = ArbiterConfig.lan()
+    timing = p.add_argument_group(
+        "detection and timing (defaults of the lan preset; see arbiter/config.py)"
     )
-    p.add_argument(
-        "--missed-heartbeats",
-        type=float,
-        default=None,
-        help="missed intervals before a replica suspects a node (default 5)",
-    )
-    p.add_argument(
-        "--election-timeout",
-        type=float,
-        default=None,
-        help="Raft election timeout in seconds (default 1.0)",
-    )
+    for flag, field, text in _TUNABLES:
+        default = getattr(cfg, field)
+        timing.add_argument(
+            flag,
+            dest=field,
+            type=type(default),
+            default=None,
+            metavar=type(default).__name__.upper(),
+            help=f"{text} (default {default:g})",
+        )
     p.add_argument(
         "--detector",
         dest="detector_kind",
         choices=["missed", "phi"],
         default=None,
-        help="failure detector: missed-heartbeat count or phi accrual (default missed)",
+        help=f"failure detector: missed-heartbeat count or phi accrual "
+        f"(default {cfg.detector_kind})",
     )
     p.add_argument(
         "--data-dir",
@@ -95,12 +121,6 @@ def register(sub: Any) -> None:
         default=None,
         help="directory for this replica's durable Raft state (created if missing; default: "
         "$XDG_STATE_HOME or ~/.local/state, then membership/<cluster>/<id>)",
-    )
-    p.add_argument(
-        "--snapshot-every",
-        type=int,
-        default=None,
-        help="applied log entries between two snapshots of the state (default 1000)",
     )
     p.add_argument(
         "--check-config",
@@ -113,13 +133,7 @@ def register(sub: Any) -> None:
 def _config(args: argparse.Namespace) -> ArbiterConfig:
     base = ArbiterConfig.local() if args.preset == "local" else ArbiterConfig.lan()
     overrides: dict[str, Any] = {"cluster": args.cluster}
-    for name in (
-        "heartbeat_interval",
-        "missed_heartbeats",
-        "election_timeout",
-        "snapshot_every",
-        "detector_kind",
-    ):
+    for name in [field for _, field, _ in _TUNABLES] + ["detector_kind"]:
         value = getattr(args, name)
         if value is not None:
             overrides[name] = value
