@@ -92,8 +92,11 @@ async def reap(task: asyncio.Future[Any]) -> None:
     cancellation of the *calling* task, so a supervisor being shut down
     cannot be kept alive by the child it is cleaning up.
     """
-    task.cancel()
-    await asyncio.wait({task})
+    # Cancel again until it ends: Python 3.11's asyncio.wait_for (in grpc or
+    # in user code) can swallow a cancellation that races with its result.
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=1.0)
     if not task.cancelled() and task.exception() is not None:
         log.debug("task ended with %r", task.exception())
 
@@ -332,11 +335,13 @@ class MembershipClient:
                 deadline = self._session.next_deadline() if self._session else None
                 delay = None if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
-                    await asyncio.wait_for(self._fence_changed.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await self._fence_changed.wait()
                 except TimeoutError:
                     pass
 
-        await asyncio.wait_for(_wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await _wait()
 
     @property
     def fencing_epoch(self) -> int:
@@ -369,7 +374,8 @@ class MembershipClient:
                 self._state_changed.clear()
                 await self._state_changed.wait()
 
-        await asyncio.wait_for(_wait(), timeout)
+        async with asyncio.timeout(timeout):
+            await _wait()
         member = self._view.get(self._session.node_id)
         if member is None or member.incarnation != self._session.incarnation:
             member = Member(
@@ -521,7 +527,8 @@ class MembershipClient:
                     status=self._status_message(),
                     interval_seconds=interval,
                 )
-                await asyncio.wait_for(call.write(req), ack_timeout)
+                async with asyncio.timeout(ack_timeout):
+                    await call.write(req)
                 await asyncio.wait({read_task}, timeout=interval)
             await read_task  # re-raises a read error
         except (grpc.aio.AioRpcError, TimeoutError, asyncio.InvalidStateError) as e:

@@ -178,7 +178,8 @@ class _Watcher:
             if left <= 0:
                 raise TimeoutError
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), left)
+                async with asyncio.timeout(left):
+                    await self.changed.wait()
 
 
 async def _demo(args: argparse.Namespace) -> int:

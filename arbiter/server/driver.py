@@ -227,7 +227,8 @@ class Driver:
         try:
             self.replica.propose_leave(node_id, incarnation, request_id, time.monotonic())
             self._wake.set()
-            return await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):
+                return await fut
         finally:
             self._leaves.pop(request_id, None)
 
@@ -288,7 +289,8 @@ class Driver:
             timeout = max(0.0, deadline - time.monotonic())
             if timeout > 0:
                 try:
-                    await asyncio.wait_for(self._wake.wait(), timeout)
+                    async with asyncio.timeout(timeout):
+                        await self._wake.wait()
                 except TimeoutError:
                     pass
             self.loop_lag = max(0.0, time.monotonic() - deadline)

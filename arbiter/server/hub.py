@@ -56,7 +56,8 @@ class Subscription:
                 return None
             self.ready.clear()
             try:
-                await asyncio.wait_for(self.ready.wait(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self.ready.wait()
             except TimeoutError:
                 return None
         item = self.queue.popleft()
