@@ -18,6 +18,7 @@ from arbiter.core.detector import FailureDetector, MissedHeartbeatDetector
 from arbiter.core.phi import PhiAccrualDetector, threshold_sigmas
 from arbiter.core.raft import RaftConfig
 from arbiter.core.replica import ReplicaSettings
+from membership.config import MIN_KEEPALIVE_TIME, MIN_KEEPALIVE_TIMEOUT
 from membership.errors import InvalidArgument
 
 __all__ = ["ArbiterConfig"]
@@ -117,13 +118,30 @@ class ArbiterConfig:
     # Heartbeats accepted per second on one stream before it is cut with
     # RESOURCE_EXHAUSTED (a healthy node sends 1 / heartbeat_interval).
     max_heartbeat_rate: float = 100.0
-    # HTTP/2 keepalive pings the server sends on idle connections (seconds),
-    # and how long it waits for the answer before closing the connection.
+    # HTTP/2 keepalive, the safety net under the heartbeats (seconds): the
+    # replica pings a connection (from a node, a subscriber or another
+    # replica, in both roles) that brought nothing for keepalive_time, and
+    # closes it when the ping stays unanswered (or any byte sent stays
+    # unacknowledged by the peer's kernel) for keepalive_timeout. So a
+    # half-open connection is released within about keepalive_time +
+    # keepalive_timeout (15 s by default; C01, C04).
+    # keepalive_timeout is also every socket's TCP_USER_TIMEOUT (set by gRPC
+    # core); >= MIN_KEEPALIVE_TIMEOUT (1 s). keepalive_time is also the ping
+    # interval of this replica's channels to the other replicas, so it must
+    # be >= MIN_KEEPALIVE_TIME (4 s), which every arbiter accepts.
+    # What each layer covers: membership.config.ClientConfig.channel_options.
     keepalive_time: float = 10.0
     keepalive_timeout: float = 5.0
-    # The server accepts client pings this often at most (seconds). Must be
-    # <= the SDK's keepalive_time, or clients get GOAWAY too_many_pings (C05).
+    # The server accepts a client's pings this often at most (seconds), and
+    # answers max_ping_strikes + 1 faster ones (on a connection it sent no
+    # data on meanwhile) with GOAWAY too_many_pings. Must be <=
+    # MIN_KEEPALIVE_TIME (4 s), the fastest keepalive the SDK may be given (C05):
+    # the SDK's default (10 s) leaves room for any timer jitter.
     min_ping_interval: float = 4.0
+    # Pings faster than min_ping_interval tolerated per connection; 0 tolerates
+    # any rate (never a too_many_pings GOAWAY, and no protection against a
+    # client that floods pings). gRPC's own default is 2.
+    max_ping_strikes: int = 2
     # Seconds given to open streams on shutdown before they are cancelled.
     shutdown_grace: float = 1.0
 
@@ -288,5 +306,25 @@ class ArbiterConfig:
             raise InvalidArgument("max_message_bytes must be >= 4096")
         if not self.cluster or len(self.cluster) > 64:
             raise InvalidArgument("cluster must be 1 to 64 characters")
+        if self.min_ping_interval > MIN_KEEPALIVE_TIME:
+            raise InvalidArgument(
+                f"min_ping_interval ({self.min_ping_interval}s) must be <= {MIN_KEEPALIVE_TIME}s: "
+                "nodes may ping that often, and faster pings than min_ping_interval earn "
+                "them GOAWAY too_many_pings (C05)"
+            )
+        if self.keepalive_time < MIN_KEEPALIVE_TIME:
+            raise InvalidArgument(
+                f"keepalive_time ({self.keepalive_time}s) must be >= {MIN_KEEPALIVE_TIME}s: "
+                "replicas ping each other at that interval, and another replica accepts "
+                "pings no more often (C05)"
+            )
+        if self.keepalive_timeout < MIN_KEEPALIVE_TIMEOUT:
+            raise InvalidArgument(
+                f"keepalive_timeout ({self.keepalive_timeout}s) must be >= "
+                f"{MIN_KEEPALIVE_TIMEOUT}s: it is also the sockets' TCP_USER_TIMEOUT, and a "
+                "shorter one aborts healthy connections on a few retransmissions"
+            )
+        if self.max_ping_strikes < 0:
+            raise InvalidArgument(f"max_ping_strikes must be >= 0, got {self.max_ping_strikes}")
         self.raft().validate()
         return self
