@@ -30,22 +30,28 @@ Rule 5. :meth:`hold` is a lease promise: the node does not turn SUSPECT before
     ``until``. Holds only ever extend (a promise made cannot be taken back),
     and survive heartbeats. Holding a SUSPECT node raises: a replica grants
     no lease to a node it suspects (DESIGN.md section 5, rule 3).
-Rule 6. Deadlines live in a binary heap with lazy invalidation: every heap
-    entry carries a token; an entry whose token is not its node's current
-    token is stale and is dropped unread. A node has at most one live entry.
-    A heartbeat that only moves the deadline later does not touch the heap
-    (O(1)); when the live entry fires early, it is re-armed at the real
-    deadline. So a tick costs O(expired * log n), not O(nodes). (A later issue
-    swaps the heap for the hashed timing wheel of ``wheel.py``.)
+Rule 6. Deadlines live in the hashed timing wheel of ``wheel.py`` (Varghese
+    and Lauck, SOSP 1987), keyed by node id: a HEALTHY node has exactly one
+    entry, at its exact deadline; a SUSPECT or untracked node has none. Every
+    heartbeat or hold moves the entry to the node's new deadline in O(1); a
+    tick costs O(suspected + wheel slots walked since the last tick), not
+    O(nodes); :meth:`~DeadlineDetector.next_deadline` is exact and O(1) while
+    its cached minimum holds (the cost when it does not is in ``wheel.py``).
+    A superseded deadline leaves its wheel slot at once; beyond one wheel
+    revolution (4 s by default) it leaves an overflow heap item behind, which
+    a token marks stale and which is never acted upon. ``tick(now)`` with
+    ``now`` earlier than a previous tick is allowed and exact (rule 3 is the
+    only rule about time order, per node); a NaN ``now`` raises ValueError.
 """
 
 from __future__ import annotations
 
 import enum
-import heapq
 import math
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
+
+from arbiter.core.wheel import DEFAULT_RESOLUTION, DEFAULT_SLOTS, TimingWheel
 
 __all__ = ["DeadlineDetector", "DetectorState", "FailureDetector", "MissedHeartbeatDetector"]
 
@@ -136,10 +142,6 @@ class _Track:
     interval: float
     hold_until: float = -math.inf
     state: DetectorState = DetectorState.HEALTHY
-    token: int = 0
-    # Deadline of the node's live heap entry (the one carrying ``token``), or
-    # None when it has none (SUSPECT nodes, which have nothing left to fire).
-    armed: float | None = None
 
 
 def _check_positive(name: str, value: float) -> None:
@@ -151,65 +153,70 @@ TrackT = TypeVar("TrackT", bound=_Track)
 
 
 class DeadlineDetector(Generic[TrackT]):
-    """What every detector here shares: per-node tracks and a heap of deadlines.
+    """What every detector here shares: per-node tracks and a timing wheel of deadlines.
 
     A subclass says when a node's track is due (:meth:`_deadline`) and how a
-    heartbeat updates it; this class keeps one live heap entry per HEALTHY
-    node, recognised by a token (stale entries are skipped, never acted
-    upon), so tick() costs O(expired log n) and next_deadline() is exact.
+    heartbeat updates it, calling :meth:`_arm` after every change to a
+    HEALTHY node's track; this class keeps each HEALTHY node's exact deadline
+    in a :class:`~arbiter.core.wheel.TimingWheel` (Varghese and Lauck, SOSP
+    1987), so a heartbeat costs O(1), :meth:`tick` costs O(suspected + slots
+    walked) and :meth:`next_deadline` is exact (rule 6).
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self, *, resolution: float = DEFAULT_RESOLUTION, slots: int = DEFAULT_SLOTS
+    ) -> None:
+        """Creates an empty detector.
+
+        Args:
+            resolution: seconds per wheel tick (> 0); cost only, never accuracy.
+            slots: wheel slots per revolution (a power of two >= 2). See
+                ``wheel.py`` for the trade-off; the defaults fit deadlines of
+                up to 4 s without the overflow heap.
+
+        Raises:
+            ValueError: a wheel parameter out of range.
+        """
         self._nodes: dict[str, TrackT] = {}
-        # Entries (deadline, node_id, token); node_id breaks ties deterministically.
-        self._heap: list[tuple[float, str, int]] = []
-        # Tokens come from one counter, so a node removed and tracked again
-        # can never mistake an entry of its former track for a live one.
-        self._tokens = 0
+        # Invariant: node_id has a wheel entry iff it is tracked and HEALTHY,
+        # and the entry's deadline is _deadline(track).
+        self._wheel: TimingWheel[str] = TimingWheel(resolution=resolution, slots=slots)
 
     def _deadline(self, track: TrackT) -> float:
         """When the node is due to turn SUSPECT (monotonic seconds), holds included."""
         raise NotImplementedError
 
     def tick(self, now: float) -> list[str]:
-        """See :meth:`FailureDetector.tick` (rule 2)."""
-        suspects: list[str] = []
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            _, node_id, token = heapq.heappop(heap)
-            track = self._live(node_id, token)
-            if track is None:
-                continue  # stale entry: skipped, never acted upon
-            track.armed = None
-            if self._deadline(track) <= now:
-                track.state = DetectorState.SUSPECT
-                suspects.append(node_id)
-            else:
-                self._arm(node_id, track)  # fired early: the deadline moved later
+        """See :meth:`FailureDetector.tick` (rules 2 and 6).
+
+        Args:
+            now: monotonic seconds; may be earlier than a previous tick's.
+
+        Returns:
+            The nodes whose deadline is ``<= now`` and that were HEALTHY, sorted.
+
+        Raises:
+            ValueError: ``now`` is NaN.
+        """
+        suspects = self._wheel.expire(now)
+        nodes = self._nodes
+        for node_id in suspects:
+            track = nodes[node_id]
+            assert track.state is DetectorState.HEALTHY, "a SUSPECT node had a wheel entry"
+            track.state = DetectorState.SUSPECT
         suspects.sort()
         return suspects
 
     def next_deadline(self) -> float | None:
         """See :meth:`FailureDetector.next_deadline`.
 
-        Exact, not merely a lower bound: stale entries at the top of the heap
-        are dropped and early ones re-armed first (amortised against the
-        heartbeats that made them so).
+        Exact, not merely a lower bound: the wheel keeps every deadline as is
+        and uses its slots only to find candidates. O(1) while the wheel's
+        cached minimum holds; after the earliest node heartbeats, is
+        suspected or is removed, one call scans one wheel slot (the nodes
+        due within the same ~7.8 ms), see ``wheel.py``.
         """
-        heap = self._heap
-        while heap:
-            deadline, node_id, token = heap[0]
-            track = self._live(node_id, token)
-            if track is None:
-                heapq.heappop(heap)
-                continue
-            real = self._deadline(track)
-            if real <= deadline:
-                return deadline
-            heapq.heappop(heap)
-            track.armed = None
-            self._arm(node_id, track)
-        return None
+        return self._wheel.next_deadline()
 
     def state(self, node_id: str) -> DetectorState | None:
         """See :meth:`FailureDetector.state`."""
@@ -222,8 +229,9 @@ class DeadlineDetector(Generic[TrackT]):
         return None if track is None else track.last_heard
 
     def remove(self, node_id: str) -> None:
-        """See :meth:`FailureDetector.remove`. Its heap entry goes stale."""
-        self._nodes.pop(node_id, None)
+        """See :meth:`FailureDetector.remove`. Its wheel entry is cancelled (O(1))."""
+        if self._nodes.pop(node_id, None) is not None:
+            self._wheel.cancel(node_id)
 
     def hold(self, node_id: str, until: float) -> None:
         """See :meth:`FailureDetector.hold` (rule 5)."""
@@ -238,23 +246,9 @@ class DeadlineDetector(Generic[TrackT]):
         """Number of tracked nodes."""
         return len(self._nodes)
 
-    def _live(self, node_id: str, token: int) -> TrackT | None:
-        """The node's track if the heap entry with ``token`` is its live one."""
-        track = self._nodes.get(node_id)
-        if track is None or track.token != token or track.armed is None:
-            return None
-        assert track.state is DetectorState.HEALTHY, "a SUSPECT node has a live heap entry"
-        return track
-
     def _arm(self, node_id: str, track: TrackT) -> None:
-        """Ensures a HEALTHY node has a live entry firing no later than its deadline."""
-        deadline = self._deadline(track)
-        if track.armed is not None and track.armed <= deadline:
-            return  # fires early at worst; tick() or next_deadline() re-arms it then
-        self._tokens += 1
-        track.token = self._tokens  # any older entry of this node is stale from here on
-        track.armed = deadline
-        heapq.heappush(self._heap, (deadline, node_id, track.token))
+        """Moves a HEALTHY node's wheel entry to its current deadline (O(1))."""
+        self._wheel.schedule(node_id, self._deadline(track))
 
 
 class MissedHeartbeatDetector(DeadlineDetector[_Track]):

@@ -56,9 +56,9 @@ Rule 4. A heartbeat may carry a new interval (the replica's suggestion). A
     node that was told to slow down is judged on its new rate.
 Rule 5. :meth:`hold` promises no suspicion before ``until``; holds only
     extend, survive heartbeats, and a SUSPECT node cannot be held.
-Rule 6. Deadlines live in a binary heap with lazy tokens, as in
-    ``detector.py``: a tick costs O(expired * log n), :meth:`next_deadline`
-    is exact.
+Rule 6. Deadlines live in the hashed timing wheel of ``wheel.py``, as in
+    ``detector.py``: a heartbeat costs O(1), a tick O(suspected + slots
+    walked), :meth:`next_deadline` is exact.
 
 Guarantee: with ``threshold > log10(2)`` (validated), a silence of at most the
 window's mean plus ``acceptable_heartbeat_pause`` is never suspected, whatever

@@ -54,14 +54,16 @@ def _lease_before_commit() -> Iterator[None]:
         now: float,
         state: MembershipState,
         interval: float | None = None,
+        lease: float | None = None,
     ) -> HeartbeatVerdict:
-        v = original(self, node_id, incarnation, labels, now, state, interval)
+        v = original(self, node_id, incarnation, labels, now, state, interval, lease)
         op = self._opinions.get(node_id)
         if v.accepted and v.lease == 0.0 and op is not None and op.opinion is Opinion.ALIVE:
             # Grant as if the ALIVE opinion were committed already.
-            self._detector.hold(node_id, now + self._lease)
+            granted = self._lease if lease is None else lease
+            self._detector.hold(node_id, now + granted)
             return HeartbeatVerdict(
-                accepted=True, state=v.state, incarnation=v.incarnation, lease=self._lease
+                accepted=True, state=v.state, incarnation=v.incarnation, lease=granted
             )
         return v
 

@@ -188,14 +188,14 @@ def test_detector_suspicion_counts_missed_intervals() -> None:
     assert d.suspicion("n", 9.0) == 0.0  # never negative
 
 
-def test_detector_heap_stays_small_under_steady_heartbeats() -> None:
+def test_detector_wheel_stays_small_under_steady_heartbeats() -> None:
     d = make(interval=1.0, missed_limit=3.0)
     for i in range(1000):
         d.heartbeat("n", i * 0.5)
-    assert len(d._heap) == 1  # a heartbeat that moves the deadline later is O(1)
+    assert len(d._wheel) == 1  # one entry per node, whatever the heartbeats
 
 
-# -- model check: the heap agrees with an O(nodes) scan ------------------------
+# -- model check: the wheel agrees with an O(nodes) scan ------------------------
 
 
 @dataclass
