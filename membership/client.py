@@ -2,8 +2,9 @@
 
 A node opens one heartbeat stream to every arbiter at once. Each stream is
 supervised on its own: it reconnects with jittered exponential backoff
-(tenacity) and never disturbs the others; a stream that brings no ack for
-``ack_timeout`` seconds is abandoned even if its writes are stuck (C03).
+(tenacity) and never disturbs the others; a stream whose oldest unacked
+heartbeat waits ``ack_timeout`` seconds is abandoned even if its writes are
+stuck (C03).
 A client without ``node_id`` only watches.
 
 Example::
@@ -18,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import random
@@ -465,17 +467,23 @@ class MembershipClient:
             raise ClosedError("client closed")
         session = self._session
         call = self._stub(addr).Heartbeat()
-        last_ack = time.monotonic()
+        # Heartbeats sent and not yet acked: (seq, send time), oldest first.
+        # The stream is abandoned when the oldest one waits longer than the
+        # ack timeout (C03): measured from its *send*, so that a process that
+        # was itself paused (GC, SIGSTOP, CPU starvation) first tries the
+        # stream it has instead of dropping every stream on resuming.
+        unacked: collections.deque[tuple[int, float]] = collections.deque()
         healthy = False
 
         async def reader() -> None:
-            nonlocal last_ack, healthy
+            nonlocal healthy
             while True:
                 ack = await call.read()
                 if ack is grpc.aio.EOF:
                     return
                 now = time.monotonic()
-                last_ack = now
+                while unacked and unacked[0][0] <= ack.seq:
+                    unacked.popleft()
                 if not healthy:
                     healthy = True
                     self.stream_healthy[addr] = True
@@ -514,9 +522,11 @@ class MembershipClient:
             while not read_task.done():
                 now = time.monotonic()
                 ack_timeout = self._ack_timeout()
-                if now - last_ack > ack_timeout:
-                    raise TimeoutError(f"no ack from {addr} for {now - last_ack:.2f}s")
+                waiting = now - unacked[0][1] if unacked else 0.0
+                if waiting > ack_timeout:
+                    raise TimeoutError(f"no ack from {addr} for {waiting:.2f}s")
                 seq, incarnation = session.heartbeat(addr, now)
+                unacked.append((seq, now))
                 interval = self.interval
                 req = pb.HeartbeatRequest(
                     node_id=session.node_id,

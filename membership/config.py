@@ -36,9 +36,12 @@ class ClientConfig:
 
     # Heartbeat interval used until an arbiter suggests one in its ack.
     heartbeat_interval: float = 0.15
-    # A heartbeat stream that brings no ack for this long is abandoned and
-    # reopened, even when writes are stuck (C03). Keep it well below the
-    # arbiters' suspicion time D (0.75 s by default) plus the initial backoff.
+    # A heartbeat stream whose oldest unacked heartbeat was sent this long
+    # ago is abandoned and reopened, even when writes are stuck (C03).
+    # Counted from the send, so a node that was itself paused keeps its
+    # streams and just sends; scaled up with the interval the arbiters
+    # suggest. Keep it well below the arbiters' suspicion time D (0.75 s by
+    # default) plus the initial backoff.
     ack_timeout: float = 0.6
     # Reconnect backoff: jittered exponential between these bounds (C19). The
     # maximum must stay below the arbiters' restart_grace minus their lease
