@@ -263,7 +263,7 @@ class ArbiterServer:
         asyncio.get_running_loop().create_task(self.health.set(SERVICE_NAME, serving))
 
     async def stop(self, grace: float | None = None) -> None:
-        """Graceful shutdown: NOT_SERVING, end every stream, stop the server, stop the cores.
+        """Graceful shutdown: NOT_SERVING, stop the cores, end every stream, stop the server.
 
         Args:
             grace: seconds for in-flight calls to finish (default: config.shutdown_grace).
@@ -272,10 +272,14 @@ class ArbiterServer:
             return
         log.info("arbiter %s stopping", self.replica_id)
         await self.health.enter_graceful_shutdown()
+        # The cores stop first: once heartbeat streams are told to go
+        # elsewhere, a detector still ticking would suspect every node during
+        # the grace below, and with all replicas stopped at once a quorum of
+        # them would commit every healthy node DEAD on the way out.
+        await self.driver.stop()
         self.api.close()
         await self._server.stop(self.config.shutdown_grace if grace is None else grace)
         await self.transport.close()
-        await self.driver.stop()
         d = self.driver
         if d.persists:
             log.info(

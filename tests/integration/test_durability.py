@@ -10,6 +10,7 @@ catches up by receiving the leader's snapshot.
 from __future__ import annotations
 
 import re
+import signal
 import time
 from typing import Any
 
@@ -240,3 +241,30 @@ def test_durability_data_dir_in_use_or_unusable_is_a_one_line_error(cluster: Pro
     assert "file/sub is not usable" in line, line
     # The running replica was not disturbed.
     assert cluster.procs["a1"].alive() and cluster.leader() == "a1"
+
+
+def test_durability_all_replicas_stopped_gracefully_declare_nobody_dead(
+    cluster: ProcCluster,
+) -> None:
+    # SIGTERM to every replica at once (a planned shutdown): nodes lose every
+    # heartbeat stream, but the replicas stop their detectors first, so no
+    # quorum can commit a death on the way out (found by a user trial: every
+    # node was DEAD after a graceful stop, not after a SIGKILL).
+    cluster.start_arbiters(3, *EXTRA)
+    wait_until(cluster.leader, 20, "a leader")
+    for n in ("n1", "n2"):
+        cluster.start_node(n)
+    w = cluster.start_watch("w", first="a1")
+    wait_until(lambda: alive_set(w) == {"n1", "n2"}, 20, "n1 and n2 ALIVE")
+    before = wait_until(lambda: _agreed(_views(cluster), 0), 10, "agreed views")
+    for rid in IDS:
+        cluster.procs[rid].signal(signal.SIGTERM)
+    for rid in IDS:
+        wait_until(lambda rid=rid: not cluster.procs[rid].alive(), 15, f"{rid} to exit")
+        assert "stopped" in cluster.procs[rid].stderr()
+    for rid in IDS:
+        _restart(cluster, rid)
+    after = wait_until(lambda: _agreed(_views(cluster), 0), 20, "the restarted replicas to agree")
+    assert after["epoch"] == before["epoch"], "a view change was committed during the stop"
+    assert _members(after) == _members(before)
+    assert not any(c["state"] == "DEAD" for c in changes(w))
