@@ -300,7 +300,9 @@ class ArbiterConfig:
             raise InvalidArgument("history_size must be >= 1 and subscriber_queue >= 8")
         if self.max_heartbeat_rate < 2 / self.heartbeat_interval:
             raise InvalidArgument(
-                "max_heartbeat_rate must allow at least twice the suggested heartbeat rate"
+                f"heartbeat_interval ({self.heartbeat_interval}s) must be >= "
+                f"{2 / self.max_heartbeat_rate:g}s: streams are cut above max_heartbeat_rate "
+                f"({self.max_heartbeat_rate:g}/s), which must allow twice the heartbeat rate"
             )
         if self.max_message_bytes < 4096:
             raise InvalidArgument("max_message_bytes must be >= 4096")

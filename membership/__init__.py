@@ -19,11 +19,15 @@ from membership.errors import (
     UnavailableError,
 )
 from membership.session import Fenced, Rejoined, SessionEvent, StateChanged
+from membership.status import NodeStatus, StatusCollector
 from membership.view import (
+    Evidence,
     Member,
     MemberChange,
     MemberState,
     QuorumChanged,
+    StatusReport,
+    StatusUpdated,
     View,
     ViewChanged,
     ViewEvent,
@@ -33,6 +37,7 @@ from membership.view import (
 __all__ = [
     "ClientConfig",
     "ClosedError",
+    "Evidence",
     "Fenced",
     "InvalidArgument",
     "LocalError",
@@ -42,12 +47,16 @@ __all__ = [
     "MembershipClient",
     "MembershipError",
     "NoQuorum",
+    "NodeStatus",
     "QuorumChanged",
     "RejectedError",
     "Rejoined",
     "RemoteError",
     "SessionEvent",
     "StateChanged",
+    "StatusCollector",
+    "StatusReport",
+    "StatusUpdated",
     "UnavailableError",
     "View",
     "ViewChanged",

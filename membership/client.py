@@ -22,6 +22,7 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import math
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -282,6 +283,15 @@ class MembershipClient:
             phase=phase, step=step, progress=progress, gpu_utilization=gpu_utilization, **gauges
         )
 
+    def clear(self, *names: str) -> None:
+        """Unsets reported status values (``phase``, ``step``, ``progress``,
+        ``gpu_utilization`` or gauge names); no names clears everything reported.
+
+        Raises:
+            InvalidArgument: a name is not a string.
+        """
+        self._status.clear(*names)
+
     def _status_message(self) -> pb.NodeStatus:
         snap = self._status.snapshot()
         cached = self._status_pb
@@ -499,7 +509,14 @@ class MembershipClient:
                         ack.cluster_size // 2 + 1,
                     )
                 if ack.next_interval_seconds > 0:
+                    before = self.interval
                     self._suggested[addr] = ack.next_interval_seconds
+                    if self.interval != before:
+                        log.info(
+                            "%s heartbeats every %.3fs now (suggested by the arbiters)",
+                            self.node_id,
+                            self.interval,
+                        )
                 self._dispatch(
                     session.on_ack(
                         addr,
@@ -535,7 +552,8 @@ class MembershipClient:
                     send_time_unix=time.time(),
                     labels=self.labels,
                     status=self._status_message(),
-                    interval_seconds=interval,
+                    # 0 until an arbiter suggested one: the arbiter's own default.
+                    interval_seconds=interval if self._suggested else 0.0,
                 )
                 async with asyncio.timeout(ack_timeout):
                     await call.write(req)
@@ -665,6 +683,15 @@ class MembershipClient:
         Yields:
             ViewSnapshot, ViewChanged, QuorumChanged, and StatusUpdated when asked.
         """
+        if (
+            isinstance(status_interval, bool)
+            or not isinstance(status_interval, int | float)
+            or not math.isfinite(status_interval)
+            or status_interval < 0
+        ):
+            raise InvalidArgument(
+                f"status_interval must be a number of seconds >= 0, got {status_interval!r}"
+            )
         last = since_epoch
         index = 0
         in_quorum: bool | None = None
@@ -736,6 +763,9 @@ class MembershipClient:
                 if r.move:
                     index += 1
             except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    detail = e.details()
+                    raise InvalidArgument(f"{addr} refused the subscription: {detail}") from None
                 log.debug("subscription to %s failed: %s", addr, e.code().name)
                 index += 1
             finally:

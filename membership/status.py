@@ -100,7 +100,10 @@ def _number(name: str, value: object) -> float:
     # bool is an int, and True is not a measurement.
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidArgument(f"{name} must be a number, got {value!r}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        raise InvalidArgument(f"{name} is too large for a float: {value!r:.40}") from None
     if not math.isfinite(number):
         raise InvalidArgument(f"{name} must be a finite number, got {number}")
     return number

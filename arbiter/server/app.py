@@ -240,11 +240,17 @@ class ArbiterServer:
         self.driver.start()
         self.transport.start()
         log.info(
-            "arbiter %s listening on %s (peers: %s; suspect after %.2fs; data dir %s)",
+            "arbiter %s listening on %s (peers: %s; %s detector, suspect after %.2fs at the "
+            "%.3gs interval, which grows past %d nodes up to %.3gs: D up to %.2fs; data dir %s)",
             self.replica_id,
             self.listen,
             ", ".join(f"{k}={v}" for k, v in self.peers.items()),
+            cfg.detector_kind,
             cfg.suspect_after,
+            cfg.heartbeat_interval,
+            int(cfg.heartbeat_budget * cfg.heartbeat_interval),
+            cfg.max_heartbeat_interval,
+            cfg.suspect_after * cfg.max_heartbeat_interval / cfg.heartbeat_interval,
             self.data_dir or "none (in memory)",
         )
 

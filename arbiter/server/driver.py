@@ -119,6 +119,7 @@ class Driver:
         self._task: asyncio.Task[None] | None = None
         self._last_status: tuple[bool, str | None] | None = None
         self.loop_lag = 0.0
+        self._last_interval = config.heartbeat_interval
         # Time spent persisting Readies (seconds) and how many needed a write.
         self.persist_seconds = 0.0
         self.persists = 0
@@ -253,7 +254,19 @@ class Driver:
 
     def suggested_interval(self) -> float:
         """Seconds between heartbeats to suggest in acks (grows with the node count)."""
-        return self.replica.suggested_interval()
+        interval = self.replica.suggested_interval()
+        if interval != self._last_interval:
+            log.info(
+                "arbiter %s suggests a heartbeat interval of %.3fs to its %d nodes "
+                "(budget %g heartbeats/s; suspicion after %.2fs)",
+                self.replica_id,
+                interval,
+                self.observer.tracked(),
+                self.config.heartbeat_budget,
+                interval * self.config.missed_heartbeats,
+            )
+            self._last_interval = interval
+        return interval
 
     def local_suspects(self) -> list[str]:
         """Node ids this replica's own latest opinion is SUSPECT of (sorted)."""

@@ -37,15 +37,16 @@ log = logging.getLogger("arbiter.api")
 _STATUS_CHUNK = 256
 
 
-def _check_heartbeat(req: pb.HeartbeatRequest, max_interval: float) -> None:
+def _check_heartbeat(req: pb.HeartbeatRequest, min_interval: float, max_interval: float) -> None:
     validate_node_id(req.node_id)
     if req.incarnation < 1:
         raise InvalidArgument("incarnation must be >= 1")
     validate_labels(req.labels)
     validate_status(req.status.phase, req.status.gauges, convert.status_numbers(req.status))
-    if not (req.interval_seconds == 0 or 0 < req.interval_seconds <= max_interval):
+    if not (req.interval_seconds == 0 or min_interval <= req.interval_seconds <= max_interval):
         raise InvalidArgument(
-            f"interval_seconds must be 0 (the arbiter's default) or in (0, {max_interval:g}], "
+            f"interval_seconds must be 0 (the arbiter's default) or in "
+            f"[{min_interval:g}, {max_interval:g}] (an interval the arbiters suggest), "
             f"got {req.interval_seconds}"
         )
 
@@ -69,8 +70,8 @@ class MembershipServicer(pb_grpc.MembershipServicer):
 
     def _suspected_by(self, node_id: str) -> tuple[str, ...]:
         member = self._driver.state.member(node_id)
-        # LEFT was a choice, not a failure: suspicions after it mean nothing.
-        if member is not None and member.state is MemberState.LEFT:
+        # A life that is over (DEAD, or LEFT by choice) is suspected of nothing more.
+        if member is not None and member.state.is_final:
             return ()
         return self._driver.state.suspected_by(node_id)
 
@@ -79,7 +80,11 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         for m in view.members:
             msg = convert.member_to_pb(m, self._suspected_by(m.node_id))
             entry = self.board.get(m.node_id) if with_status else None
-            if entry is not None and entry.incarnation == m.incarnation:
+            if (
+                entry is not None
+                and entry.incarnation == m.incarnation
+                and m.state is MemberState.ALIVE
+            ):
                 msg.status.CopyFrom(entry.status)
             members.append(msg)
         return pb.View(epoch=view.epoch, members=members)
@@ -90,7 +95,14 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         """Reports of the nodes whose status or suspicions changed since ``sent`` (updated)."""
         now = time.monotonic()
         reports = []
+        state = self._driver.state
         for node_id, entry in self.board.items():
+            member = state.member(node_id)
+            if member is not None and (
+                member.incarnation > entry.incarnation
+                or (member.incarnation == entry.incarnation and member.state.is_final)
+            ):
+                continue  # a life that is over reports nothing more
             suspected = self._suspected_by(node_id)
             key = (entry.version, suspected)
             if sent.get(node_id) == key:
@@ -125,7 +137,9 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 if self._closing.is_set():
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
                 try:
-                    _check_heartbeat(req, self._config.max_heartbeat_interval)
+                    _check_heartbeat(
+                        req, self._config.heartbeat_interval, self._config.max_heartbeat_interval
+                    )
                 except InvalidArgument as e:
                     log.info("heartbeat refused from %s: %s", context.peer(), e)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -205,7 +219,9 @@ class MembershipServicer(pb_grpc.MembershipServicer):
             )
             next_progress = loop.time() + self._config.progress_interval
             while not self._closing.is_set():
-                if loop.time() >= next_status:
+                # Status only once the snapshot or catch-up changes are out:
+                # a status must never arrive before the view it refers to.
+                if loop.time() >= next_status and not sub.queue:
                     for update in self._status_updates(sent):
                         yield pb.MembershipEvent(arbiter_id=me, status=update)
                     next_status = loop.time() + status_every

@@ -14,7 +14,16 @@ import pytest
 
 from arbiter.config import ArbiterConfig
 from arbiter.server.app import ArbiterServer
-from membership import ClientConfig, MembershipClient, MemberState, ViewChanged, ViewEvent
+from membership import (
+    ClientConfig,
+    InvalidArgument,
+    MembershipClient,
+    MemberState,
+    QuorumChanged,
+    ViewChanged,
+    ViewEvent,
+    ViewSnapshot,
+)
 from membership.demo import free_ports
 from membership.session import Fenced, SessionEvent
 from membership.status import StatusCollector
@@ -99,6 +108,10 @@ async def test_status_reported_by_a_node_reaches_view_and_status_watchers(
         assert (r.status.phase, r.status.load, r.status.cpu_utilization) == ("allreduce", 1.5, 0.25)
         assert dict(r.status.gauges) == {"loss": 0.31}
         assert r.suspected_by == () and 0 <= r.silence < 1.0
+
+        # Never a status before the view it refers to: the snapshot comes first.
+        first = next(e for e in events.items if not isinstance(e, QuorumChanged))
+        assert isinstance(first, ViewSnapshot)
 
         info = await watcher.get_view()
         assert info.statuses["n1"].phase == "allreduce"
@@ -250,3 +263,14 @@ async def test_status_interval_grows_with_the_budget_and_nodes_follow_it() -> No
             await n.close()
         for s in servers:
             await s.stop(grace=0)
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), "x", True])
+async def test_status_watch_with_a_bad_status_interval_raises_at_once(bad: object) -> None:
+    client = MembershipClient(["127.0.0.1:1"], config=ClientConfig(follow_view=False))
+    try:
+        with pytest.raises(InvalidArgument, match="status_interval"):
+            async with asyncio.timeout(5):
+                await anext(client.watch(status=True, status_interval=bad))  # type: ignore[arg-type]
+    finally:
+        await client.close()
