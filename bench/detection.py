@@ -361,15 +361,22 @@ class Subscriber:
         return -1.0 if a is None else now - a[1]
 
     async def wait_for(self, pred: Callable[[], bool], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while not pred():
-            self.changed.clear()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), min(left, 0.1))
-        return True
+        return await wait_event(self.changed, pred, timeout)
+
+
+async def wait_event(changed: asyncio.Event, pred: Callable[[], bool], timeout: float) -> bool:
+    """Waits until ``pred()`` holds, re-checking whenever ``changed`` is set (and every
+    0.1 s); False after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        changed.clear()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(min(left, 0.1)):
+                await changed.wait()
+    return True
 
 
 async def wait_leader(client: Any, timeout: float) -> Any:
@@ -909,14 +916,7 @@ class Etcd:
         self.changed.set()
 
     async def _wait(self, pred: Callable[[], bool], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while not pred():
-            self.changed.clear()
-            if time.monotonic() > deadline:
-                return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), 0.1)
-        return True
+        return await wait_event(self.changed, pred, timeout)
 
     async def run(self) -> list[Row]:
         args = self.args
@@ -1076,14 +1076,7 @@ class Serf:
         self.agents[name] = self.procs.spawn(f"serf-{name}", self._agent_argv(name))
 
     async def _wait(self, pred: Callable[[], bool], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while not pred():
-            self.changed.clear()
-            if time.monotonic() > deadline:
-                return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), 0.1)
-        return True
+        return await wait_event(self.changed, pred, timeout)
 
     async def run(self) -> list[Row]:
         args = self.args
