@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -258,6 +259,17 @@ async def _until_signal(main: Callable[[asyncio.Event], Any]) -> Any:
             loop.remove_signal_handler(sig)
 
 
+def _config_ok(what: str, client: Any, settings: dict[str, Any]) -> int:
+    """The ``--check-config`` report of a client command, as the arbiter's: an OK line,
+    then one ``name = value`` line per setting and per ClientConfig field."""
+    _print(f"{what}: configuration OK")
+    for name, value in {"arbiters": ",".join(client.arbiters), **settings}.items():
+        _print(f"  {name} = {value}")
+    for f in dataclasses.fields(client.config):
+        _print(f"  {f.name} = {getattr(client.config, f.name)}")
+    return 0
+
+
 async def _wait_reachable(client: Any, timeout: float) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -302,6 +314,19 @@ async def _node(args: argparse.Namespace) -> int:
         ),
         on_event=on_event,
     )
+    if args.check_config:
+        # The client checked every address, the id, the labels and its config,
+        # and connected to nothing (channels open on first use).
+        return _config_ok(
+            f"node {client.node_id}",
+            client,
+            {
+                "labels": ",".join(f"{k}={v}" for k, v in client.labels.items()),
+                "incarnation": args.incarnation or "wall-clock milliseconds at start",
+                "connect_timeout": args.connect_timeout,
+                "leave_timeout": args.leave_timeout,
+            },
+        )
 
     async def run(stop: asyncio.Event) -> int:
         await _wait_reachable(client, args.connect_timeout)
@@ -341,6 +366,18 @@ async def _watch(args: argparse.Namespace) -> int:
     from membership.config import ClientConfig
 
     client = MembershipClient(args.arbiters, config=ClientConfig(follow_view=False))
+    if args.check_config:
+        return _config_ok(
+            "watch",
+            client,
+            {
+                "json": args.json,
+                "since_epoch": args.since_epoch,
+                "status": args.status,
+                "status_interval": args.status_interval or "the arbiter's",
+                "connect_timeout": args.connect_timeout,
+            },
+        )
 
     async def run(stop: asyncio.Event) -> int:
         await _wait_reachable(client, args.connect_timeout)
@@ -410,6 +447,8 @@ async def _view(args: argparse.Namespace) -> int:
     client = MembershipClient(
         args.arbiters, config=ClientConfig(follow_view=False, call_timeout=args.timeout)
     )
+    if args.check_config:
+        return _config_ok("view", client, {"json": args.json})
     try:
         info = await client.get_view()
     except UnavailableError as e:
@@ -447,6 +486,14 @@ def _add_connect_timeout(p: argparse.ArgumentParser) -> None:
         type=_positive,
         default=10.0,
         help="seconds to wait for a first arbiter to answer (default 10)",
+    )
+
+
+def _add_check_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--check-config",
+        action="store_true",
+        help="validate the flags and configuration without connecting, print them, and exit",
     )
 
 
@@ -509,6 +556,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds to wait for the leave to commit on shutdown (default 5)",
     )
+    _add_check_config(p)
     p.set_defaults(func=_node)
 
     p = sub.add_parser("watch", help="print view events as they happen")
@@ -533,6 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between status updates (default: the arbiter's, 1 s; never faster)",
     )
     _add_connect_timeout(p)
+    _add_check_config(p)
     p.set_defaults(func=_watch)
 
     p = sub.add_parser("view", help="print the current view")
@@ -544,6 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=3.0,
         help="seconds to wait for each arbiter (default 3)",
     )
+    _add_check_config(p)
     p.set_defaults(func=_view)
 
     from membership import demo
