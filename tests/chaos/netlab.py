@@ -660,7 +660,8 @@ class Lab:
         """
         if self._closed:
             return
-        self._closed = True
+        # _closed is set only once everything is done: a close interrupted
+        # (a second Ctrl-C) runs again from the atexit hook still registered.
         for p in self.procs.values():
             with contextlib.suppress(Exception):
                 p.resume()  # a stopped process dies of SIGKILL too, but reap it promptly
@@ -674,5 +675,6 @@ class Lab:
         for name in reversed(self._namespaces):
             with contextlib.suppress(Exception):
                 _ip("netns", "del", name, check=False)
+        self._closed = True
         with contextlib.suppress(Exception):
             atexit.unregister(self.close)

@@ -136,7 +136,8 @@ def test_compose_file_uses_compose_specification_keys_only() -> None:
     assert not unknown, f"keys outside the Compose specification: {unknown}"
     for name, svc in doc["services"].items():
         assert set(svc) <= SERVICE_KEYS, f"{name}: unexpected keys {set(svc) - SERVICE_KEYS}"
-        assert svc["build"] == "." and svc["image"] == doc["services"]["a1"]["image"], name
+        # One build context, and no shared image tag (parallel builds of one tag clash).
+        assert svc["build"] == "." and "image" not in svc, name
         assert isinstance(svc["command"], list), f"{name}: command must be a YAML list"
         assert all(isinstance(w, str) for w in svc["command"]), f"{name}: {svc['command']}"
         for dep, condition in depends_on(svc).items():
