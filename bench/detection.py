@@ -379,20 +379,6 @@ async def wait_event(changed: asyncio.Event, pred: Callable[[], bool], timeout: 
     return True
 
 
-async def wait_leader(client: Any, timeout: float) -> Any:
-    from membership.errors import UnavailableError
-
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(UnavailableError):
-            info = await client.get_view()
-            if info.in_quorum and info.leader_id:
-                return info
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"ours: no leader elected within {timeout:g} s")
-        await asyncio.sleep(0.2)
-
-
 class Ours:
     """3 replicas, victims as node processes, background nodes in host processes; kills, soak."""
 
@@ -473,7 +459,12 @@ class Ours:
             client = MembershipClient(
                 list(self.arbiters.values()), config=ClientConfig(follow_view=False)
             )
-            info = await wait_leader(client, 60)
+            from membership.demo import _wait_leader
+
+            try:
+                info = await _wait_leader(client, 60)
+            except TimeoutError:
+                raise RuntimeError("ours: no leader elected within 60 s") from None
             say(f"ours: leader {info.leader_id}")
             self.sub = sub = Subscriber(client)
             sub.on_false_death = self._false_death
