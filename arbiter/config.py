@@ -188,7 +188,6 @@ class ArbiterConfig:
             snapshot_every=self.snapshot_every,
             heartbeat_budget=self.heartbeat_budget,
             max_heartbeat_interval=self.max_heartbeat_interval,
-            detector_kind=self.detector_kind,
         )
 
     def detector(self) -> FailureDetector:

@@ -72,6 +72,9 @@ class FailureDetector(Protocol):
     All times are monotonic seconds.
     """
 
+    # The detector's name, recorded in suspicion evidence: "missed" or "phi".
+    kind: str
+
     def heartbeat(self, node_id: str, now: float, interval: float | None = None) -> bool:
         """Records a heartbeat arrival at ``now``.
 
@@ -186,6 +189,44 @@ class DeadlineDetector(Generic[TrackT]):
         """When the node is due to turn SUSPECT (monotonic seconds), holds included."""
         raise NotImplementedError
 
+    def _new_track(self, now: float, interval: float | None) -> TrackT:
+        """The track of a node first heard at ``now`` (``interval`` None: the default)."""
+        raise NotImplementedError
+
+    def _heard(self, track: TrackT, now: float, interval: float | None) -> None:
+        """Updates a known node's track for a heartbeat at ``now`` (>= its last_heard);
+        sets ``track.last_heard = now``, and the interval when one is given."""
+        raise NotImplementedError
+
+    def heartbeat(self, node_id: str, now: float, interval: float | None = None) -> bool:
+        """See :meth:`FailureDetector.heartbeat` (rules 1, 3 and 4).
+
+        The subclass's :meth:`_new_track` and :meth:`_heard` say what a
+        heartbeat does to a track; this method validates, revives and re-arms.
+
+        Raises:
+            ValueError: ``interval`` is not > 0, or ``now`` is before the
+                node's last heartbeat.
+        """
+        if interval is not None:
+            _check_positive("interval", interval)
+        track = self._nodes.get(node_id)
+        if track is None:
+            track = self._new_track(now, interval)
+            self._nodes[node_id] = track
+            self._arm(node_id, track)
+            return True
+        if now < track.last_heard:
+            raise ValueError(
+                f"heartbeat of {node_id!r} at {now!r} is before its last one at "
+                f"{track.last_heard!r}: time must not run backwards"
+            )
+        self._heard(track, now, interval)
+        revived = track.state is DetectorState.SUSPECT
+        track.state = DetectorState.HEALTHY
+        self._arm(node_id, track)
+        return revived
+
     def tick(self, now: float) -> list[str]:
         """See :meth:`FailureDetector.tick` (rules 2 and 6).
 
@@ -260,6 +301,8 @@ class MissedHeartbeatDetector(DeadlineDetector[_Track]):
     unless a lease :meth:`hold` is still running.
     """
 
+    kind = "missed"
+
     def __init__(self, *, interval: float, missed_limit: float) -> None:
         """Creates an empty detector.
 
@@ -288,35 +331,13 @@ class MissedHeartbeatDetector(DeadlineDetector[_Track]):
         """Intervals without a heartbeat before a node is suspected."""
         return self._missed_limit
 
-    def heartbeat(self, node_id: str, now: float, interval: float | None = None) -> bool:
-        """See :meth:`FailureDetector.heartbeat` (rules 1, 3 and 4).
+    def _new_track(self, now: float, interval: float | None) -> _Track:
+        return _Track(last_heard=now, interval=self._interval if interval is None else interval)
 
-        Raises:
-            ValueError: ``interval`` is not > 0, or ``now`` is before the
-                node's last heartbeat.
-        """
-        if interval is not None:
-            _check_positive("interval", interval)
-        track = self._nodes.get(node_id)
-        if track is None:
-            track = _Track(
-                last_heard=now, interval=self._interval if interval is None else interval
-            )
-            self._nodes[node_id] = track
-            self._arm(node_id, track)
-            return True
-        if now < track.last_heard:
-            raise ValueError(
-                f"heartbeat of {node_id!r} at {now!r} is before its last one at "
-                f"{track.last_heard!r}: time must not run backwards"
-            )
+    def _heard(self, track: _Track, now: float, interval: float | None) -> None:
         track.last_heard = now
         if interval is not None:
             track.interval = interval
-        revived = track.state is DetectorState.SUSPECT
-        track.state = DetectorState.HEALTHY
-        self._arm(node_id, track)
-        return revived
 
     def suspicion(self, node_id: str, now: float) -> float:
         """Missed intervals: ``(now - last_heard) / interval``, never below 0.

@@ -95,7 +95,6 @@ class Observer:
             boot-time value, e.g. wall-clock nanoseconds).
         now: monotonic seconds at start.
         restart_grace: seconds after ``now`` during which no suspicion is cast.
-        detector_kind: the detector's name in evidence (``"missed"``, ``"phi"``).
     """
 
     def __init__(
@@ -108,7 +107,6 @@ class Observer:
         seq_base: int,
         now: float,
         restart_grace: float,
-        detector_kind: str = "",
     ) -> None:
         if lease < 0 or retry_after <= 0 or restart_grace < 0:
             raise ValueError("lease and restart_grace must be >= 0, retry_after > 0")
@@ -121,7 +119,6 @@ class Observer:
         self._opinions: dict[str, _Opinion] = {}
         self._owed: set[str] = set()
         self._seen_epoch = -1
-        self._detector_kind = detector_kind
 
     @property
     def detector(self) -> FailureDetector:
@@ -307,7 +304,7 @@ class Observer:
                     labels=op.labels if op.opinion is Opinion.ALIVE else (),
                     silence=None if ev is None else ev[0],
                     suspicion=None if ev is None else ev[1],
-                    detector=self._detector_kind if ev is not None else "",
+                    detector=self._detector.kind if ev is not None else "",
                 )
             )
         return tuple(out)

@@ -73,7 +73,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from arbiter.core.detector import DeadlineDetector, DetectorState, _check_positive, _Track
+from arbiter.core.detector import DeadlineDetector, _check_positive, _Track
 
 __all__ = ["PhiAccrualDetector", "phi", "threshold_sigmas"]
 
@@ -164,6 +164,8 @@ class PhiAccrualDetector(DeadlineDetector[_PhiTrack]):
     docstring for the rules. :meth:`suspicion` returns phi.
     """
 
+    kind = "phi"
+
     def __init__(
         self,
         *,
@@ -246,30 +248,16 @@ class PhiAccrualDetector(DeadlineDetector[_PhiTrack]):
         """Mean assumed at cold start for nodes at the default interval, seconds."""
         return self._estimate
 
-    def heartbeat(self, node_id: str, now: float, interval: float | None = None) -> bool:
-        """See :meth:`FailureDetector.heartbeat` (rules 1, 3 and 4).
+    def _new_track(self, now: float, interval: float | None) -> _PhiTrack:
+        """Rules 1 and 4: a new node starts from the cold-start seeds of its interval."""
+        track = _PhiTrack(last_heard=now, interval=self._interval if interval is None else interval)
+        self._seed(track)
+        self._refresh(track)
+        return track
 
-        Raises:
-            ValueError: ``interval`` is not > 0, or ``now`` is before the
-                node's last heartbeat.
-        """
-        if interval is not None:
-            _check_positive("interval", interval)
-        track = self._nodes.get(node_id)
-        if track is None:
-            track = _PhiTrack(
-                last_heard=now, interval=self._interval if interval is None else interval
-            )
-            self._seed(track)
-            self._nodes[node_id] = track
-            self._refresh(track)
-            self._arm(node_id, track)
-            return True
-        if now < track.last_heard:
-            raise ValueError(
-                f"heartbeat of {node_id!r} at {now!r} is before its last one at "
-                f"{track.last_heard!r}: time must not run backwards"
-            )
+    def _heard(self, track: _PhiTrack, now: float, interval: float | None) -> None:
+        """Rules 3 and 4: a new interval re-seeds the window; otherwise the inter-arrival
+        time is a sample unless the node had already passed its phi deadline."""
         if interval is not None and interval != track.interval:
             track.interval = interval
             self._seed(track)
@@ -277,10 +265,6 @@ class PhiAccrualDetector(DeadlineDetector[_PhiTrack]):
             self._push(track, now - track.last_heard)
         track.last_heard = now
         self._refresh(track)
-        revived = track.state is DetectorState.SUSPECT
-        track.state = DetectorState.HEALTHY
-        self._arm(node_id, track)
-        return revived
 
     def suspicion(self, node_id: str, now: float) -> float:
         """phi of the node at ``now`` (finite; ``now`` before the last heartbeat counts as 0 s).

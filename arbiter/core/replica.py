@@ -102,7 +102,6 @@ class ReplicaSettings:
             ``inf`` always suggests ``heartbeat_interval``.
         max_heartbeat_interval: the longest interval suggested or accepted
             from a node, seconds (>= heartbeat_interval).
-        detector_kind: the failure detector's name, recorded in evidence.
     """
 
     lease: float
@@ -112,7 +111,6 @@ class ReplicaSettings:
     snapshot_every: int = 0
     heartbeat_budget: float = math.inf
     max_heartbeat_interval: float = math.inf
-    detector_kind: str = ""
 
     def lease_for(self, interval: float) -> float:
         """Seconds of lease for a node heartbeating every ``interval`` seconds.
@@ -188,7 +186,6 @@ class Replica:
             seq_base=seq_base,
             now=now,
             restart_grace=settings.restart_grace,
-            detector_kind=settings.detector_kind,
         )
         self.proposals_dropped = 0
 

@@ -155,7 +155,6 @@ def test_evidence_observer_records_silence_and_level_at_suspicion(
         seq_base=100,
         now=0.0,
         restart_grace=0.0,
-        detector_kind=kind,
     )
     t = 0.0
     for _ in range(30):
