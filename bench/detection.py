@@ -364,6 +364,19 @@ class Subscriber:
         return await wait_event(self.changed, pred, timeout)
 
 
+async def longest_up(
+    names: list[str], up_since: dict[str, float], min_up: float, poll: float
+) -> str:
+    """The name up the longest (``up_since``: monotonic seconds), once one has been
+    up for ``min_up`` seconds; polls every ``poll`` seconds until then."""
+    while True:
+        now = time.monotonic()
+        ready = [n for n in names if now - up_since.get(n, now + 1) >= min_up]
+        if ready:
+            return min(ready, key=lambda n: up_since[n])
+        await asyncio.sleep(poll)
+
+
 async def wait_event(changed: asyncio.Event, pred: Callable[[], bool], timeout: float) -> bool:
     """Waits until ``pred()`` holds, re-checking whenever ``changed`` is set (and every
     0.1 s); False after ``timeout`` seconds."""
@@ -969,15 +982,7 @@ class Etcd:
             )
             row = Row("etcd", f"etcd {self._version()}: lease TTL {self.ttl} s, watcher")
             for i in range(args.kills):
-                while True:
-                    now = time.monotonic()
-                    ready = [
-                        v for v in victims if now - self.up_since.get(v, now + 1) >= args.min_up
-                    ]
-                    if ready:
-                        break
-                    await asyncio.sleep(0.05)
-                victim = min(ready, key=lambda v: self.up_since[v])
+                victim = await longest_up(victims, self.up_since, args.min_up, poll=0.05)
                 await asyncio.sleep(self.rng.uniform(0, 0.5))  # phase against the 0.5 s renewals
                 self.expected.add(victim)
                 proc = self.keepalive[victim]
@@ -1102,13 +1107,7 @@ class Serf:
                 f"profile {args.serf_profile}",
             )
             for i in range(kills):
-                while True:
-                    now = time.monotonic()
-                    ready = [n for n in names if now - self.up_since.get(n, now + 1) >= 2.0]
-                    if ready:
-                        break
-                    await asyncio.sleep(0.1)
-                victim = min(ready, key=lambda n: self.up_since[n])
+                victim = await longest_up(names, self.up_since, 2.0, poll=0.1)
                 await asyncio.sleep(self.rng.uniform(0, 1.0))  # phase against the 1 s probes
                 self.expected.add(victim)
                 proc = self.agents[victim]
