@@ -21,10 +21,12 @@ import asyncio
 import signal
 import sys
 import time
+from collections.abc import Callable
 
+from membership.cli import session_event_line
 from membership.client import MembershipClient
 from membership.config import ClientConfig
-from membership.session import Fenced, Rejoined, SessionEvent, StateChanged, Superseded
+from membership.session import SessionEvent
 
 
 class _OwnConnections(ClientConfig):
@@ -49,19 +51,11 @@ async def main(arbiters: list[str], ids: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    def on_event(node_id: str):  # type: ignore[no-untyped-def]
+    def on_event(node_id: str) -> Callable[[SessionEvent], None]:
         def handle(ev: SessionEvent) -> None:
-            if isinstance(ev, StateChanged):
-                _out(f"{node_id}: incarnation {ev.incarnation} is {ev.state.value}")
-            elif isinstance(ev, Fenced):
-                _out(f"{node_id}: {'fenced' if ev.fenced else 'unfenced'} (epoch {ev.epoch})")
-            elif isinstance(ev, Superseded):
-                _out(f"{node_id}: incarnation {ev.incarnation} taken over by {ev.by}")
-            elif isinstance(ev, Rejoined):
-                _out(
-                    f"{node_id}: incarnation {ev.old_incarnation} over ({ev.reason}); "
-                    f"rejoining as {ev.new_incarnation}"
-                )
+            line = session_event_line(node_id, ev)  # as `membership node` prints it
+            if line is not None:
+                _out(line)
 
         return handle
 

@@ -242,6 +242,28 @@ def event_lines(ev: ViewEvent, as_json: bool) -> list[str]:
     return [f"arbiter {ev.arbiter_id} {word} its quorum (leader: {ev.leader_id or 'none'})"]
 
 
+def session_event_line(node_id: str, ev: SessionEvent) -> str | None:
+    """How ``membership node`` prints a session event (None for an event it does not print).
+
+    Lines: ``n1: incarnation 7 is ALIVE``, ``n1: fenced (fencing epoch 5)``,
+    ``n1: unfenced (...)``, ``n1: incarnation 7 taken over by 8; stopping``,
+    ``n1: incarnation 7 over (DEAD); rejoining as 8``.
+    """
+    if isinstance(ev, StateChanged):
+        return f"{node_id}: incarnation {ev.incarnation} is {ev.state.value}"
+    if isinstance(ev, Fenced):
+        word = "fenced" if ev.fenced else "unfenced"
+        return f"{node_id}: {word} (fencing epoch {ev.epoch})"
+    if isinstance(ev, Superseded):
+        return f"{node_id}: incarnation {ev.incarnation} taken over by {ev.by}; stopping"
+    if isinstance(ev, Rejoined):
+        return (
+            f"{node_id}: incarnation {ev.old_incarnation} over ({ev.reason}); "
+            f"rejoining as {ev.new_incarnation}"
+        )
+    return None
+
+
 def _print(line: str) -> None:
     print(line, flush=True)
 
@@ -289,18 +311,9 @@ async def _node(args: argparse.Namespace) -> int:
     from membership.config import ClientConfig
 
     def on_event(ev: SessionEvent) -> None:
-        if isinstance(ev, StateChanged):
-            _print(f"{args.id}: incarnation {ev.incarnation} is {ev.state.value}")
-        elif isinstance(ev, Fenced):
-            word = "fenced" if ev.fenced else "unfenced"
-            _print(f"{args.id}: {word} (fencing epoch {ev.epoch})")
-        elif isinstance(ev, Superseded):
-            _print(f"{args.id}: incarnation {ev.incarnation} taken over by {ev.by}; stopping")
-        elif isinstance(ev, Rejoined):
-            _print(
-                f"{args.id}: incarnation {ev.old_incarnation} over ({ev.reason}); "
-                f"rejoining as {ev.new_incarnation}"
-            )
+        line = session_event_line(args.id, ev)
+        if line is not None:
+            _print(line)
 
     client = MembershipClient(
         args.arbiters,
