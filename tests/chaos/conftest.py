@@ -53,10 +53,3 @@ def cluster(lab: netlab.Lab, request: pytest.FixtureRequest) -> Iterator[ChaosCl
         if rep is not None and rep.failed:
             print(f"lab workdir: {lab.workdir}")
             print(c.dump())
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
-    rep = yield
-    setattr(item, "rep_" + rep.when, rep)
-    return rep
