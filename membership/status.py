@@ -38,7 +38,6 @@ import logging
 import math
 import numbers
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -47,6 +46,7 @@ from types import MappingProxyType, TracebackType
 from typing import Any, Final
 
 from membership.errors import ClosedError, InvalidArgument
+from membership.validation import MAX_LABEL_KEY, NAME_PATTERN, STATUS_FRACTIONS
 
 __all__ = [
     "MAX_GAUGES",
@@ -75,7 +75,7 @@ MAX_GAUGES: Final = 32
 # with a letter or digit. The arbiters refuse a heartbeat whose gauge names are
 # longer or use other characters (membership.validation.validate_status), so
 # this must never accept more than that.
-MAX_NAME_CHARS: Final = 63
+MAX_NAME_CHARS: Final = MAX_LABEL_KEY
 # The step travels as an int64.
 MAX_STEP: Final = 2**63 - 1
 # The fields a provider may return; anything else it returns is dropped.
@@ -83,14 +83,6 @@ PROBED_FIELDS: Final = frozenset(
     {"load", "cpu_utilization", "memory_utilization", "gpu_utilization", "gpu_memory_utilization"}
 )
 _REPORTED_FIELDS: Final = ("phase", "step", "progress", "gpu_utilization")
-_FRACTIONS: Final = (
-    "cpu_utilization",
-    "memory_utilization",
-    "gpu_utilization",
-    "gpu_memory_utilization",
-    "progress",
-)
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 
 Provider = Callable[[], Mapping[str, float]]
 """Returns some of :data:`PROBED_FIELDS`; may block, may raise (both are contained)."""
@@ -126,7 +118,7 @@ def _load(name: str, value: object) -> float:
 def _name(what: str, value: object) -> str:
     if not isinstance(value, str):
         raise InvalidArgument(f"{what} must be a string, got {value!r}")
-    if not 0 < len(value) <= MAX_NAME_CHARS or not _NAME.fullmatch(value):
+    if not 0 < len(value) <= MAX_NAME_CHARS or not NAME_PATTERN.fullmatch(value):
         raise InvalidArgument(
             f"{what} {value[:80]!r} must be 1 to {MAX_NAME_CHARS} characters of letters, "
             "digits, '.', '_', '/', '-', starting with a letter or digit"
@@ -159,7 +151,7 @@ def _empty_gauges() -> Mapping[str, float]:
 
 _PROBED_CHECKS: Final[Mapping[str, Callable[[str, object], float]]] = {
     "load": _load,
-    **{f: _fraction for f in _FRACTIONS if f in PROBED_FIELDS},
+    **{f: _fraction for f in STATUS_FRACTIONS if f in PROBED_FIELDS},
 }
 
 
@@ -197,7 +189,7 @@ class NodeStatus:
     def __post_init__(self) -> None:
         if self.load is not None:
             object.__setattr__(self, "load", _load("load", self.load))
-        for name in _FRACTIONS:
+        for name in STATUS_FRACTIONS:
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, _fraction(name, value))

@@ -18,6 +18,8 @@ __all__ = [
     "MAX_LABEL_KEY",
     "MAX_LABEL_VALUE",
     "MAX_NODE_ID",
+    "NAME_PATTERN",
+    "STATUS_FRACTIONS",
     "validate_labels",
     "validate_node_id",
 ]
@@ -31,7 +33,8 @@ MAX_GAUGES = 64
 MAX_PHASE = 64
 
 _NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_LABEL_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
+# Label keys, status gauge names and the phase (membership.status uses it too).
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
 
 
 def validate_node_id(node_id: str) -> str:
@@ -71,7 +74,7 @@ def validate_labels(labels: Mapping[str, str]) -> Mapping[str, str]:
         raise InvalidArgument(f"{len(labels)} labels, the limit is {MAX_LABELS}")
     total = 0
     for key, value in labels.items():
-        if not key or len(key) > MAX_LABEL_KEY or not _LABEL_KEY.fullmatch(key):
+        if not key or len(key) > MAX_LABEL_KEY or not NAME_PATTERN.fullmatch(key):
             raise InvalidArgument(
                 f"label key {key[:80]!r} must be 1 to {MAX_LABEL_KEY} characters of "
                 "letters, digits, '.', '_', '/', '-', starting with a letter or digit"
@@ -89,8 +92,8 @@ def validate_labels(labels: Mapping[str, str]) -> Mapping[str, str]:
     return labels
 
 
-# Status fields that are fractions (0..1) and those that are only >= 0.
-_FRACTIONS = (
+# Status fields that are fractions (0..1); the other numbers are only >= 0.
+STATUS_FRACTIONS = (
     "gpu_utilization",
     "progress",
     "cpu_utilization",
@@ -125,14 +128,14 @@ def validate_status(
     if len(gauges) > MAX_GAUGES:
         raise InvalidArgument(f"{len(gauges)} status gauges, the limit is {MAX_GAUGES}")
     for key, value in gauges.items():
-        if not key or len(key) > MAX_LABEL_KEY or not _LABEL_KEY.fullmatch(key):
+        if not key or len(key) > MAX_LABEL_KEY or not NAME_PATTERN.fullmatch(key):
             raise InvalidArgument(f"status gauge name {key[:80]!r} is not a valid name")
         if not math.isfinite(value):
             raise InvalidArgument(f"status gauge {key!r} is {value}, not a finite number")
     for name, value in (numbers or {}).items():
         if not math.isfinite(value) or value < 0:
             raise InvalidArgument(f"status {name} is {value}, not a finite number >= 0")
-        if name in _FRACTIONS and value > 1:
+        if name in STATUS_FRACTIONS and value > 1:
             raise InvalidArgument(f"status {name} is {value}, not a fraction in 0..1")
 
 
