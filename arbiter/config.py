@@ -105,8 +105,11 @@ class ArbiterConfig:
     subscriber_queue: int = 256
     # A progress marker with the committed epoch is sent on an idle stream
     # this often (seconds), so idle middleboxes keep it and the subscriber
-    # can tell a silent stream from a dead one.
-    progress_interval: float = 5.0
+    # can tell a silent stream from a dead one: subscribers abandon a stream
+    # silent for 2.5 intervals (3 s at least) and report that they lost
+    # contact after 3 s (membership.config.ClientConfig). Costs one small
+    # message per idle subscriber per interval.
+    progress_interval: float = 1.0
     # Subscribers that opt in to status events receive the nodes whose status
     # or suspicions changed at most this often (seconds); they may ask for
     # less often, never more. Coalesced per node: only the latest is sent.
