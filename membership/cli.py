@@ -27,14 +27,17 @@ from membership.session import Fenced, Rejoined, SessionEvent, StateChanged, Sup
 from membership.status import NodeStatus
 from membership.validation import parse_address
 from membership.view import (
+    Disconnected,
     Evidence,
     MemberChange,
     MemberState,
     QuorumChanged,
+    Reconnected,
     StatusUpdated,
     View,
     ViewChanged,
     ViewEvent,
+    ViewReset,
     ViewSnapshot,
 )
 
@@ -181,8 +184,56 @@ def event_lines(ev: ViewEvent, as_json: bool) -> list[str]:
     "silence_seconds", "suspicion", "detector"}]``),
     ``{"type": "quorum", "in_quorum", "arbiter", "leader"}``,
     ``{"type": "status", "node_id", "incarnation", "status": {...},
-    "suspected_by", "silence_seconds", "arbiter"}``.
+    "suspected_by", "silence_seconds", "arbiter"}``,
+    ``{"type": "disconnected", "epoch", "silence_seconds", "arbiter", "reason"}``,
+    ``{"type": "reconnected", "epoch", "silence_seconds", "arbiter"}``,
+    ``{"type": "reset", "since_epoch", "cluster_epoch"}``.
     """
+    if isinstance(ev, Disconnected):
+        if as_json:
+            return [
+                json.dumps(
+                    {
+                        "type": "disconnected",
+                        "epoch": ev.epoch,
+                        "silence_seconds": ev.silence,
+                        "arbiter": ev.arbiter_id or None,
+                        "reason": ev.reason,
+                    }
+                )
+            ]
+        return [
+            f"disconnected: nothing from an arbiter in a quorum for {ev.silence:.1f}s "
+            f"(view at epoch {ev.epoch} may be stale; {ev.reason})"
+        ]
+    if isinstance(ev, Reconnected):
+        if as_json:
+            return [
+                json.dumps(
+                    {
+                        "type": "reconnected",
+                        "epoch": ev.epoch,
+                        "silence_seconds": ev.silence,
+                        "arbiter": ev.arbiter_id,
+                    }
+                )
+            ]
+        return [f"reconnected to {ev.arbiter_id} after {ev.silence:.1f}s (at epoch {ev.epoch})"]
+    if isinstance(ev, ViewReset):
+        if as_json:
+            return [
+                json.dumps(
+                    {
+                        "type": "reset",
+                        "since_epoch": ev.since_epoch,
+                        "cluster_epoch": ev.cluster_epoch,
+                    }
+                )
+            ]
+        return [
+            f"reset: epoch {ev.since_epoch} is beyond the cluster's ({ev.cluster_epoch}); "
+            "a fresh snapshot follows"
+        ]
     if isinstance(ev, StatusUpdated):
         if as_json:
             return [
@@ -350,8 +401,12 @@ async def _node(args: argparse.Namespace) -> int:
         stopper.cancel()
         ended.cancel()
         if client.ended.is_set():
+            if client.error is not None:
+                raise client.error
             if args.no_rejoin and client.state is MemberState.DEAD:
                 raise CliError(f"{args.id} was declared DEAD and --no-rejoin is set")
+            if client.state is MemberState.LEFT:
+                raise CliError(f"{args.id} was made LEFT by the cluster without asking")
             raise CliError(
                 f"node id {args.id!r} was taken over by a newer incarnation "
                 "(is another process running with the same id?)"
@@ -419,7 +474,7 @@ async def _watch(args: argparse.Namespace) -> int:
         if task.done():
             stopper.cancel()
             exc = task.exception()
-            if isinstance(exc, BrokenPipeError):
+            if isinstance(exc, BrokenPipeError | MembershipError):
                 raise exc
             raise CliError(f"watch ended unexpectedly: {exc!r}")
         for t in (task, stopper):
