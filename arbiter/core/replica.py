@@ -47,11 +47,12 @@ from arbiter.core.raft import (
     Snapshot,
 )
 from arbiter.core.state import ApplyResult, MembershipState, SnapshotDecodeError
+from arbiter.errors import ArbiterError
 
 __all__ = ["Replica", "ReplicaSettings", "RestoreError", "restore_state"]
 
 
-class RestoreError(ValueError):
+class RestoreError(ArbiterError, ValueError):
     """A snapshot does not fit this replica: undecodable, or another group's arbiters (rule 4)."""
 
 

@@ -44,7 +44,11 @@ def test_layering_membership_never_imports_arbiter(path: Path) -> None:
     assert not bad, f"{path} imports {bad}"
 
 
-CORE = _files("arbiter/core") + [ROOT / "membership" / f for f in ("session.py", "view.py")]
+CORE = (
+    _files("arbiter/core")
+    + [ROOT / "arbiter" / "errors.py"]
+    + [ROOT / "membership" / f for f in ("session.py", "view.py")]
+)
 
 
 @pytest.mark.parametrize("path", CORE, ids=lambda p: str(p.relative_to(ROOT)))
@@ -61,3 +65,11 @@ def test_layering_importing_view_does_not_load_grpc() -> None:
     code = "import sys, arbiter.core.state, membership.view; print('grpc' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_layering_arbiter_errors_imports_nothing() -> None:
+    # The core raises ArbiterError subclasses: the root must stay importable
+    # from anywhere without pulling in a single other module.
+    tree = ast.parse((ROOT / "arbiter" / "errors.py").read_text())
+    imports = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+    assert not imports, [ast.unparse(n) for n in imports]
