@@ -7,6 +7,7 @@ arbiter's sans-I/O core can use :mod:`membership.view` without pulling in I/O.
 
 from typing import TYPE_CHECKING, Any
 
+from membership.collector import StatusCollector
 from membership.config import ClientConfig
 from membership.errors import (
     ClosedError,
@@ -19,7 +20,7 @@ from membership.errors import (
     UnavailableError,
 )
 from membership.session import Fenced, Rejoined, SessionEvent, StateChanged
-from membership.status import NodeStatus, StatusCollector
+from membership.status import NodeStatus
 from membership.view import (
     Evidence,
     Member,

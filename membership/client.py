@@ -63,7 +63,8 @@ from membership.view import (
 )
 
 if TYPE_CHECKING:
-    from membership.status import NodeStatus, StatusCollector
+    from membership.collector import StatusCollector
+    from membership.status import NodeStatus
 
 __all__ = ["MAX_INCARNATION", "MembershipClient", "ViewInfo"]
 
@@ -184,7 +185,7 @@ class MembershipClient:
         self.ended = asyncio.Event()
         # Interval each arbiter suggested in its latest ack (seconds).
         self._suggested: dict[str, float] = {}
-        from membership.status import StatusCollector
+        from membership.collector import StatusCollector
 
         self._own_status = status is None
         self._status = status or StatusCollector(
