@@ -1,7 +1,8 @@
-"""The public surface of ``membership``: every name in ``__all__`` imports, lazily."""
+"""The public surfaces: every name in a package's ``__all__`` imports, lazily."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +49,36 @@ def test_public_names_unknown_name_raises_attribute_error() -> None:
         membership.NoSuchName  # noqa: B018
     with pytest.raises(ImportError):
         exec("from membership import NoSuchName", {})
+
+
+ARBITER_PACKAGES = ["arbiter", "arbiter.core", "arbiter.core.detection", "arbiter.server"]
+
+
+@pytest.mark.parametrize("package", ARBITER_PACKAGES)
+def test_public_names_arbiter_packages_export_their_all(package: str) -> None:
+    module = importlib.import_module(package)
+    assert module.__doc__, package
+    assert list(module.__all__) == sorted(set(module.__all__)), package
+    ns: dict[str, object] = {}
+    exec(f"from {package} import *", ns)
+    for name in module.__all__:
+        assert ns[name] is getattr(module, name), (package, name)
+        assert name in dir(module), (package, name)
+        assert ns[name].__module__.startswith("arbiter."), (package, name)  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError):
+        module.NoSuchName  # noqa: B018
+
+
+def test_public_names_arbiter_packages_load_no_grpc_until_a_server_is_asked_for() -> None:
+    code = (
+        "import sys\n"
+        "import arbiter, arbiter.core, arbiter.server\n"
+        "print('grpc' in sys.modules, 'asyncio' in sys.modules)\n"
+        "from arbiter import ArbiterServer\n"
+        "print('grpc' in sys.modules, ArbiterServer.__module__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["False False", "True arbiter.server.app"], out.stdout
