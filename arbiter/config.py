@@ -14,8 +14,12 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from arbiter.core.detector import FailureDetector, MissedHeartbeatDetector
-from arbiter.core.phi import PhiAccrualDetector, threshold_sigmas
+from arbiter.core.detection import (
+    FailureDetector,
+    MissedHeartbeatDetector,
+    PhiAccrualDetector,
+    threshold_sigmas,
+)
 from arbiter.core.raft import RaftConfig
 from arbiter.core.replica import ReplicaSettings
 from membership.config import MIN_KEEPALIVE_TIME, MIN_KEEPALIVE_TIMEOUT
@@ -54,7 +58,7 @@ class ArbiterConfig:
     # heartbeat_budget * heartbeat_interval nodes (750 by default) the
     # interval suggested in acks grows (25 % steps) so that nodes / interval
     # stays within the budget; D and the leases grow with it. The formula and
-    # a table per cluster size: arbiter/core/interval.py.
+    # a table per cluster size: arbiter/core/detection/interval.py.
     heartbeat_budget: float = 5000.0
     # The longest interval ever suggested or accepted (seconds). Past
     # heartbeat_budget * max_heartbeat_interval nodes (3,000) the budget is

@@ -1,7 +1,7 @@
 """Failure detector cost per heartbeat and per tick: timing wheel versus the old heap.
 
-Drives :class:`arbiter.core.detector.MissedHeartbeatDetector` (deadlines in
-the hashed timing wheel of ``arbiter/core/wheel.py``) and, for comparison, a
+Drives :class:`arbiter.core.detection.MissedHeartbeatDetector` (deadlines in
+the hashed timing wheel of ``arbiter/core/detection/wheel.py``) and, for comparison, a
 copy of the binary-heap detector it replaced (lazy tokens, entries re-armed
 when they fire early; kept below as ``HeapDetector``) on simulated time: N
 nodes heartbeat every ``--interval`` seconds (random phase, small jitter),
@@ -37,7 +37,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from arbiter.core.detector import DetectorState, MissedHeartbeatDetector, _Track
+from arbiter.core.detection import DetectorState, MissedHeartbeatDetector
+from arbiter.core.detection.base import _Track
 
 
 class Detector(Protocol):

@@ -72,7 +72,8 @@ from membership.validation import parse_address, validate_labels, validate_node_
 from membership.view import Member, MemberState, View, ViewEvent
 
 if TYPE_CHECKING:
-    from membership.status import NodeStatus, StatusCollector
+    from membership.collector import StatusCollector
+    from membership.status import NodeStatus
 
 __all__ = ["MAX_INCARNATION", "MembershipClient", "ViewInfo", "reap"]
 
@@ -193,7 +194,7 @@ class MembershipClient:
         self._unreachable: dict[str, str] = {}
         # Interval each arbiter suggested in its latest ack (seconds).
         self._suggested: dict[str, float] = {}
-        from membership.status import StatusCollector
+        from membership.collector import StatusCollector
 
         self._own_status = status is None
         self._status = status or StatusCollector(

@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from arbiter.core.commands import Observation, Opinion
-from arbiter.core.detector import FailureDetector
+from arbiter.core.detection import FailureDetector
 from arbiter.core.state import MembershipState
 from membership.view import MemberState
 

@@ -70,6 +70,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from arbiter.core.commands import CommandDecodeError, Leave, ObserveBatch, Opinion, decode
+from arbiter.errors import ArbiterError
 from membership.view import Evidence, Member, MemberChange, MemberState, View
 
 __all__ = [
@@ -84,7 +85,7 @@ __all__ = [
 _SNAPSHOT_VERSION = 1
 
 
-class SnapshotDecodeError(ValueError):
+class SnapshotDecodeError(ArbiterError, ValueError):
     """The bytes are not a valid snapshot of a :class:`MembershipState`."""
 
 

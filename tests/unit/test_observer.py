@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
-from arbiter.core.detector import MissedHeartbeatDetector
+from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.observer import Observer
 from arbiter.core.state import MembershipState
 from membership.view import MemberState
