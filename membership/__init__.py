@@ -13,6 +13,10 @@ from typing import TYPE_CHECKING, Any
 __all__ = [
     "ClientConfig",
     "ClosedError",
+    "ClusterMismatch",
+    "Disconnected",
+    "EndReason",
+    "EpochOutOfRange",
     "Evidence",
     "Fenced",
     "InvalidArgument",
@@ -25,6 +29,7 @@ __all__ = [
     "NoQuorum",
     "NodeStatus",
     "QuorumChanged",
+    "Reconnected",
     "RejectedError",
     "Rejoined",
     "RemoteError",
@@ -33,11 +38,13 @@ __all__ = [
     "StatusCollector",
     "StatusReport",
     "StatusUpdated",
+    "Superseded",
     "UnavailableError",
     "View",
     "ViewChanged",
     "ViewEvent",
     "ViewInfo",
+    "ViewReset",
     "ViewSnapshot",
 ]
 
@@ -45,6 +52,10 @@ __all__ = [
 _SOURCES = {
     "ClientConfig": "membership.config",
     "ClosedError": "membership.errors",
+    "ClusterMismatch": "membership.errors",
+    "Disconnected": "membership.view",
+    "EndReason": "membership.session",
+    "EpochOutOfRange": "membership.errors",
     "Evidence": "membership.view",
     "Fenced": "membership.session",
     "InvalidArgument": "membership.errors",
@@ -57,6 +68,7 @@ _SOURCES = {
     "NoQuorum": "membership.errors",
     "NodeStatus": "membership.status",
     "QuorumChanged": "membership.view",
+    "Reconnected": "membership.view",
     "RejectedError": "membership.errors",
     "Rejoined": "membership.session",
     "RemoteError": "membership.errors",
@@ -65,11 +77,13 @@ _SOURCES = {
     "StatusCollector": "membership.collector",
     "StatusReport": "membership.view",
     "StatusUpdated": "membership.view",
+    "Superseded": "membership.session",
     "UnavailableError": "membership.errors",
     "View": "membership.view",
     "ViewChanged": "membership.view",
     "ViewEvent": "membership.view",
     "ViewInfo": "membership.client",
+    "ViewReset": "membership.view",
     "ViewSnapshot": "membership.view",
 }
 
@@ -79,6 +93,8 @@ if TYPE_CHECKING:
     from membership.config import ClientConfig
     from membership.errors import (
         ClosedError,
+        ClusterMismatch,
+        EpochOutOfRange,
         InvalidArgument,
         LocalError,
         MembershipError,
@@ -87,19 +103,29 @@ if TYPE_CHECKING:
         RemoteError,
         UnavailableError,
     )
-    from membership.session import Fenced, Rejoined, SessionEvent, StateChanged
+    from membership.session import (
+        EndReason,
+        Fenced,
+        Rejoined,
+        SessionEvent,
+        StateChanged,
+        Superseded,
+    )
     from membership.status import NodeStatus
     from membership.view import (
+        Disconnected,
         Evidence,
         Member,
         MemberChange,
         MemberState,
         QuorumChanged,
+        Reconnected,
         StatusReport,
         StatusUpdated,
         View,
         ViewChanged,
         ViewEvent,
+        ViewReset,
         ViewSnapshot,
     )
 

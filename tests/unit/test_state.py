@@ -561,7 +561,11 @@ def _check_invariants(state: MembershipState, result: ApplyResult, folded: View)
         changes = result.change.changes
         assert [c.node_id for c in changes] == sorted(c.node_id for c in changes)
         for i, c in enumerate(changes):
-            retired = i + 1 < len(changes) and changes[i + 1].node_id == c.node_id
+            # An old life retired by a newer one (rule 3) or by a leave of a
+            # newer incarnation that never joined (rule 5) needs no suspicion.
+            retired = (i + 1 < len(changes) and changes[i + 1].node_id == c.node_id) or (
+                result.leave is not None and state.retired(c.node_id) > c.incarnation
+            )
             if c.state is DEAD and not retired:  # a death needs a quorum of suspects (rule 4)
                 votes = state.death_votes(c.node_id)
                 assert len(votes) >= state.quorum
