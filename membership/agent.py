@@ -1,0 +1,404 @@
+"""The node side of a client: its session, one heartbeat link per arbiter, fencing, reachability.
+
+:class:`NodeAgent` owns what a :class:`~membership.client.MembershipClient`
+with a ``node_id`` does besides watching: it answers the heartbeat links'
+questions (:class:`membership.heartbeats.LinkOwner`: what to send, what an
+ack means), feeds the acks to the sans-I/O session core
+(:mod:`membership.session`), turns session events into log lines and the
+application's ``on_event`` callback, wakes when a lease runs out (the fence
+timer), and, while it reaches fewer than a quorum of arbiters, says which
+ones and why every ``reachability_log_interval`` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from membership import calls, convert
+from membership.backoff import Backoff
+from membership.config import ClientConfig
+from membership.errors import (
+    ClosedError,
+    ClusterMismatch,
+    MembershipError,
+    RejectedError,
+    UnavailableError,
+)
+from membership.heartbeats import HeartbeatLink, LinkTimings
+from membership.identity import ClusterCheck
+from membership.session import (
+    EndReason,
+    Fenced,
+    NodeSession,
+    Rejoined,
+    SessionEvent,
+    StateChanged,
+    Superseded,
+)
+from membership.transport import Channels
+from membership.v1 import membership_pb2 as pb
+from membership.view import MemberState
+
+if TYPE_CHECKING:
+    from membership.collector import StatusCollector
+    from membership.status import NodeStatus
+
+__all__ = ["NodeAgent"]
+
+log = logging.getLogger("membership.client")
+
+
+class NodeAgent:
+    """One node's heartbeats and session (see the module docstring).
+
+    Args:
+        node_id: the node's id (validated).
+        incarnation: its starting incarnation (>= 1).
+        arbiters: every arbiter's address.
+        labels: its static labels (validated).
+        config: the client's configuration.
+        channels: where the links' connections come from.
+        backoff: the links' reconnect backoff.
+        check: the client's cluster identity check.
+        status: the collector whose snapshot every heartbeat carries.
+        on_event: the application's callback for session events, or None.
+        fail: called when the agent must stop the client (a cluster mismatch).
+        closed: returns True once the client is closed.
+    """
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        incarnation: int,
+        arbiters: Sequence[str],
+        labels: Mapping[str, str],
+        config: ClientConfig,
+        channels: Channels,
+        backoff: Backoff,
+        check: ClusterCheck,
+        status: StatusCollector,
+        on_event: Callable[[SessionEvent], None] | None,
+        fail: Callable[[MembershipError], None],
+        closed: Callable[[], bool],
+    ) -> None:
+        self.node_id = node_id
+        self.arbiters = list(arbiters)
+        self.labels = dict(labels)
+        self.config = config
+        self.session = NodeSession(
+            node_id=node_id,
+            incarnation=incarnation,
+            arbiters=self.arbiters,
+            auto_rejoin=config.auto_rejoin,
+        )
+        self.links = {
+            a: HeartbeatLink(a, owner=self, channels=channels, backoff=backoff)
+            for a in self.arbiters
+        }
+        self._check = check
+        self._channels = channels
+        self._backoff = backoff
+        self._left_epoch = 0
+        self._status = status
+        self._status_pb: tuple[NodeStatus, pb.NodeStatus] | None = None
+        self._on_event = on_event
+        self._fail = fail
+        self._closed = closed
+        # Interval each arbiter suggested in its latest ack (seconds).
+        self._suggested: dict[str, float] = {}
+        self._warned_size = False
+        self.ended = asyncio.Event()
+        self.state_changed = asyncio.Event()
+        self.fence_changed = asyncio.Event()
+
+    def tasks(self, settled: asyncio.Event) -> list[asyncio.Task[None]]:
+        """Starts the links (once ``settled`` is set), the fence timer and the reachability log."""
+        loop = asyncio.get_running_loop()
+        tasks = [
+            loop.create_task(self._run_link(link, settled), name=f"heartbeat-{addr}")
+            for addr, link in self.links.items()
+        ]
+        tasks.append(loop.create_task(self._fence_timer(), name="fence-timer"))
+        tasks.append(loop.create_task(self._log_reachability(), name="reachability"))
+        return tasks
+
+    async def _run_link(self, link: HeartbeatLink, settled: asyncio.Event) -> None:
+        await settled.wait()
+        if self.finished():
+            return
+        try:
+            await link.run()
+        except ClusterMismatch as e:
+            self._fail(e)
+
+    # --- what the heartbeat links ask (membership.heartbeats.LinkOwner) -------------
+
+    @property
+    def interval(self) -> float:
+        """Seconds between heartbeats: the longest interval any arbiter suggested in its
+        latest ack (no arbiter gets more than it asked for), the configured one until then."""
+        return max(self._suggested.values(), default=self.config.heartbeat_interval)
+
+    def timings(self) -> LinkTimings:
+        """The links' current timings: the interval and the deadlines scaled with it."""
+        c = self.config
+        scale = max(1.0, self.interval / c.heartbeat_interval)
+        return LinkTimings(
+            interval=self.interval,
+            hedge_after=c.hedge_after * scale,
+            ack_timeout=c.ack_timeout * scale,
+        )
+
+    def next_request(self, address: str, now: float) -> tuple[int, pb.HeartbeatRequest]:
+        """The next heartbeat for ``address``, recorded by the session as sent at ``now``."""
+        seq, incarnation = self.session.heartbeat(address, now)
+        return seq, pb.HeartbeatRequest(
+            node_id=self.node_id,
+            incarnation=incarnation,
+            seq=seq,
+            send_time_unix=time.time(),
+            labels=self.labels,
+            status=self._status_message(),
+            # 0 until an arbiter suggested one: the arbiter's own default.
+            interval_seconds=self.interval if self._suggested else 0.0,
+        )
+
+    def _status_message(self) -> pb.NodeStatus:
+        snap = self._status.snapshot()
+        cached = self._status_pb
+        if cached is None or cached[0] is not snap:
+            cached = self._status_pb = (snap, convert.status_to_pb(snap))
+        return cached[1]
+
+    def expected_cluster(self) -> str:
+        """The cluster identity every arbiter must have ("" while unknown)."""
+        return self._check.expected or ""
+
+    def finished(self) -> bool:
+        """True once heartbeats must stop (closed, failed, or the session ended)."""
+        return self._closed() or self.ended.is_set() or self.session.ended
+
+    def on_ack(self, address: str, ack: pb.HeartbeatAck, now: float) -> None:
+        """Takes one ack from ``address``: its identity, suggested interval, then the session.
+
+        Raises:
+            ClusterMismatch: the ack names another cluster.
+        """
+        self._check.record(address, ack.cluster)
+        if ack.cluster_size > len(self.arbiters) and not self._warned_size:
+            self._warned_size = True
+            log.warning(
+                "%s lists %d arbiter(s) but the cluster has %d: it can join only if "
+                "it reaches a majority (%d); list every arbiter",
+                self.node_id,
+                len(self.arbiters),
+                ack.cluster_size,
+                ack.cluster_size // 2 + 1,
+            )
+        if ack.next_interval_seconds > 0:
+            before = self.interval
+            self._suggested[address] = ack.next_interval_seconds
+            if self.interval != before:
+                log.info(
+                    "%s heartbeats every %.3fs now (suggested by the arbiters)",
+                    self.node_id,
+                    self.interval,
+                )
+        self.dispatch(
+            self.session.on_ack(
+                address,
+                seq=ack.seq,
+                lease=ack.lease_seconds,
+                state=convert.state_from_pb(ack.state) if ack.state else MemberState.JOINING,
+                recorded_incarnation=ack.incarnation,
+                epoch=ack.epoch,
+                now=now,
+                cluster_size=ack.cluster_size,
+            )
+        )
+
+    # --- standing -------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        """True while links to at least a quorum of arbiters are up (acked)."""
+        return sum(link.up for link in self.links.values()) >= self.session.quorum
+
+    def reachability(self) -> str:
+        """Which arbiters the heartbeats reach, and why the others fail, in words."""
+        up = sum(link.up for link in self.links.values())
+        down = [
+            f"{a}: {link.last_error or 'no ack yet'}"
+            for a, link in self.links.items()
+            if not link.up
+        ]
+        text = f"reaches {up} of {len(self.arbiters)} arbiters (a quorum is {self.session.quorum})"
+        return text + ("; " + "; ".join(down) if down else "")
+
+    # --- session events -------------------------------------------------------------
+
+    def dispatch(self, events: list[SessionEvent]) -> None:
+        """Logs session events, passes them to ``on_event``, and notices the session's end."""
+        for ev in events:
+            if isinstance(ev, StateChanged):
+                log.info("%s incarnation %d is %s", self.node_id, ev.incarnation, ev.state.value)
+                self.state_changed.set()
+            elif isinstance(ev, Fenced):
+                self.fence_changed.set()
+                log.info(
+                    "%s %s (epoch %d)",
+                    self.node_id,
+                    "fenced" if ev.fenced else "holds a quorum of leases",
+                    ev.epoch,
+                )
+            elif isinstance(ev, Superseded):
+                log.error(
+                    "%s: incarnation %d was taken over by incarnation %d (another process "
+                    "with the same node id?); this client stops heartbeating",
+                    self.node_id,
+                    ev.incarnation,
+                    ev.by,
+                )
+                self.state_changed.set()
+            elif isinstance(ev, Rejoined):
+                log.info(
+                    "%s: incarnation %d is over (%s); rejoining as %d",
+                    self.node_id,
+                    ev.old_incarnation,
+                    ev.reason,
+                    ev.new_incarnation,
+                )
+            if self._on_event is not None:
+                try:
+                    self._on_event(ev)
+                except Exception:
+                    log.exception("on_event callback failed")
+        if self.session.ended and not self.ended.is_set():
+            if self.session.end_reason is EndReason.REMOVED:
+                log.warning("%s was made LEFT by the cluster without asking", self.node_id)
+            self.ended.set()
+            self.state_changed.set()
+
+    async def _fence_timer(self) -> None:
+        while True:
+            deadline = self.session.next_deadline()
+            delay = 0.05 if deadline is None else max(0.0, deadline - time.monotonic())
+            await asyncio.sleep(delay)
+            self.dispatch(self.session.tick(time.monotonic()))
+
+    async def _log_reachability(self) -> None:
+        every = self.config.reachability_log_interval
+        while not self.finished():
+            await asyncio.sleep(every)
+            if not self.healthy and not self.finished():
+                log.warning(
+                    "%s %s: it cannot %s until it does",
+                    self.node_id,
+                    self.reachability(),
+                    "join" if self.session.state is MemberState.JOINING else "keep its leases",
+                )
+
+    # --- waits and the leave ----------------------------------------------------------
+
+    async def wait_alive(
+        self,
+        timeout: float | None,
+        error: Callable[[], MembershipError | None],
+        closed: Callable[[], bool],
+    ) -> None:
+        """Waits until the node is ALIVE (see MembershipClient.wait_alive)."""
+        session = self.session
+
+        async def _wait() -> None:
+            while session.state is not MemberState.ALIVE:
+                failed = error()
+                if failed is not None:
+                    raise failed
+                if closed() or session.ended:
+                    why = session.end_reason.value if session.end_reason else "closed"
+                    raise ClosedError(f"the client ended ({why}) before the node became ALIVE")
+                self.state_changed.clear()
+                await self.state_changed.wait()
+
+        try:
+            async with asyncio.timeout(timeout):
+                await _wait()
+        except TimeoutError:
+            raise TimeoutError(
+                f"{self.node_id} not ALIVE within {timeout:g}s: it is "
+                f"{session.state.value} and {self.reachability()}"
+            ) from None
+
+    async def wait_fenced(self, fenced: bool, timeout: float | None) -> None:
+        """Waits until the node's fencing equals ``fenced`` (see MembershipClient.wait_fenced)."""
+        session = self.session
+
+        async def _wait() -> None:
+            while session.fenced(time.monotonic()) != fenced:
+                self.fence_changed.clear()
+                # leases run out without any event: wake at the next deadline too
+                deadline = session.next_deadline()
+                delay = None if deadline is None else max(0.0, deadline - time.monotonic())
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self.fence_changed.wait()
+
+        try:
+            async with asyncio.timeout(timeout):
+                await _wait()
+        except TimeoutError:
+            word = "fenced" if fenced else "unfenced"
+            raise TimeoutError(f"{self.node_id} not {word} within {timeout:g}s") from None
+
+    async def leave(self, timeout: float, epoch_now: int) -> int:
+        """Commits the node's leave (see MembershipClient.leave); returns the epoch.
+
+        Args:
+            timeout: seconds to try for.
+            epoch_now: the view epoch the client holds (returned when nothing
+                had to be committed).
+        """
+        session = self.session
+        if session.end_reason is EndReason.LEFT:
+            return self._left_epoch
+        if session.ended:
+            raise RejectedError(
+                f"{self.node_id} cannot leave: its session ended ({session.end_reason})"
+            )
+        if not session.heard:
+            # Nothing can hold this incarnation: no arbiter ever answered it.
+            self.dispatch(session.leave(time.monotonic()))
+            return epoch_now
+        request = pb.LeaveRequest(
+            node_id=session.node_id,
+            incarnation=session.incarnation,
+            cluster=self._check.expected or "",
+        )
+        deadline = time.monotonic() + timeout
+        errors: dict[str, str] = {}
+        attempt = 0
+        while time.monotonic() < deadline:
+            resp = await calls.leave_round(
+                self.arbiters,
+                self._channels,
+                request,
+                deadline=deadline,
+                call_timeout=self.config.call_timeout,
+                errors=errors,
+            )
+            if resp is not None:
+                self._left_epoch = int(resp.epoch)
+                self.dispatch(session.leave(time.monotonic()))
+                return self._left_epoch
+            attempt += 1
+            await asyncio.sleep(
+                min(self._backoff.delay(attempt), max(0.0, deadline - time.monotonic()))
+            )
+        detail = "; ".join(f"{a}: {e}" for a, e in errors.items()) or "no arbiter tried"
+        raise UnavailableError(f"leave not committed within {timeout:g}s ({detail})")
