@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -54,7 +53,7 @@ from membership.identity import ClusterCheck
 from membership.session import EndReason, SessionEvent
 from membership.subscription import Watcher
 from membership.transport import Channels
-from membership.validation import parse_address, validate_labels, validate_node_id
+from membership.validation import parse_arbiters, validate_labels, validate_node_id
 from membership.view import Member, MemberState, View, ViewEvent
 
 if TYPE_CHECKING:
@@ -106,10 +105,7 @@ class MembershipClient:
         leave_on_exit: bool = True,
         cluster: str | None = None,
     ) -> None:
-        if isinstance(arbiters, str):
-            raise InvalidArgument("arbiters must be a list of 'host:port' strings, not one string")
-        if not arbiters:
-            raise InvalidArgument("at least one arbiter address is needed")
+        self.arbiters = parse_arbiters(arbiters)
         if labels is not None and not all(
             isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
         ):
@@ -118,9 +114,6 @@ class MembershipClient:
             raise InvalidArgument(f"incarnation must be in 1..{MAX_INCARNATION}, got {incarnation}")
         if cluster is not None and not (isinstance(cluster, str) and cluster):
             raise InvalidArgument(f"cluster must be a non-empty name, got {cluster!r}")
-        self.arbiters = [parse_address(a) for a in arbiters]
-        if len(set(self.arbiters)) != len(self.arbiters):
-            raise InvalidArgument("an arbiter address is listed twice")
         self.config = (config or ClientConfig()).validate()
         self.labels = dict(validate_labels(dict(labels or {})))
         self.node_id = validate_node_id(node_id) if node_id is not None else None
@@ -508,17 +501,6 @@ class MembershipClient:
                 (confirmed by two arbiters), unless ``reset_if_ahead``.
             ClusterMismatch: the arbiters belong to different clusters.
         """
-        if (
-            isinstance(status_interval, bool)
-            or not isinstance(status_interval, int | float)
-            or not math.isfinite(status_interval)
-            or status_interval < 0
-        ):
-            raise InvalidArgument(
-                f"status_interval must be a number of seconds >= 0, got {status_interval!r}"
-            )
-        if isinstance(since_epoch, bool) or not isinstance(since_epoch, int) or since_epoch < 0:
-            raise InvalidArgument(f"since_epoch must be an int >= 0, got {since_epoch!r}")
         if self._closed:
             raise ClosedError("watch() on a closed client")
         self._ensure_discovery()  # arbiters of another cluster end the watch

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -82,6 +83,9 @@ class Watcher:
         closed: returns True once the client is closed (the watch ends).
         on_view: called with the view after every event that changed it.
         backoff: the backoff between failed rounds.
+
+    Raises:
+        InvalidArgument: for a negative or non-integer epoch, or a bad status interval.
     """
 
     def __init__(
@@ -99,6 +103,17 @@ class Watcher:
         on_view: Callable[[View], None],
         backoff: Backoff,
     ) -> None:
+        if (
+            isinstance(status_interval, bool)
+            or not isinstance(status_interval, int | float)
+            or not math.isfinite(status_interval)
+            or status_interval < 0
+        ):
+            raise InvalidArgument(
+                f"status_interval must be a number of seconds >= 0, got {status_interval!r}"
+            )
+        if isinstance(since_epoch, bool) or not isinstance(since_epoch, int) or since_epoch < 0:
+            raise InvalidArgument(f"since_epoch must be an int >= 0, got {since_epoch!r}")
         self._addresses = list(addresses)
         self._channels = channels
         self._config = config

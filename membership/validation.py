@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from membership.errors import InvalidArgument
 
@@ -20,6 +20,8 @@ __all__ = [
     "MAX_NODE_ID",
     "NAME_PATTERN",
     "STATUS_FRACTIONS",
+    "parse_address",
+    "parse_arbiters",
     "validate_labels",
     "validate_node_id",
 ]
@@ -137,6 +139,27 @@ def validate_status(
             raise InvalidArgument(f"status {name} is {value}, not a finite number >= 0")
         if name in STATUS_FRACTIONS and value > 1:
             raise InvalidArgument(f"status {name} is {value}, not a fraction in 0..1")
+
+
+def parse_arbiters(arbiters: Sequence[str]) -> list[str]:
+    """Checks a list of arbiter addresses (``host:port`` each, none twice).
+
+    Returns:
+        The addresses, stripped, in the order given.
+
+    Raises:
+        InvalidArgument: for one string instead of a list, an empty list, a
+            malformed address or an address listed twice.
+    """
+    if isinstance(arbiters, str):
+        raise InvalidArgument("arbiters must be a list of 'host:port' strings, not one string")
+    if not arbiters:
+        raise InvalidArgument("at least one arbiter address is needed")
+    addresses = [parse_address(a) for a in arbiters]
+    twice = sorted({a for a in addresses if addresses.count(a) > 1})
+    if twice:
+        raise InvalidArgument(f"arbiter address listed twice: {', '.join(twice)}")
+    return addresses
 
 
 def parse_address(address: str) -> str:
