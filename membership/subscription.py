@@ -55,6 +55,7 @@ class _Call:
     address: str
     call: Any
     read: asyncio.Future[Any] = field(init=False)
+    started: float = field(default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         self.read = asyncio.ensure_future(self.call.read())
@@ -167,6 +168,8 @@ class Watcher:
                 deadline = self.feed.next_deadline()
                 if self._hedge_at is not None:
                     deadline = min(deadline, self._hedge_at)
+                for c in self._attempts.values():
+                    deadline = min(deadline, c.started + self.feed.idle_timeout)
                 if self._serving is None and not self._attempts:
                     deadline = min(deadline, self._retry_at)
                 timeout = max(0.0, min(deadline - time.monotonic(), 1.0))
@@ -182,6 +185,8 @@ class Watcher:
                         continue  # cancelled: another attempt won meanwhile
                     for ev in await self._attempt_done(addr, now):
                         yield ev
+                for ev in await self._give_up_silent_attempts(now):
+                    yield ev
                 if self._serving is not None and self._serving.read.done():
                     for ev in await self._serving_done(now):
                         yield ev
@@ -258,6 +263,18 @@ class Watcher:
         self._hedge_at = now
         self._maybe_hedge(now)
         return await self._round_over(now)
+
+    async def _give_up_silent_attempts(self, now: float) -> list[ViewEvent]:
+        """Cancels attempts that brought nothing for the idle timeout (a frozen arbiter)."""
+        events: list[ViewEvent] = []
+        for addr, attempt in list(self._attempts.items()):
+            waited = now - attempt.started
+            if waited >= self.feed.idle_timeout and not attempt.read.done():
+                del self._attempts[addr]
+                await attempt.cancel()
+                self.feed.on_failure(addr, f"no answer for {waited:.1f}s", now)
+                events += await self._round_over(now)
+        return events
 
     async def _round_over(self, now: float) -> list[ViewEvent]:
         """Called when an attempt ended without serving: serve the fallback or back off."""
