@@ -68,8 +68,23 @@ __all__ = [
 if TYPE_CHECKING:
     from membership.client import MembershipClient, ViewInfo
 
+    __version__: str
+
+
+def _version() -> str:
+    """The installed distribution's version (``0+unknown`` when run from a source tree
+    that is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("grpc-membership")
+    except PackageNotFoundError:
+        return "0+unknown"
+
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        return _version()
     if name in ("MembershipClient", "ViewInfo"):
         from membership import client
 
