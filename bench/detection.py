@@ -34,10 +34,11 @@ One run, one machine, everything on loopback, the systems one after the other
      in bursts: each runs 5-20 s, rests 2-8 s (about 75 % of the time on), at
      the same priority as everything else;
    - jitter: the first host process (``--nodes-per-process`` nodes) reaches
-     the replicas only through ``tests.support.netproxy.TcpProxy`` (one proxy
-     per replica, in this process), which delays every chunk by
-     ``--jitter-ms`` (default 5-50 ms, uniform) during the soak and forwards
-     without delay otherwise;
+     the replicas only through proxy processes (``tests/support/netproxy.py``
+     run as a program, one per replica), which delay every chunk by
+     ``--jitter-ms`` (default 5-50 ms, uniform); for the whole run, the kill
+     series included, since the proxy program takes its delay at start (the
+     victims, whose kills are timed, never go through a proxy);
    - a victim is SIGKILLed every ``--soak-kill-every`` seconds (default 10),
      giving a second row: kill-to-DEAD under this stress.
    A false DEATH is a DEAD event for a node that was not SIGKILLed (counted
@@ -103,6 +104,7 @@ import json
 import math
 import random
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -122,9 +124,18 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python bench/detection.py`: sys.path[0] is bench/
     sys.path.insert(0, str(ROOT))
 
-from membership.demo import _die_with_parent, free_ports  # noqa: E402
+from membership.localcluster import (  # noqa: E402
+    arbiter_args,
+    die_with_parent,
+    free_ports,
+    membership_command,
+    node_args,
+    wait_leader,
+)
 
 T0 = time.monotonic()
+# The delay/freeze proxy of the test suite, run as a program (see Ours._start_proxy).
+NETPROXY = ROOT / "tests" / "support" / "netproxy.py"
 SYSTEMS = ("ours", "etcd", "serf")
 PACKAGES = {"etcd": {"etcd": "etcd-server", "etcdctl": "etcd-client"}, "serf": {"serf": "serf"}}
 BURST_ON = (5.0, 20.0)
@@ -182,7 +193,7 @@ class Procs:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # Ctrl-C reaches this script only; it kills the children
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=die_with_parent,
                 env=env,
             )
         finally:
@@ -404,7 +415,7 @@ class Ours:
         self.proc: dict[str, subprocess.Popen[bytes]] = {}  # process name -> process
         self.nodes_of: dict[str, list[str]] = {}  # process name -> its node ids
         self.victims: list[str] = []
-        self.proxies: list[Any] = []
+        self.proxies: list[str] = []  # the proxies' addresses
         self.proxied_host: str | None = None
         self.sub: Subscriber | None = None
         self.paused: dict[str, float] = {}  # process name -> SIGSTOP time
@@ -421,30 +432,22 @@ class Ours:
     # --- processes
 
     def _spawn_member(self, name: str, argv: list[str]) -> None:
-        self.proc[name] = self.procs.spawn(
-            name, [sys.executable, "-m", "membership", "--log-level", "info", *argv]
-        )
+        self.proc[name] = self.procs.spawn(name, membership_command(*argv, log_level="info"))
 
     def start_arbiters(self) -> None:
         ports = free_ports(3)
         self.arbiters = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(ports)}
-        peers = ",".join(f"{k}={v}" for k, v in self.arbiters.items())
-        for rid, addr in self.arbiters.items():
-            data = str(self.workdir / f"{rid}.data")
-            self._spawn_member(
-                rid,
-                ["arbiter", "--id", rid, "--listen", addr, "--peers", peers, "--data-dir", data],
-            )
+        for rid in self.arbiters:
+            data = self.workdir / f"{rid}.data"
+            self._spawn_member(rid, arbiter_args(rid, self.arbiters, data))
 
     def start_victim(self, node: str) -> None:
-        self._spawn_member(
-            node, ["node", "--id", node, "--arbiters", ",".join(self.arbiters.values())]
-        )
+        self._spawn_member(node, node_args(node, self.arbiters.values()))
         self.nodes_of[node] = [node]
 
     def start_host(self, name: str, ids: list[str], addresses: list[str]) -> None:
         if len(ids) == 1:  # --nodes-per-process 1: a plain node process
-            self._spawn_member(name, ["node", "--id", ids[0], "--arbiters", ",".join(addresses)])
+            self._spawn_member(name, node_args(ids[0], addresses))
         else:
             self.proc[name] = self.procs.spawn(
                 name,
@@ -455,6 +458,28 @@ class Ours:
                 ],
             )
         self.nodes_of[name] = ids
+
+    def _start_proxy(self, name: str, target: str) -> str:
+        """A jitter proxy process in front of ``target`` (``tests/support/netproxy.py`` run
+        by path, as a program: the benchmark imports nothing from the tests); returns
+        the address it listens on (its first line of output)."""
+        jmin, jmax = self.args.jitter_ms
+        proc = self.procs.spawn(
+            name,
+            [
+                sys.executable,
+                str(NETPROXY),
+                *("--target", target, "--delay", str(jmin / 1000)),
+                *("--jitter", str((jmax - jmin) / 1000), "--seed", str(self.rng.randrange(2**31))),
+            ],
+            pipe=True,
+        )
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        line = proc.stdout.readline().decode().strip() if ready else ""
+        if not line:
+            raise RuntimeError(f"ours: {name} did not start (rc={proc.poll()})")
+        return line
 
     # --- phases
 
@@ -472,10 +497,8 @@ class Ours:
             client = MembershipClient(
                 list(self.arbiters.values()), config=ClientConfig(follow_view=False)
             )
-            from membership.demo import _wait_leader
-
             try:
-                info = await _wait_leader(client, 60)
+                info = await wait_leader(client, 60)
             except TimeoutError:
                 raise RuntimeError("ours: no leader elected within 60 s") from None
             say(f"ours: leader {info.leader_id}")
@@ -500,9 +523,6 @@ class Ours:
                 await client.close()
             for p in self.proc.values():
                 Procs.kill(p)
-            for px in self.proxies:
-                with contextlib.suppress(Exception):
-                    px.close()
 
     async def _start_nodes(self) -> None:
         args = self.args
@@ -515,14 +535,12 @@ class Ours:
         groups = [background[i : i + per] for i in range(0, len(background), per)]
         proxied: list[str] = []
         if groups and args.jitter_ms[1] > 0 and args.soak > 0:
-            try:
-                from tests.support.netproxy import TcpProxy
-            except ImportError as e:
-                say(f"ours: no jitter: cannot import tests.support.netproxy ({e})")
+            if not NETPROXY.exists():
+                say(f"ours: no jitter: {NETPROXY} is missing")
             else:
-                for addr in self.arbiters.values():
-                    self.proxies.append(TcpProxy(addr).start())
-                proxied = [p.address for p in self.proxies]
+                for i, addr in enumerate(self.arbiters.values()):
+                    proxied.append(self._start_proxy(f"proxy{i}", addr))
+        self.proxies = proxied
         for v in self.victims:
             self.start_victim(v)
         for i, g in enumerate(groups):
@@ -542,7 +560,8 @@ class Ours:
             f"processes ({', '.join(self.victims)}), {hosted}"
             + (
                 f"; {self.proxied_host}'s {len(groups[0])} nodes reach the replicas through "
-                "TcpProxy (no delay until the soak)"
+                f"a proxy process each ({NETPROXY.relative_to(ROOT)}) adding {args.jitter_ms[0]:g}-"
+                f"{args.jitter_ms[1]:g} ms to every chunk, for the whole run"
                 if self.proxied_host
                 else ""
             )
@@ -781,8 +800,6 @@ class Ours:
         loop = asyncio.get_running_loop()
         self.phase = "soak"
         self.soak_t0 = t0 = time.monotonic()
-        for px in self.proxies:
-            px.set_delay(jmin / 1000, (jmax - jmin) / 1000, seed=self.rng.randrange(2**31))
         on_time = [0.0]
         burners = [
             self.procs.spawn(f"burner{i}", [sys.executable, "-c", "while True: pass"])
@@ -816,9 +833,6 @@ class Ours:
             for name in list(self.paused):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.proc[name].pid, signal.SIGCONT)
-            for px in self.proxies:
-                with contextlib.suppress(Exception):
-                    px.set_delay(0.0)
         soak_len = time.monotonic() - t0
         await asyncio.sleep(SOAK_GRACE)  # DEATHs caused by the soak's last moments
         self.phase = "after"

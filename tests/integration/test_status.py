@@ -24,7 +24,7 @@ from membership import (
     ViewEvent,
     ViewSnapshot,
 )
-from membership.demo import free_ports
+from membership.localcluster import free_ports
 from membership.session import Fenced, SessionEvent
 from membership.status import StatusCollector
 from membership.view import StatusUpdated
