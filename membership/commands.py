@@ -357,7 +357,7 @@ async def watch(args: argparse.Namespace, interrupt: Interrupt) -> int:
         raise CliError("the subscription ended")
     except BrokenPipeError:
         raise
-    except (MembershipError, CliError):
+    except (MembershipError, CliError, Interrupted):
         raise
     except Exception as e:  # a bug: still one line
         raise CliError(f"watch ended unexpectedly: {e!r}") from None
@@ -416,7 +416,7 @@ async def demo(args: argparse.Namespace, interrupt: Interrupt) -> int:
     finally:
         for line in demo.summary():
             _print(line)
-    if not finished:
-        assert interrupt.signum is not None
+    if interrupt.signum is not None:  # also when it came during the cleanup
         raise Interrupted(interrupt.signum)
+    assert finished
     return EXIT_OK

@@ -56,7 +56,7 @@ def command_started() -> float:
         started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
         age = time.clock_gettime(time.CLOCK_BOOTTIME) - started
     except (OSError, ValueError, IndexError, AttributeError):
-        import psutil
+        import psutil  # type: ignore[import-untyped]
 
         age = time.time() - psutil.Process().create_time()
     return time.monotonic() - max(0.0, age)

@@ -29,6 +29,7 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from membership.v1 import membership_pb2 as pb
 
@@ -37,13 +38,16 @@ __all__ = ["FRACTION_DEADBAND", "LOAD_DEADBAND", "StatusBoard", "StatusEntry", "
 # Rule 1: how far a probed figure moves before the status counts as changed.
 LOAD_DEADBAND = 0.1  # load average (runnable processes)
 FRACTION_DEADBAND = 0.05  # CPU, memory, GPU and GPU memory use, fractions 0..1
-_FRACTIONS = (
+_Probed = Literal[
+    "load", "cpu_utilization", "memory_utilization", "gpu_utilization", "gpu_memory_utilization"
+]
+_FRACTIONS: tuple[_Probed, ...] = (
     "cpu_utilization",
     "memory_utilization",
     "gpu_utilization",
     "gpu_memory_utilization",
 )
-_REPORTED = ("phase", "step", "progress")
+_REPORTED: tuple[Literal["phase", "step", "progress"], ...] = ("phase", "step", "progress")
 
 
 def changed(
@@ -58,11 +62,12 @@ def changed(
             return True
     if dict(old.gauges) != dict(new.gauges):
         return True
-    probed = [("load", load_deadband)] + [(name, fraction_deadband) for name in _FRACTIONS]
-    for name, band in probed:
-        if old.HasField(name) != new.HasField(name):
+    probed: list[tuple[_Probed, float]] = [("load", load_deadband)]
+    probed += [(name, fraction_deadband) for name in _FRACTIONS]
+    for probe, band in probed:
+        if old.HasField(probe) != new.HasField(probe):
             return True
-        if old.HasField(name) and abs(getattr(new, name) - getattr(old, name)) >= band:
+        if old.HasField(probe) and abs(getattr(new, probe) - getattr(old, probe)) >= band:
             return True
     return False
 
