@@ -1,5 +1,5 @@
-"""The ``membership arbiter`` sub-command (registered through the
-``membership.commands`` entry point, so the client package never imports the server).
+"""The ``membership arbiter`` sub-command (registered through the entry point group
+``membership.commands`` of pyproject.toml, so the client package never imports the server).
 
 Rules:
 

@@ -34,9 +34,7 @@ from detection_common import (
 )
 
 from membership.localcluster import (
-    arbiter_args,
-    free_ports,
-    membership_command,
+    LocalCluster,
     node_args,
     wait_leader,
 )
@@ -51,6 +49,9 @@ class Ours:
         self.workdir = workdir
         self.rng = random.Random(args.seed)
         self.arbiters: dict[str, str] = {}
+        # Replicas, victims and node hosts: the shared local-cluster helper (logs as
+        # <name>.log, data dirs as <id>.data in workdir); everything else is in procs.
+        self.cluster = LocalCluster(workdir, merge_output=True, log_level="info")
         self.proc: dict[str, subprocess.Popen[bytes]] = {}  # process name -> process
         self.nodes_of: dict[str, list[str]] = {}  # process name -> its node ids
         self.victims: list[str] = []
@@ -71,14 +72,12 @@ class Ours:
     # --- processes
 
     def _spawn_member(self, name: str, argv: list[str]) -> None:
-        self.proc[name] = self.procs.spawn(name, membership_command(*argv, log_level="info"))
+        self.proc[name] = self.cluster.spawn(name, *argv).popen
 
     def start_arbiters(self) -> None:
-        ports = free_ports(3)
-        self.arbiters = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(ports)}
+        self.arbiters = self.cluster.start_arbiters(3)
         for rid in self.arbiters:
-            data = self.workdir / f"{rid}.data"
-            self._spawn_member(rid, arbiter_args(rid, self.arbiters, data))
+            self.proc[rid] = self.cluster.children[rid].popen
 
     def start_victim(self, node: str) -> None:
         self._spawn_member(node, node_args(node, self.arbiters.values()))
@@ -88,14 +87,14 @@ class Ours:
         if len(ids) == 1:  # --nodes-per-process 1: a plain node process
             self._spawn_member(name, node_args(ids[0], addresses))
         else:
-            self.proc[name] = self.procs.spawn(
+            self.proc[name] = self.cluster.spawn_command(
                 name,
                 [
                     sys.executable,
                     str(ROOT / "bench" / "node_host.py"),
                     *("--arbiters", ",".join(addresses), "--ids", ",".join(ids)),
                 ],
-            )
+            ).popen
         self.nodes_of[name] = ids
 
     def _start_proxy(self, name: str, target: str) -> str:
@@ -160,8 +159,7 @@ class Ours:
                 await reap(task)
             if client is not None:
                 await client.close()
-            for p in self.proc.values():
-                Procs.kill(p)
+            self.cluster.kill_all()
 
     async def _start_nodes(self) -> None:
         args = self.args
@@ -434,7 +432,7 @@ class Ours:
                 else ""
             )
         )
-        logs = [self.procs.logdir / f"{n}.log" for n in self.nodes_of]
+        logs = [self.cluster.workdir / f"{n}.log" for n in self.nodes_of]
         offsets = {p: p.stat().st_size if p.exists() else 0 for p in logs}
         loop = asyncio.get_running_loop()
         self.phase = "soak"

@@ -228,6 +228,15 @@ def _config_ok(
 
 
 async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
+    """``membership node``: joins, heartbeats until a signal, then leaves.
+
+    Returns:
+        0 once left (or stopped before joining).
+
+    Raises:
+        CliError: no arbiter reachable, the leave not committed (code 1), or
+            the cluster ended the node without its asking (code 3).
+    """
     from membership.client import MembershipClient
     from membership.config import ClientConfig
 
@@ -315,6 +324,13 @@ async def _first(*aws: Awaitable[Any]) -> None:
 
 
 async def watch(args: argparse.Namespace, interrupt: Interrupt) -> int:
+    """``membership watch``: prints view events (``--json``: one object per line) until a
+    signal or until the reader of a pipe goes away.
+
+    Raises:
+        CliError: no arbiter reachable, or the subscription ended.
+        MembershipError: the arbiters refused the subscription.
+    """
     from membership.client import MembershipClient
     from membership.config import ClientConfig
 
@@ -369,6 +385,12 @@ async def watch(args: argparse.Namespace, interrupt: Interrupt) -> int:
 
 
 async def view(args: argparse.Namespace, interrupt: Interrupt) -> int:
+    """``membership view``: prints the view of the first arbiter in a quorum (or any).
+
+    Raises:
+        CliError: no arbiter answered.
+        Interrupted: a signal came first.
+    """
     from membership.client import MembershipClient
     from membership.config import ClientConfig
 
@@ -405,6 +427,13 @@ async def view(args: argparse.Namespace, interrupt: Interrupt) -> int:
 
 
 async def demo(args: argparse.Namespace, interrupt: Interrupt) -> int:
+    """``membership demo`` (:class:`membership.demo.Demo`); the summary is printed
+    after the cleanup, also when the demo fails or is interrupted.
+
+    Raises:
+        CliError: a step did not happen in time.
+        Interrupted: a signal stopped it (the cleanup ran).
+    """
     from membership.demo import Demo, DemoError
 
     demo = Demo(nodes=args.nodes, keep_logs=args.keep_logs)

@@ -156,8 +156,10 @@ def test_cli_demo_exits_zero_within_60s_leaves_nothing_and_reports_the_total(
     assert "declared DEAD by a quorum" in out and "summary" in out
     total = float(out.rsplit("total ", 1)[1].split("s", 1)[0])
     # The total covers the whole command (start-up and cleanup included), so it is
-    # close to what this test measured from outside.
-    assert took - 1.5 < total <= took, (total, took)
+    # what this test measured from outside, less the interpreter's exit (the
+    # total once left out the cleanup: 6.5 s printed for an 11.8 s run). The
+    # process's start time has a resolution of a clock tick (10 ms).
+    assert took - 3.0 < total <= took + 0.1, (total, took)
     assert _marked(mark) == []
     assert list(tmp.iterdir()) == []
 
