@@ -14,8 +14,12 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from arbiter.core.detector import FailureDetector, MissedHeartbeatDetector
-from arbiter.core.phi import PhiAccrualDetector, threshold_sigmas
+from arbiter.core.detection import (
+    FailureDetector,
+    MissedHeartbeatDetector,
+    PhiAccrualDetector,
+    threshold_sigmas,
+)
 from arbiter.core.raft import RaftConfig
 from arbiter.core.replica import ReplicaSettings
 from membership.config import MIN_KEEPALIVE_TIME, MIN_KEEPALIVE_TIMEOUT
@@ -54,7 +58,7 @@ class ArbiterConfig:
     # heartbeat_budget * heartbeat_interval nodes (750 by default) the
     # interval suggested in acks grows (25 % steps) so that nodes / interval
     # stays within the budget; D and the leases grow with it. The formula and
-    # a table per cluster size: arbiter/core/interval.py.
+    # a table per cluster size: arbiter/core/detection/interval.py.
     heartbeat_budget: float = 5000.0
     # The longest interval ever suggested or accepted (seconds). Past
     # heartbeat_budget * max_heartbeat_interval nodes (3,000) the budget is
@@ -105,8 +109,11 @@ class ArbiterConfig:
     subscriber_queue: int = 256
     # A progress marker with the committed epoch is sent on an idle stream
     # this often (seconds), so idle middleboxes keep it and the subscriber
-    # can tell a silent stream from a dead one.
-    progress_interval: float = 5.0
+    # can tell a silent stream from a dead one: subscribers abandon a stream
+    # silent for 2.5 intervals (3 s at least) and report that they lost
+    # contact after 3 s (membership.config.ClientConfig). Costs one small
+    # message per idle subscriber per interval.
+    progress_interval: float = 1.0
     # Subscribers that opt in to status events receive the nodes whose status
     # or suspicions changed at most this often (seconds); they may ask for
     # less often, never more. Coalesced per node: only the latest is sent.

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
-from arbiter.core.detector import MissedHeartbeatDetector
+from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.raft import Entry, HardState, RaftConfig, Ready
 from arbiter.core.replica import Replica, ReplicaSettings
 from arbiter.core.state import MembershipState

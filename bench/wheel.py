@@ -1,7 +1,7 @@
 """Failure detector cost per heartbeat and per tick: timing wheel versus the old heap.
 
-Drives :class:`arbiter.core.detector.MissedHeartbeatDetector` (deadlines in
-the hashed timing wheel of ``arbiter/core/wheel.py``) and, for comparison, a
+Drives :class:`arbiter.core.detection.MissedHeartbeatDetector` (deadlines in
+the hashed timing wheel of ``arbiter/core/detection/wheel.py``) and, for comparison, a
 copy of the binary-heap detector it replaced (lazy tokens, entries re-armed
 when they fire early; kept below as ``HeapDetector``) on simulated time: N
 nodes heartbeat every ``--interval`` seconds (random phase, small jitter),
@@ -37,10 +37,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from arbiter.core.detector import DetectorState, MissedHeartbeatDetector
+from arbiter.core.detection import DetectorState, MissedHeartbeatDetector
 
-# The detector's per-node record (a private class of arbiter/core/detector.py; this
-# benchmark subclasses the detector, so it works on the records, not their type).
+# The detector's per-node record (a private class of arbiter/core/detection/base.py;
+# this benchmark subclasses the detector, so it works on the records, not their type).
 Track = Any
 
 

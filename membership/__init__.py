@@ -1,38 +1,14 @@
 """Client SDK of the membership service: heartbeats, the committed view, fencing.
 
 The public names are listed in ``__all__``; everything else may change.
-The client (and with it grpc) is imported on first use, so that the
-arbiter's sans-I/O core can use :mod:`membership.view` without pulling in I/O.
+Each is imported from its module on first use (PEP 562 ``__getattr__``), so
+that ``import membership.view``, which the arbiter's sans-I/O core does,
+loads neither the client (asyncio, grpc) nor the status collector (threads,
+logging, psutil).
 """
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
-
-from membership.config import ClientConfig
-from membership.errors import (
-    ClosedError,
-    InvalidArgument,
-    LocalError,
-    MembershipError,
-    NoQuorum,
-    RejectedError,
-    RemoteError,
-    UnavailableError,
-)
-from membership.session import Fenced, Rejoined, SessionEvent, StateChanged
-from membership.status import NodeStatus, StatusCollector
-from membership.view import (
-    Evidence,
-    Member,
-    MemberChange,
-    MemberState,
-    QuorumChanged,
-    StatusReport,
-    StatusUpdated,
-    View,
-    ViewChanged,
-    ViewEvent,
-    ViewSnapshot,
-)
 
 __all__ = [
     "ClientConfig",
@@ -65,8 +41,67 @@ __all__ = [
     "ViewSnapshot",
 ]
 
+# The module each public name is imported from on first use.
+_SOURCES = {
+    "ClientConfig": "membership.config",
+    "ClosedError": "membership.errors",
+    "Evidence": "membership.view",
+    "Fenced": "membership.session",
+    "InvalidArgument": "membership.errors",
+    "LocalError": "membership.errors",
+    "Member": "membership.view",
+    "MemberChange": "membership.view",
+    "MemberState": "membership.view",
+    "MembershipClient": "membership.client",
+    "MembershipError": "membership.errors",
+    "NoQuorum": "membership.errors",
+    "NodeStatus": "membership.status",
+    "QuorumChanged": "membership.view",
+    "RejectedError": "membership.errors",
+    "Rejoined": "membership.session",
+    "RemoteError": "membership.errors",
+    "SessionEvent": "membership.session",
+    "StateChanged": "membership.session",
+    "StatusCollector": "membership.collector",
+    "StatusReport": "membership.view",
+    "StatusUpdated": "membership.view",
+    "UnavailableError": "membership.errors",
+    "View": "membership.view",
+    "ViewChanged": "membership.view",
+    "ViewEvent": "membership.view",
+    "ViewInfo": "membership.client",
+    "ViewSnapshot": "membership.view",
+}
+
 if TYPE_CHECKING:
     from membership.client import MembershipClient, ViewInfo
+    from membership.collector import StatusCollector
+    from membership.config import ClientConfig
+    from membership.errors import (
+        ClosedError,
+        InvalidArgument,
+        LocalError,
+        MembershipError,
+        NoQuorum,
+        RejectedError,
+        RemoteError,
+        UnavailableError,
+    )
+    from membership.session import Fenced, Rejoined, SessionEvent, StateChanged
+    from membership.status import NodeStatus
+    from membership.view import (
+        Evidence,
+        Member,
+        MemberChange,
+        MemberState,
+        QuorumChanged,
+        StatusReport,
+        StatusUpdated,
+        View,
+        ViewChanged,
+        ViewEvent,
+        ViewSnapshot,
+    )
 
     __version__: str
 
@@ -85,8 +120,13 @@ def _version() -> str:
 def __getattr__(name: str) -> Any:
     if name == "__version__":
         return _version()
-    if name in ("MembershipClient", "ViewInfo"):
-        from membership import client
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module 'membership' has no attribute {name!r}")
+    value = getattr(import_module(source), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
 
-        return getattr(client, name)
-    raise AttributeError(f"module 'membership' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -1,11 +1,22 @@
-"""MembershipClient: the asyncio SDK over the sans-I/O session core.
+"""MembershipClient: the SDK's facade over the session core, the heartbeat links and the watch.
 
-A node opens one heartbeat stream to every arbiter at once. Each stream is
-supervised on its own: it reconnects with jittered exponential backoff
-(tenacity) and never disturbs the others; a stream whose oldest unacked
-heartbeat waits ``ack_timeout`` seconds is abandoned even if its writes are
-stuck (C03).
-A client without ``node_id`` only watches.
+A node opens one heartbeat link to every arbiter at once
+(:mod:`membership.heartbeats`: supervised, hedged onto a fresh connection
+when an ack is late); acks feed the sans-I/O session core
+(:mod:`membership.session`: leases, fencing, rejoin). A watch
+(:mod:`membership.subscription` over the pure :mod:`membership.feed`)
+follows the committed view. A client without ``node_id`` only watches.
+
+Lifecycle: ``async with MembershipClient(...)`` starts the client and, on the
+way out (normally, by an exception, or by cancellation), leaves the cluster
+gracefully, so the node becomes LEFT and never DEAD; pass
+``leave_on_exit=False`` to keep the old behaviour (the cluster then declares
+the node DEAD after D). :meth:`close` stops without leaving.
+
+Before a node sends its first heartbeat it learns the cluster identity from
+the arbiters (a cheap ``GetView``); every request then names it, and
+arbiters of different clusters are refused with
+:class:`~membership.errors.ClusterMismatch`, naming them.
 
 Example::
 
@@ -19,7 +30,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import collections
+import contextlib
 import dataclasses
 import logging
 import math
@@ -27,20 +38,26 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import grpc
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
 
 from membership import convert
+from membership.aiotools import reap
+from membership.backoff import Backoff
 from membership.config import ClientConfig
 from membership.errors import (
     ClosedError,
+    ClusterMismatch,
     InvalidArgument,
+    MembershipError,
     RejectedError,
     UnavailableError,
 )
+from membership.heartbeats import HeartbeatLink, LinkTimings
+from membership.identity import ClusterCheck
 from membership.session import (
+    EndReason,
     Fenced,
     NodeSession,
     Rejoined,
@@ -48,24 +65,17 @@ from membership.session import (
     StateChanged,
     Superseded,
 )
+from membership.subscription import Watcher
+from membership.transport import Channels
 from membership.v1 import membership_pb2 as pb
-from membership.v1 import membership_pb2_grpc as pb_grpc
 from membership.validation import parse_address, validate_labels, validate_node_id
-from membership.view import (
-    Member,
-    MemberState,
-    QuorumChanged,
-    StatusUpdated,
-    View,
-    ViewChanged,
-    ViewEvent,
-    ViewSnapshot,
-)
+from membership.view import Member, MemberState, View, ViewEvent
 
 if TYPE_CHECKING:
-    from membership.status import NodeStatus, StatusCollector
+    from membership.collector import StatusCollector
+    from membership.status import NodeStatus
 
-__all__ = ["MAX_INCARNATION", "MembershipClient", "ViewInfo"]
+__all__ = ["MAX_INCARNATION", "MembershipClient", "ViewInfo", "reap"]
 
 # Incarnations travel as uint64; leave room for rejoins above any given start.
 MAX_INCARNATION = 2**62
@@ -86,34 +96,8 @@ class ViewInfo:
     local_suspects: tuple[str, ...] = ()
     # Latest live status of each member, as the answering arbiter heard it.
     statuses: Mapping[str, NodeStatus] = dataclasses.field(default_factory=dict)
-
-
-async def reap(task: asyncio.Future[Any]) -> None:
-    """Cancels ``task`` and waits until it has finished, whatever its outcome.
-
-    Unlike ``suppress(CancelledError): await task``, this never swallows a
-    cancellation of the *calling* task, so a supervisor being shut down
-    cannot be kept alive by the child it is cleaning up.
-    """
-    # Cancel again until it ends: Python 3.11's asyncio.wait_for (in grpc or
-    # in user code) can swallow a cancellation that races with its result.
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=1.0)
-    if not task.cancelled() and task.exception() is not None:
-        log.debug("task ended with %r", task.exception())
-
-
-class _StreamFailed(Exception):
-    """A stream ended before it was ever healthy: back off before the next try."""
-
-
-class _Resubscribe(Exception):
-    """Leave the current subscription and open another (failover, gap, stall)."""
-
-    def __init__(self, reason: str, move: bool = True) -> None:
-        super().__init__(reason)
-        self.move = move
+    # The answering arbiter's cluster identity, ``name@digest``.
+    cluster: str = ""
 
 
 class MembershipClient:
@@ -131,6 +115,11 @@ class MembershipClient:
         status: the collector of this node's live status, sent with every
             heartbeat; default: a new one probing load, CPU, memory and GPUs
             (when ``config.collect_status``), started and closed with the client.
+        leave_on_exit: leaving the ``async with`` block leaves the cluster
+            gracefully (LEFT), within ``config.leave_timeout`` seconds; False
+            only stops (the cluster declares the node DEAD after D).
+        cluster: the cluster name the arbiters must have (None: any, as long
+            as they all have the same identity).
 
     Raises:
         InvalidArgument: for a malformed address, node id, label or config.
@@ -146,6 +135,8 @@ class MembershipClient:
         config: ClientConfig | None = None,
         on_event: Callable[[SessionEvent], None] | None = None,
         status: StatusCollector | None = None,
+        leave_on_exit: bool = True,
+        cluster: str | None = None,
     ) -> None:
         if isinstance(arbiters, str):
             raise InvalidArgument("arbiters must be a list of 'host:port' strings, not one string")
@@ -157,12 +148,15 @@ class MembershipClient:
             raise InvalidArgument("labels must map strings to strings")
         if incarnation is not None and not 1 <= incarnation <= MAX_INCARNATION:
             raise InvalidArgument(f"incarnation must be in 1..{MAX_INCARNATION}, got {incarnation}")
+        if cluster is not None and not (isinstance(cluster, str) and cluster):
+            raise InvalidArgument(f"cluster must be a non-empty name, got {cluster!r}")
         self.arbiters = [parse_address(a) for a in arbiters]
         if len(set(self.arbiters)) != len(self.arbiters):
             raise InvalidArgument("an arbiter address is listed twice")
         self.config = (config or ClientConfig()).validate()
         self.labels = dict(validate_labels(dict(labels or {})))
         self.node_id = validate_node_id(node_id) if node_id is not None else None
+        self.leave_on_exit = leave_on_exit
         self._session: NodeSession | None = None
         if self.node_id is not None:
             self._session = NodeSession(
@@ -172,19 +166,35 @@ class MembershipClient:
                 auto_rejoin=self.config.auto_rejoin,
             )
         self._on_event = on_event
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._rng = random.Random()
+        self._backoff = Backoff(self.config.backoff_initial, self.config.backoff_max, self._rng)
+        self._channels = Channels(self.config.channel_options())
+        self._check = ClusterCheck(cluster)
+        self._links = {
+            a: HeartbeatLink(a, owner=self, channels=self._channels, backoff=self._backoff)
+            for a in self.arbiters
+        }
         self._tasks: list[asyncio.Task[None]] = []
+        self._discovery: asyncio.Task[None] | None = None
+        self._started = False
         self._closed = False
         self._view = View()
-        self._alive = asyncio.Event()
+        self._connected = asyncio.Event()
+        # Set once heartbeats may start (the identity question answered enough).
+        self._settled = asyncio.Event()
         self._state_changed = asyncio.Event()
         self._fence_changed = asyncio.Event()
-        # Set when the session ends by itself: superseded by a newer incarnation,
-        # or declared DEAD with auto_rejoin off.
         self.ended = asyncio.Event()
+        """Set when the session ends (it left, was removed, declared DEAD without
+        rejoin, superseded) or the client fails (:attr:`error`)."""
+        self.error: MembershipError | None = None
+        """Why the client stopped by itself (e.g. ClusterMismatch), else None."""
+        self._left_epoch = 0
+        # Arbiter address -> why it did not answer the identity question.
+        self._unreachable: dict[str, str] = {}
         # Interval each arbiter suggested in its latest ack (seconds).
         self._suggested: dict[str, float] = {}
-        from membership.status import StatusCollector
+        from membership.collector import StatusCollector
 
         self._own_status = status is None
         self._status = status or StatusCollector(
@@ -192,7 +202,6 @@ class MembershipClient:
             probe_interval=self.config.status_probe_interval,
         )
         self._status_pb: tuple[NodeStatus, pb.NodeStatus] | None = None
-        self.stream_healthy: dict[str, bool] = dict.fromkeys(self.arbiters, False)
         self._warned_size = False
 
     # --- lifecycle -----------------------------------------------------------------
@@ -202,43 +211,237 @@ class MembershipClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+        try:
+            session = self._session
+            if self.leave_on_exit and session is not None and not session.ended:
+                try:
+                    await self.leave(timeout=self.config.leave_timeout)
+                except MembershipError as e:
+                    log.warning(
+                        "%s could not leave on exit (%s); the cluster will declare it DEAD",
+                        self.node_id,
+                        e,
+                    )
+        finally:
+            await self.close()
 
     async def start(self) -> None:
-        """Starts the heartbeat streams (for a node) and the view follower."""
+        """Starts learning the cluster identity, then the heartbeat links (for a
+        node) and the view follower. Returns at once.
+
+        Raises:
+            ClosedError: the client was closed.
+        """
         if self._closed:
             raise ClosedError("client is closed")
+        if self._started:
+            return
+        self._started = True
         loop = asyncio.get_running_loop()
+        self._ensure_discovery()
         if self._session is not None:
             if self._own_status:
                 self._status.start()
-            for addr in self.arbiters:
-                self._tasks.append(
-                    loop.create_task(self._supervise(addr), name=f"heartbeat-{addr}")
-                )
+            for addr, link in self._links.items():
+                self._tasks.append(loop.create_task(self._run_link(link), name=f"heartbeat-{addr}"))
             self._tasks.append(loop.create_task(self._fence_timer(), name="fence-timer"))
+            self._tasks.append(loop.create_task(self._log_reachability(), name="reachability"))
         if self.config.follow_view:
             self._tasks.append(loop.create_task(self._follow_view(), name="follow-view"))
 
     async def close(self) -> None:
         """Stops every task and closes every channel (no leave: see :meth:`leave`)."""
         self._closed = True
+        current = asyncio.current_task()
         for t in self._tasks:
-            await reap(t)
+            if t is not current:
+                await reap(t)
         self._tasks.clear()
         if self._own_status:
             self._status.close()
-        for ch in self._channels.values():
-            await ch.close(grace=None)
-        self._channels.clear()
+        await self._channels.close()
         self._state_changed.set()
+        self._connected.set()
+        self._settled.set()
 
-    def _stub(self, addr: str) -> pb_grpc.MembershipStub:
-        ch = self._channels.get(addr)
-        if ch is None:
-            ch = grpc.aio.insecure_channel(addr, options=self.config.channel_options())
-            self._channels[addr] = ch
-        return pb_grpc.MembershipStub(ch)
+    def _ensure_discovery(self) -> None:
+        """Starts asking the arbiters for the cluster identity (once per client)."""
+        if self._discovery is None and not self._closed:
+            self._discovery = asyncio.get_running_loop().create_task(
+                self._discover(), name="discover-cluster"
+            )
+            self._tasks.append(self._discovery)
+
+    def _fail(self, error: MembershipError) -> None:
+        """Stops the client for ``error`` (heartbeats end; waits and watches raise it)."""
+        if self.error is None:
+            self.error = error
+            log.error("%s: %s", self.node_id or "watcher", error)
+        self.ended.set()
+        self._state_changed.set()
+        self._connected.set()
+        self._settled.set()
+
+    async def wait_connected(self, timeout: float | None = None) -> str:
+        """Waits until an arbiter answered (the cluster identity is known).
+
+        Returns:
+            The cluster identity, ``name@digest`` ("" if the arbiters state none).
+
+        Raises:
+            ClusterMismatch: the arbiters belong to different clusters.
+            ClosedError: the client was closed first.
+            TimeoutError: no arbiter answered within ``timeout`` seconds.
+        """
+        try:
+            async with asyncio.timeout(timeout):
+                await self._settled.wait()
+        except TimeoutError:
+            reasons = "; ".join(f"{a}: {r}" for a, r in self._unreachable.items())
+            raise TimeoutError(
+                f"no arbiter answered within {timeout:g}s ({reasons or 'no answer'})"
+            ) from None
+        if self.error is not None:
+            raise self.error
+        if self._closed:
+            raise ClosedError("client closed before an arbiter answered")
+        return self._check.expected or ""
+
+    async def _discover(self) -> None:
+        """Asks every arbiter for its cluster identity until one answers (module docstring)."""
+        attempt = 0
+        while not self._closed:
+
+            async def ask(addr: str) -> None:
+                try:
+                    resp = await self._channels.summary(addr, self.config.call_timeout)
+                except grpc.aio.AioRpcError as e:
+                    self._unreachable[addr] = f"{e.code().name}: {e.details()}"
+                    return
+                self._unreachable.pop(addr, None)
+                self._check.note(addr, resp.cluster)
+                if self._settled.is_set():
+                    self._verify()  # a late answer: checked at once
+                self._connected.set()
+
+            tasks = [asyncio.ensure_future(ask(a)) for a in self.arbiters]
+            try:
+                pending = set(tasks)
+                while pending and not self._connected.is_set():
+                    _, pending = await asyncio.wait(pending, return_when="FIRST_COMPLETED")
+                if self._connected.is_set() and pending:
+                    # Heartbeats wait for the other answers a little: an arbiter
+                    # of another cluster is refused before anything registers
+                    # the node anywhere. A slower one is still checked (and
+                    # refuses heartbeats that name another cluster).
+                    _, pending = await asyncio.wait(pending, timeout=self.config.subscribe_hedge)
+                if self._connected.is_set() and self._verify():
+                    self._settled.set()
+                if pending:
+                    await asyncio.wait(pending)
+            finally:
+                for t in tasks:
+                    await reap(t)
+            if self._connected.is_set():
+                return
+            attempt += 1
+            await asyncio.sleep(self._backoff.delay(attempt))
+
+    def _verify(self) -> bool:
+        """Checks the identities heard so far; fails the client on a mismatch."""
+        try:
+            self._check.verify()
+        except ClusterMismatch as e:
+            self._fail(e)
+            return False
+        return True
+
+    async def _run_link(self, link: HeartbeatLink) -> None:
+        await self._settled.wait()
+        if self.error is not None or self._closed:
+            return
+        try:
+            await link.run()
+        except ClusterMismatch as e:
+            self._fail(e)
+
+    # --- what the heartbeat links ask (membership.heartbeats.LinkOwner) -------------
+
+    def timings(self) -> LinkTimings:
+        """The links' current timings: the interval and the deadlines scaled with it."""
+        c = self.config
+        scale = max(1.0, self.interval / c.heartbeat_interval)
+        return LinkTimings(
+            interval=self.interval,
+            hedge_after=c.hedge_after * scale,
+            ack_timeout=c.ack_timeout * scale,
+        )
+
+    def next_request(self, address: str, now: float) -> tuple[int, pb.HeartbeatRequest]:
+        """The next heartbeat for ``address``, recorded by the session as sent at ``now``."""
+        session = self._session
+        assert session is not None
+        seq, incarnation = session.heartbeat(address, now)
+        return seq, pb.HeartbeatRequest(
+            node_id=session.node_id,
+            incarnation=incarnation,
+            seq=seq,
+            send_time_unix=time.time(),
+            labels=self.labels,
+            status=self._status_message(),
+            # 0 until an arbiter suggested one: the arbiter's own default.
+            interval_seconds=self.interval if self._suggested else 0.0,
+        )
+
+    def expected_cluster(self) -> str:
+        """The cluster identity every arbiter must have ("" while unknown)."""
+        return self._check.expected or ""
+
+    def finished(self) -> bool:
+        """True once heartbeats must stop."""
+        session = self._session
+        return self._closed or self.error is not None or session is None or session.ended
+
+    def on_ack(self, address: str, ack: pb.HeartbeatAck, now: float) -> None:
+        """Takes one ack from ``address`` (identity, interval, then the session).
+
+        Raises:
+            ClusterMismatch: the ack names another cluster.
+        """
+        session = self._session
+        assert session is not None
+        self._check.record(address, ack.cluster)
+        if ack.cluster_size > len(self.arbiters) and not self._warned_size:
+            self._warned_size = True
+            log.warning(
+                "%s lists %d arbiter(s) but the cluster has %d: it can join only if "
+                "it reaches a majority (%d); list every arbiter",
+                self.node_id,
+                len(self.arbiters),
+                ack.cluster_size,
+                ack.cluster_size // 2 + 1,
+            )
+        if ack.next_interval_seconds > 0:
+            before = self.interval
+            self._suggested[address] = ack.next_interval_seconds
+            if self.interval != before:
+                log.info(
+                    "%s heartbeats every %.3fs now (suggested by the arbiters)",
+                    self.node_id,
+                    self.interval,
+                )
+        self._dispatch(
+            session.on_ack(
+                address,
+                seq=ack.seq,
+                lease=ack.lease_seconds,
+                state=convert.state_from_pb(ack.state) if ack.state else MemberState.JOINING,
+                recorded_incarnation=ack.incarnation,
+                epoch=ack.epoch,
+                now=now,
+                cluster_size=ack.cluster_size,
+            )
+        )
 
     # --- node state ------------------------------------------------------------------
 
@@ -249,11 +452,10 @@ class MembershipClient:
         ``config.heartbeat_interval`` until one did."""
         return max(self._suggested.values(), default=self.config.heartbeat_interval)
 
-    def _ack_timeout(self) -> float:
-        # The ack deadline scales with the interval: at 1 s between heartbeats
-        # a 0.6 s deadline would abandon every stream between two of them.
-        c = self.config
-        return max(c.ack_timeout, c.ack_timeout * self.interval / c.heartbeat_interval)
+    def _need_node(self, what: str) -> NodeSession:
+        if self._session is None:
+            raise InvalidArgument(f"{what} needs a node_id (this client only watches)")
+        return self._session
 
     def report(
         self,
@@ -277,8 +479,13 @@ class MembershipClient:
             **gauges: free-form numeric gauges (finite; at most 32).
 
         Raises:
-            InvalidArgument: a value breaks a bound (nothing is changed then).
+            InvalidArgument: a value breaks a bound (nothing is changed then),
+                or the client has no node_id (it sends no heartbeats).
+            ClosedError: the client is closed.
         """
+        self._need_node("report()")
+        if self._closed:
+            raise ClosedError("report() on a closed client")
         self._status.report(
             phase=phase, step=step, progress=progress, gpu_utilization=gpu_utilization, **gauges
         )
@@ -288,8 +495,12 @@ class MembershipClient:
         ``gpu_utilization`` or gauge names); no names clears everything reported.
 
         Raises:
-            InvalidArgument: a name is not a string.
+            InvalidArgument: a name is not a string, or the client has no node_id.
+            ClosedError: the client is closed.
         """
+        self._need_node("clear()")
+        if self._closed:
+            raise ClosedError("clear() on a closed client")
         self._status.clear(*names)
 
     def _status_message(self) -> pb.NodeStatus:
@@ -310,16 +521,26 @@ class MembershipClient:
         return self._session.incarnation if self._session else None
 
     @property
+    def end_reason(self) -> EndReason | None:
+        """Why the session ended (left, removed, dead, superseded), None while it runs."""
+        return self._session.end_reason if self._session else None
+
+    @property
     def fenced(self) -> bool:
         """True while the node holds unexpired leases from fewer than a quorum of arbiters."""
         return self._session.fenced(time.monotonic()) if self._session else True
+
+    @property
+    def stream_healthy(self) -> dict[str, bool]:
+        """Arbiter address -> whether its heartbeat link had an ack within the ack timeout."""
+        return {a: link.up for a, link in self._links.items()}
 
     @property
     def healthy(self) -> bool:
         """True while heartbeat streams to at least a quorum of arbiters are up (acked) (C24)."""
         if self._session is None:
             return False
-        return sum(self.stream_healthy.values()) >= self._session.quorum
+        return sum(link.up for link in self._links.values()) >= self._session.quorum
 
     @property
     def is_member(self) -> bool:
@@ -337,23 +558,24 @@ class MembershipClient:
             InvalidArgument: on a watch-only client.
             TimeoutError: after ``timeout`` seconds.
         """
-        if self._session is None:
-            raise InvalidArgument("wait_fenced needs a node_id")
+        session = self._need_node("wait_fenced")
 
         async def _wait() -> None:
             while self.fenced != fenced:
                 self._fence_changed.clear()
                 # leases run out without any event: wake at the next deadline too
-                deadline = self._session.next_deadline() if self._session else None
+                deadline = session.next_deadline()
                 delay = None if deadline is None else max(0.0, deadline - time.monotonic())
-                try:
+                with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await self._fence_changed.wait()
-                except TimeoutError:
-                    pass
 
-        async with asyncio.timeout(timeout):
-            await _wait()
+        try:
+            async with asyncio.timeout(timeout):
+                await _wait()
+        except TimeoutError:
+            word = "fenced" if fenced else "unfenced"
+            raise TimeoutError(f"{self.node_id} not {word} within {timeout:g}s") from None
 
     @property
     def fencing_epoch(self) -> int:
@@ -365,6 +587,19 @@ class MembershipClient:
         """The latest committed view this client has seen (empty before the first)."""
         return self._view
 
+    def reachability(self) -> str:
+        """Which arbiters this node's heartbeats reach, and why the others fail, in words."""
+        session = self._session
+        up = sum(link.up for link in self._links.values())
+        quorum = session.quorum if session else len(self.arbiters) // 2 + 1
+        down = [
+            f"{a}: {link.last_error or 'no ack yet'}"
+            for a, link in self._links.items()
+            if not link.up
+        ]
+        text = f"reaches {up} of {len(self.arbiters)} arbiters (a quorum is {quorum})"
+        return text + ("; " + "; ".join(down) if down else "")
+
     async def wait_alive(self, timeout: float | None = None) -> Member:
         """Waits until this node is ALIVE in the committed view.
 
@@ -373,26 +608,35 @@ class MembershipClient:
 
         Raises:
             InvalidArgument: on a watch-only client.
-            ClosedError: when the client closes or the node leaves first.
-            TimeoutError: after ``timeout`` seconds.
+            ClosedError: when the client closes or the session ends first.
+            ClusterMismatch: the arbiters belong to different clusters.
+            TimeoutError: after ``timeout`` seconds, saying where the node stands.
         """
-        if self._session is None:
-            raise InvalidArgument("wait_alive needs a node_id")
+        session = self._need_node("wait_alive")
 
         async def _wait() -> None:
             while self.state is not MemberState.ALIVE:
-                if self._closed or (self._session is not None and self._session.ended):
-                    raise ClosedError("client closed before the node became ALIVE")
+                if self.error is not None:
+                    raise self.error
+                if self._closed or session.ended:
+                    why = session.end_reason.value if session.end_reason else "closed"
+                    raise ClosedError(f"the client ended ({why}) before the node became ALIVE")
                 self._state_changed.clear()
                 await self._state_changed.wait()
 
-        async with asyncio.timeout(timeout):
-            await _wait()
-        member = self._view.get(self._session.node_id)
-        if member is None or member.incarnation != self._session.incarnation:
+        try:
+            async with asyncio.timeout(timeout):
+                await _wait()
+        except TimeoutError:
+            raise TimeoutError(
+                f"{self.node_id} not ALIVE within {timeout:g}s: it is {self.state.value} and "
+                f"{self.reachability()}"
+            ) from None
+        member = self._view.get(session.node_id)
+        if member is None or member.incarnation != session.incarnation:
             member = Member(
-                node_id=self._session.node_id,
-                incarnation=self._session.incarnation,
+                node_id=session.node_id,
+                incarnation=session.incarnation,
                 state=MemberState.ALIVE,
                 labels=self.labels,
             )
@@ -403,8 +647,6 @@ class MembershipClient:
             if isinstance(ev, StateChanged):
                 log.info("%s incarnation %d is %s", self.node_id, ev.incarnation, ev.state.value)
                 self._state_changed.set()
-                if ev.state is MemberState.DEAD and not self.config.auto_rejoin:
-                    self.ended.set()  # nothing more to do without a rejoin
             elif isinstance(ev, Fenced):
                 self._fence_changed.set()
                 log.info(
@@ -422,7 +664,6 @@ class MembershipClient:
                     ev.by,
                 )
                 self._state_changed.set()
-                self.ended.set()
             elif isinstance(ev, Rejoined):
                 log.info(
                     "%s: incarnation %d is over (%s); rejoining as %d",
@@ -436,242 +677,222 @@ class MembershipClient:
                     self._on_event(ev)
                 except Exception:
                     log.exception("on_event callback failed")
+        session = self._session
+        if session is not None and session.ended and not self.ended.is_set():
+            if session.end_reason is EndReason.REMOVED:
+                log.warning("%s was made LEFT by the cluster without asking", self.node_id)
+            self.ended.set()
+            self._state_changed.set()
 
     async def _fence_timer(self) -> None:
-        assert self._session is not None
-        while True:
-            deadline = self._session.next_deadline()
-            delay = 0.05 if deadline is None else max(0.0, deadline - time.monotonic())
-            await asyncio.sleep(min(delay, 0.05) if deadline is None else delay)
-            self._dispatch(self._session.tick(time.monotonic()))
-
-    # --- heartbeats ------------------------------------------------------------------
-
-    async def _supervise(self, addr: str) -> None:
-        # One supervisor per arbiter; it never ends by itself and never dies
-        # silently (C24): unexpected errors are logged and retried.
-        while not self._closed and not (self._session is not None and self._session.ended):
-            try:
-                retrying = AsyncRetrying(
-                    wait=wait_random_exponential(
-                        multiplier=self.config.backoff_initial, max=self.config.backoff_max
-                    ),
-                    retry=retry_if_exception_type(_StreamFailed),
-                )
-                async for attempt in retrying:
-                    with attempt:
-                        await self._heartbeat_stream(addr)
-                # The stream was healthy, then ended: reconnect after a short jitter.
-                await asyncio.sleep(random.uniform(0, self.config.backoff_initial))
-            except asyncio.CancelledError:
-                raise
-            except ClosedError:
-                return
-            except Exception:
-                log.exception("heartbeat supervisor for %s failed; restarting", addr)
-                await asyncio.sleep(self.config.backoff_max)
-
-    async def _heartbeat_stream(self, addr: str) -> None:
-        assert self._session is not None
-        if self._closed:
-            raise ClosedError("client closed")
         session = self._session
-        call = self._stub(addr).Heartbeat()
-        # Heartbeats sent and not yet acked: (seq, send time), oldest first.
-        # The stream is abandoned when the oldest one waits longer than the
-        # ack timeout (C03): measured from its *send*, so that a process that
-        # was itself paused (GC, SIGSTOP, CPU starvation) first tries the
-        # stream it has instead of dropping every stream on resuming.
-        unacked: collections.deque[tuple[int, float]] = collections.deque()
-        healthy = False
+        assert session is not None
+        while True:
+            deadline = session.next_deadline()
+            delay = 0.05 if deadline is None else max(0.0, deadline - time.monotonic())
+            await asyncio.sleep(delay)
+            self._dispatch(session.tick(time.monotonic()))
 
-        async def reader() -> None:
-            nonlocal healthy
-            while True:
-                ack = await call.read()
-                if ack is grpc.aio.EOF:
-                    return
-                now = time.monotonic()
-                while unacked and unacked[0][0] <= ack.seq:
-                    unacked.popleft()
-                if not healthy:
-                    healthy = True
-                    self.stream_healthy[addr] = True
-                    log.debug("heartbeat stream to %s is up", addr)
-                if ack.cluster_size > len(self.arbiters) and not self._warned_size:
-                    self._warned_size = True
-                    log.warning(
-                        "%s lists %d arbiter(s) but the cluster has %d: it can join only if "
-                        "it reaches a majority (%d); list every arbiter",
-                        self.node_id,
-                        len(self.arbiters),
-                        ack.cluster_size,
-                        ack.cluster_size // 2 + 1,
-                    )
-                if ack.next_interval_seconds > 0:
-                    before = self.interval
-                    self._suggested[addr] = ack.next_interval_seconds
-                    if self.interval != before:
-                        log.info(
-                            "%s heartbeats every %.3fs now (suggested by the arbiters)",
-                            self.node_id,
-                            self.interval,
-                        )
-                self._dispatch(
-                    session.on_ack(
-                        addr,
-                        seq=ack.seq,
-                        lease=ack.lease_seconds,
-                        state=convert.state_from_pb(ack.state)
-                        if ack.state
-                        else MemberState.JOINING,
-                        recorded_incarnation=ack.incarnation,
-                        epoch=ack.epoch,
-                        now=now,
-                        cluster_size=ack.cluster_size,
-                    )
+    async def _log_reachability(self) -> None:
+        """Logs, every ``reachability_log_interval`` seconds while the node reaches fewer
+        than a quorum of arbiters, which ones and why."""
+        session = self._session
+        assert session is not None
+        every = self.config.reachability_log_interval
+        while not self.finished():
+            await asyncio.sleep(every)
+            if not self.healthy and not self.finished():
+                log.warning(
+                    "%s %s: it cannot %s until it does",
+                    self.node_id,
+                    self.reachability(),
+                    "join" if self.state is MemberState.JOINING else "keep its leases",
                 )
-                if session.ended:
-                    return
-
-        read_task = asyncio.get_running_loop().create_task(reader())
-        try:
-            while not read_task.done():
-                now = time.monotonic()
-                ack_timeout = self._ack_timeout()
-                waiting = now - unacked[0][1] if unacked else 0.0
-                if waiting > ack_timeout:
-                    raise TimeoutError(f"no ack from {addr} for {waiting:.2f}s")
-                seq, incarnation = session.heartbeat(addr, now)
-                unacked.append((seq, now))
-                interval = self.interval
-                req = pb.HeartbeatRequest(
-                    node_id=session.node_id,
-                    incarnation=incarnation,
-                    seq=seq,
-                    send_time_unix=time.time(),
-                    labels=self.labels,
-                    status=self._status_message(),
-                    # 0 until an arbiter suggested one: the arbiter's own default.
-                    interval_seconds=interval if self._suggested else 0.0,
-                )
-                async with asyncio.timeout(ack_timeout):
-                    await call.write(req)
-                await asyncio.wait({read_task}, timeout=interval)
-            await read_task  # re-raises a read error
-        except (grpc.aio.AioRpcError, TimeoutError, asyncio.InvalidStateError) as e:
-            detail = e.details() if isinstance(e, grpc.aio.AioRpcError) else str(e)
-            code = e.code() if isinstance(e, grpc.aio.AioRpcError) else None
-            if healthy:
-                log.info("heartbeat stream to %s ended: %s", addr, detail)
-            if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
-                log.error("arbiter %s refused our heartbeats: %s", addr, detail)
-            if not healthy:
-                raise _StreamFailed(detail) from e
-        finally:
-            self.stream_healthy[addr] = False
-            call.cancel()
-            await reap(read_task)
-        if not healthy:
-            raise _StreamFailed("stream ended before any ack")
 
     # --- leave ---------------------------------------------------------------------------
 
     async def leave(self, timeout: float = 10.0) -> int:
         """Leaves gracefully: the node becomes LEFT (never DEAD), then heartbeats stop.
 
+        An incarnation that never joined the view is retired instead: the view
+        records nothing for it, and it can never join later. A node that no
+        arbiter ever answered just stops.
+
         Returns:
-            The epoch at which the node became LEFT.
+            The epoch at which the node became LEFT (for an incarnation that
+            never joined: the epoch then; the view did not change).
 
         Raises:
             InvalidArgument: on a watch-only client.
             RejectedError: the cluster refused (e.g. the incarnation is already DEAD).
             UnavailableError: no arbiter could commit the leave within ``timeout`` seconds.
         """
-        if self._session is None:
-            raise InvalidArgument("leave needs a node_id")
-        session = self._session
+        session = self._need_node("leave")
+        if session.end_reason is EndReason.LEFT:
+            return self._left_epoch
+        if session.ended:
+            raise RejectedError(
+                f"{self.node_id} cannot leave: its session ended ({session.end_reason})"
+            )
+        if not session.heard:
+            # Nothing can hold this incarnation: no arbiter ever answered it.
+            self._dispatch(session.leave(time.monotonic()))
+            await self.close()
+            return self._view.epoch
+        request = pb.LeaveRequest(
+            node_id=session.node_id,
+            incarnation=session.incarnation,
+            cluster=self._check.expected or "",
+        )
         deadline = time.monotonic() + timeout
-        last_error = "no arbiter tried"
+        errors: dict[str, str] = {}
+        attempt = 0
         while time.monotonic() < deadline:
-            for addr in self.arbiters:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                try:
-                    resp = await self._stub(addr).Leave(
-                        pb.LeaveRequest(node_id=session.node_id, incarnation=session.incarnation),
-                        timeout=min(left, self.config.call_timeout),
-                    )
-                except grpc.aio.AioRpcError as e:
-                    if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                        raise RejectedError(e.details() or "leave refused") from None
-                    last_error = f"{addr}: {e.code().name} {e.details()}"
-                    continue
-                session.left = True
-                self._dispatch(session._set_state(MemberState.LEFT))
+            resp = await self._leave_round(request, deadline, errors)
+            if resp is not None:
+                self._left_epoch = int(resp.epoch)
+                self._dispatch(session.leave(time.monotonic()))
                 await self.close()
-                return int(resp.epoch)
-            await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-        raise UnavailableError(f"leave not committed within {timeout}s ({last_error})")
+                return self._left_epoch
+            attempt += 1
+            await asyncio.sleep(
+                min(self._backoff.delay(attempt), max(0.0, deadline - time.monotonic()))
+            )
+        detail = "; ".join(f"{a}: {e}" for a, e in errors.items()) or "no arbiter tried"
+        raise UnavailableError(f"leave not committed within {timeout:g}s ({detail})")
+
+    async def _leave_round(
+        self, request: pb.LeaveRequest, deadline: float, errors: dict[str, str]
+    ) -> pb.LeaveResponse | None:
+        """Asks every arbiter at once (a leave is idempotent); the first success wins."""
+
+        async def ask(addr: str) -> pb.LeaveResponse | None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                resp: pb.LeaveResponse = await self._channels.stub(addr).Leave(
+                    request, timeout=min(left, self.config.call_timeout)
+                )
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    raise RejectedError(e.details() or "leave refused") from None
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    self._channels.discard(addr)
+                errors[addr] = f"{e.code().name} {e.details()}"
+                return None
+            return resp
+
+        tasks = [asyncio.ensure_future(ask(a)) for a in self.arbiters]
+        try:
+            for done in asyncio.as_completed(tasks):
+                resp = await done
+                if resp is not None:
+                    return resp
+        finally:
+            for t in tasks:
+                await reap(t)
+        return None
 
     # --- view ------------------------------------------------------------------------------
 
     async def get_view(self) -> ViewInfo:
         """Asks the arbiters for their view; prefers one that is in a quorum.
 
+        The first listed arbiter is asked first; if it has not answered in a
+        quorum within ``config.subscribe_hedge`` seconds, the others are asked
+        too (a frozen arbiter does not hold the answer up).
+
         Returns:
-            The view of the first in-quorum arbiter that answers, else of any
-            arbiter that answers.
+            The view of the first in-quorum arbiter that answers, else of the
+            first arbiter that answered.
 
         Raises:
+            ClusterMismatch: the arbiters belong to different clusters.
             UnavailableError: when no arbiter answers within ``call_timeout``.
         """
-        fallback: ViewInfo | None = None
-        errors = []
-        for addr in self.arbiters:
+        errors: dict[str, str] = {}
+
+        async def ask(addr: str) -> tuple[str, pb.GetViewResponse] | None:
             try:
-                resp = await self._stub(addr).GetView(
+                resp = await self._channels.stub(addr).GetView(
                     pb.GetViewRequest(), timeout=self.config.call_timeout
                 )
             except grpc.aio.AioRpcError as e:
-                errors.append(f"{addr}: {e.code().name}")
-                continue
-            info = ViewInfo(
-                view=convert.view_from_pb(resp.view),
-                arbiter_id=resp.arbiter_id,
-                leader_id=resp.leader_id or None,
-                in_quorum=resp.in_quorum,
-                suspected_by={
-                    m.node_id: tuple(m.suspected_by) for m in resp.view.members if m.suspected_by
-                },
-                local_suspects=tuple(resp.local_suspects),
-                statuses={
-                    m.node_id: convert.status_from_pb(m.status)
-                    for m in resp.view.members
-                    if m.HasField("status")
-                },
-            )
-            if info.in_quorum:
-                return info
-            fallback = fallback or info
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    self._channels.discard(addr)
+                errors[addr] = e.code().name
+                return None
+            return addr, resp
+
+        first = asyncio.ensure_future(ask(self.arbiters[0]))
+        tasks = [first]
+        fallback: tuple[str, pb.GetViewResponse] | None = None
+        try:
+            done, _ = await asyncio.wait({first}, timeout=self.config.subscribe_hedge)
+            if done and first.result() is not None and first.result()[1].in_quorum:  # type: ignore[index]
+                addr, resp = first.result()  # type: ignore[misc]
+                return self._view_info(addr, resp)
+            tasks += [asyncio.ensure_future(ask(a)) for a in self.arbiters[1:]]
+            for fut in asyncio.as_completed(tasks):
+                answer = await fut
+                if answer is None:
+                    continue
+                if answer[1].in_quorum:
+                    return self._view_info(*answer)
+                fallback = fallback or answer
+        finally:
+            for t in tasks:
+                await reap(t)
         if fallback is not None:
-            return fallback
-        raise UnavailableError("no arbiter answered: " + "; ".join(errors))
+            return self._view_info(*fallback)
+        raise UnavailableError(
+            "no arbiter answered: " + "; ".join(f"{a}: {e}" for a, e in errors.items())
+        )
+
+    def _view_info(self, address: str, resp: pb.GetViewResponse) -> ViewInfo:
+        self._check.record(address, resp.cluster)
+        return ViewInfo(
+            view=convert.view_from_pb(resp.view),
+            arbiter_id=resp.arbiter_id,
+            leader_id=resp.leader_id or None,
+            in_quorum=resp.in_quorum,
+            suspected_by={
+                m.node_id: tuple(m.suspected_by) for m in resp.view.members if m.suspected_by
+            },
+            local_suspects=tuple(resp.local_suspects),
+            statuses={
+                m.node_id: convert.status_from_pb(m.status)
+                for m in resp.view.members
+                if m.HasField("status")
+            },
+            cluster=resp.cluster,
+        )
 
     async def _follow_view(self) -> None:
-        async for _ in self.watch():
-            pass
+        with contextlib.suppress(MembershipError):
+            async for _ in self.watch():
+                pass
+
+    def _set_view(self, view: View) -> None:
+        self._view = view
 
     async def watch(
-        self, since_epoch: int = 0, *, status: bool = False, status_interval: float = 0.0
+        self,
+        since_epoch: int = 0,
+        *,
+        status: bool = False,
+        status_interval: float = 0.0,
+        reset_if_ahead: bool = False,
     ) -> AsyncIterator[ViewEvent]:
         """Yields the view as a stream: a snapshot (or the changes after
-        ``since_epoch``), then every change, and quorum transitions.
+        ``since_epoch``), then every change, quorum transitions, and loss and
+        return of contact.
 
         Fails over between arbiters and resumes from the last epoch it
         yielded, so epochs are contiguous (or a fresh snapshot is yielded):
-        no gap, no duplicate. Also updates :attr:`view`.
+        no gap, no duplicate (rules in :mod:`membership.feed`). Also updates
+        :attr:`view`.
 
         Args:
             since_epoch: the last epoch the caller holds (0: start with a snapshot).
@@ -679,9 +900,19 @@ class MembershipClient:
                 the nodes, coalesced per node, from the serving arbiter).
             status_interval: seconds between status events (0: the arbiter's
                 default; an arbiter never sends them more often than its own).
+            reset_if_ahead: when ``since_epoch`` is beyond the cluster's epoch,
+                yield :class:`ViewReset` and start again from a fresh snapshot
+                instead of raising.
 
         Yields:
-            ViewSnapshot, ViewChanged, QuorumChanged, and StatusUpdated when asked.
+            ViewSnapshot, ViewChanged, QuorumChanged, Disconnected,
+            Reconnected, ViewReset, and StatusUpdated when asked.
+
+        Raises:
+            InvalidArgument: for a bad argument, or an arbiter refused them.
+            EpochOutOfRange: ``since_epoch`` is beyond the cluster's epoch
+                (confirmed by two arbiters), unless ``reset_if_ahead``.
+            ClusterMismatch: the arbiters belong to different clusters.
         """
         if (
             isinstance(status_interval, bool)
@@ -692,108 +923,29 @@ class MembershipClient:
             raise InvalidArgument(
                 f"status_interval must be a number of seconds >= 0, got {status_interval!r}"
             )
-        last = since_epoch
-        index = 0
-        in_quorum: bool | None = None
-        failures = 0
-        while not self._closed:
-            addr = self.arbiters[index % len(self.arbiters)]
-            call = self._stub(addr).Subscribe(
-                pb.SubscribeRequest(
-                    since_epoch=last, include_status=status, status_interval_seconds=status_interval
-                )
-            )
-            got_any = False
-            # One pending read at a time, never cancelled by a timeout: a
-            # cancelled read would cancel the whole call.
-            read: asyncio.Task[Any] | None = None
-            try:
-                quorum_lost_at: float | None = None
-                while True:
-                    timeout = self.config.stream_idle_timeout
-                    if quorum_lost_at is not None:
-                        timeout = self.config.failover_probe_interval
-                    if read is None:
-                        read = asyncio.ensure_future(call.read())
-                    done, _ = await asyncio.wait({read}, timeout=timeout)
-                    if done:
-                        msg, read = read.result(), None
-                    else:
-                        if quorum_lost_at is None:
-                            raise _Resubscribe(f"{addr}: nothing for {timeout:.0f}s") from None
-                        target = await self._find_quorum(exclude=addr)
-                        if target is not None:
-                            index = self.arbiters.index(target)
-                            raise _Resubscribe("failing over to an arbiter with quorum", False)
-                        continue
-                    if msg is grpc.aio.EOF:
-                        raise _Resubscribe(f"{addr} ended the stream")
-                    got_any = True
-                    failures = 0
-                    ev = convert.event_from_pb(msg)
-                    if isinstance(ev, ViewSnapshot):
-                        last = ev.view.epoch
-                        self._view = ev.view
-                        yield ev
-                    elif isinstance(ev, ViewChanged):
-                        if ev.epoch <= last:
-                            continue  # already yielded (resume overlap)
-                        if ev.epoch != last + 1:
-                            raise _Resubscribe(f"gap: epoch {ev.epoch} after {last}", False)
-                        last = ev.epoch
-                        self._view = self._view.with_changes(ev.epoch, ev.changes)
-                        yield ev
-                    elif isinstance(ev, StatusUpdated):
-                        if status:
-                            yield ev
-                    elif isinstance(ev, QuorumChanged):
-                        if ev.in_quorum != in_quorum and (
-                            in_quorum is not None or not ev.in_quorum
-                        ):
-                            yield ev
-                        in_quorum = ev.in_quorum
-                        quorum_lost_at = None if ev.in_quorum else time.monotonic()
-                        if not ev.in_quorum:
-                            target = await self._find_quorum(exclude=addr)
-                            if target is not None:
-                                index = self.arbiters.index(target)
-                                raise _Resubscribe("failing over to an arbiter with quorum", False)
-            except _Resubscribe as r:
-                log.debug("subscription to %s: %s", addr, r)
-                if r.move:
-                    index += 1
-            except grpc.aio.AioRpcError as e:
-                if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                    detail = e.details()
-                    raise InvalidArgument(f"{addr} refused the subscription: {detail}") from None
-                log.debug("subscription to %s failed: %s", addr, e.code().name)
-                index += 1
-            finally:
-                call.cancel()
-                if read is not None:
-                    await reap(read)
-            if not got_any:
-                failures += 1
-                await asyncio.sleep(
-                    random.uniform(
-                        0,
-                        min(
-                            self.config.backoff_max,
-                            self.config.backoff_initial * 2 ** min(failures, 10),
-                        ),
-                    )
-                )
-
-    async def _find_quorum(self, exclude: str) -> str | None:
-        for addr in self.arbiters:
-            if addr == exclude:
-                continue
-            try:
-                resp = await self._stub(addr).GetView(
-                    pb.GetViewRequest(), timeout=min(1.0, self.config.call_timeout)
-                )
-            except grpc.aio.AioRpcError:
-                continue
-            if resp.in_quorum:
-                return addr
-        return None
+        if isinstance(since_epoch, bool) or not isinstance(since_epoch, int) or since_epoch < 0:
+            raise InvalidArgument(f"since_epoch must be an int >= 0, got {since_epoch!r}")
+        if self._closed:
+            raise ClosedError("watch() on a closed client")
+        self._ensure_discovery()  # arbiters of another cluster end the watch
+        watcher = Watcher(
+            addresses=self.arbiters,
+            channels=self._channels,
+            config=self.config,
+            check=self._check,
+            since_epoch=since_epoch,
+            status=status,
+            status_interval=status_interval,
+            reset_if_ahead=reset_if_ahead,
+            closed=lambda: self._closed or self.error is not None,
+            on_view=self._set_view,
+            backoff=self._backoff,
+        )
+        try:
+            async for ev in watcher.events():
+                yield ev
+        except ClusterMismatch as e:
+            self._fail(e)
+            raise
+        if self.error is not None:
+            raise self.error

@@ -191,6 +191,7 @@ async def _wait_reachable(client: Any, timeout: float, what: str) -> Any:
 _NODE_SETTINGS = (
     "heartbeat_interval",
     "ack_timeout",
+    "hedge_after",
     "backoff_initial",
     "backoff_max",
     "keepalive_time",
@@ -199,10 +200,13 @@ _NODE_SETTINGS = (
     "auto_rejoin",
     "collect_status",
     "status_probe_interval",
+    "reachability_log_interval",
 )
 _WATCH_SETTINGS = (
     "call_timeout",
     "stream_idle_timeout",
+    "disconnect_after",
+    "subscribe_hedge",
     "failover_probe_interval",
     "backoff_initial",
     "backoff_max",
@@ -284,6 +288,8 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
             return EXIT_OK  # stopped while connecting: nothing to leave
         await client.start()
         await interrupt.race(_first(client.ended.wait(), left_unasked.wait()))
+        if client.ended.is_set() and client.error is not None:
+            raise client.error  # e.g. arbiters of two clusters: the SDK names them
         if superseded:
             raise CliError(
                 f"node id {args.id!r} was taken over by incarnation {superseded[-1].by} "

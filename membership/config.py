@@ -43,6 +43,14 @@ class ClientConfig:
     # suggest. Keep it well below the arbiters' suspicion time D (0.75 s by
     # default) plus the initial backoff.
     ack_timeout: float = 0.6
+    # A heartbeat stream whose oldest unacked heartbeat was sent this long ago
+    # gets a second stream beside it, on a new TCP connection, and the first
+    # of the two to ack wins (membership/heartbeats.py, rule 3): a connection
+    # that wedged (no FIN, no RST) is left, not waited on. Scaled with the
+    # interval like ack_timeout. Between heartbeat_interval and ack_timeout:
+    # at 0.3 s a fresh connection has about 0.3 s to bring an ack before the
+    # lease of the last acked heartbeat (D = 0.75 s from its send) runs out.
+    hedge_after: float = 0.3
     # Reconnect backoff: jittered exponential between these bounds (C19). The
     # maximum must stay below the arbiters' restart_grace minus their lease
     # (3 s - 0.75 s by default), so that nodes are back before a restarted
@@ -62,10 +70,24 @@ class ClientConfig:
     keepalive_timeout: float = 5.0
     # Deadline of unary calls (GetView, Leave) per arbiter tried.
     call_timeout: float = 3.0
+    # Seconds given to the graceful leave when a node's client exits its
+    # ``async with`` block (``leave_on_exit``).
+    leave_timeout: float = 5.0
     # A subscription that brings nothing, not even a progress marker, for this
-    # long is treated as dead and reopened elsewhere (C01, C06). Must exceed
-    # the arbiters' progress_interval (5 s by default).
-    stream_idle_timeout: float = 12.0
+    # long is treated as dead and reopened elsewhere (a frozen replica or a
+    # half-open connection sends no error). The arbiters send a marker every
+    # progress_interval (1 s by default) on an idle stream; the watcher also
+    # keeps a stream for at least 2.5 of the intervals the arbiter announces.
+    stream_idle_timeout: float = 3.0
+    # A watcher that hears nothing from an arbiter in a quorum for this long
+    # reports Disconnected (``watch`` prints {"type": "disconnected", ...})
+    # and Reconnected once it hears one again: "no changes" and "lost
+    # contact" look different. Must exceed the arbiters' progress_interval.
+    disconnect_after: float = 3.0
+    # A new subscription asks the preferred arbiter first and, if it has not
+    # answered in a quorum within this many seconds, every other arbiter at
+    # once; the first in a quorum serves ("hedged requests").
+    subscribe_hedge: float = 0.5
     # After the serving arbiter reports it lost its quorum, a subscriber looks
     # for one that has it every this many seconds.
     failover_probe_interval: float = 1.0
@@ -80,6 +102,9 @@ class ClientConfig:
     # Seconds between two probes. A probe still running at its next turn is
     # skipped, never waited for: a heartbeat is never delayed by it (C26).
     status_probe_interval: float = 1.0
+    # A node that holds streams to fewer than a quorum of arbiters logs which
+    # ones it cannot reach and why, at most this often (seconds).
+    reachability_log_interval: float = 5.0
 
     def validate(self) -> ClientConfig:
         """Checks every value and relation; returns self.
@@ -98,10 +123,15 @@ class ClientConfig:
             "backoff_max",
             "keepalive_time",
             "keepalive_timeout",
+            "hedge_after",
             "call_timeout",
+            "leave_timeout",
             "stream_idle_timeout",
+            "disconnect_after",
+            "subscribe_hedge",
             "failover_probe_interval",
             "status_probe_interval",
+            "reachability_log_interval",
         ):
             if not getattr(self, name) > 0:
                 raise InvalidArgument(f"{name} must be > 0, got {getattr(self, name)}")
@@ -109,6 +139,11 @@ class ClientConfig:
             raise InvalidArgument("backoff_max must be >= backoff_initial")
         if self.ack_timeout <= self.heartbeat_interval:
             raise InvalidArgument("ack_timeout must exceed heartbeat_interval")
+        if not self.heartbeat_interval < self.hedge_after < self.ack_timeout:
+            raise InvalidArgument(
+                f"hedge_after ({self.hedge_after}s) must be between heartbeat_interval "
+                f"({self.heartbeat_interval}s) and ack_timeout ({self.ack_timeout}s)"
+            )
         if self.keepalive_time < MIN_KEEPALIVE_TIME:
             raise InvalidArgument(
                 f"keepalive_time ({self.keepalive_time}s) must be >= {MIN_KEEPALIVE_TIME}s: "

@@ -11,6 +11,7 @@ from membership.view import (
     Member,
     MemberChange,
     MemberState,
+    ProgressMarker,
     QuorumChanged,
     StatusReport,
     StatusUpdated,
@@ -174,8 +175,8 @@ def status_from_pb(msg: pb.NodeStatus) -> NodeStatus:
     )
 
 
-def event_from_pb(ev: pb.MembershipEvent) -> ViewEvent | int | None:
-    """Wire event -> SDK event; a progress marker becomes its epoch (int); None if empty."""
+def event_from_pb(ev: pb.MembershipEvent) -> ViewEvent | ProgressMarker | None:
+    """Wire event -> SDK event (a progress marker too); None for an empty or unknown one."""
     kind = ev.WhichOneof("event")
     if kind == "snapshot":
         return ViewSnapshot(view=view_from_pb(ev.snapshot.view), arbiter_id=ev.arbiter_id)
@@ -202,7 +203,12 @@ def event_from_pb(ev: pb.MembershipEvent) -> ViewEvent | int | None:
             epoch=ev.quorum.epoch,
         )
     if kind == "progress":
-        return int(ev.progress.epoch)
+        return ProgressMarker(
+            epoch=ev.progress.epoch,
+            in_quorum=ev.progress.in_quorum,
+            interval=ev.progress.progress_interval_seconds,
+            arbiter_id=ev.arbiter_id,
+        )
     if kind == "status":
         return StatusUpdated(
             reports=tuple(

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 __all__ = [
     "ClosedError",
+    "ClusterMismatch",
+    "EpochOutOfRange",
     "InvalidArgument",
     "LocalError",
     "MembershipError",
@@ -32,6 +34,19 @@ class InvalidArgument(LocalError, ValueError):
     """An argument (node id, label, address, configuration value) is malformed."""
 
 
+class ClusterMismatch(InvalidArgument):
+    """The arbiters given belong to different clusters (or not to the one asked for).
+
+    Attributes:
+        identities: arbiter address -> the cluster identity (``name@digest``)
+            it reported, for every arbiter heard so far.
+    """
+
+    def __init__(self, message: str, identities: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.identities = dict(identities or {})
+
+
 class ClosedError(LocalError):
     """The client was closed (or left) and cannot do this any more."""
 
@@ -46,6 +61,24 @@ class UnavailableError(RemoteError):
 
 class NoQuorum(UnavailableError):
     """The arbiters reached have no quorum, so nothing can be decided now."""
+
+
+class EpochOutOfRange(RemoteError):
+    """A watch asked to resume after an epoch the cluster never reached.
+
+    Typically the cluster was reset (new data dirs) since the epoch was
+    saved, or the epoch belongs to another cluster. Resume from 0 (a fresh
+    snapshot), or pass ``reset_if_ahead=True`` to :meth:`MembershipClient.watch`.
+
+    Attributes:
+        since_epoch: the epoch asked for.
+        cluster_epoch: the cluster's epoch as the refusing arbiter had it.
+    """
+
+    def __init__(self, message: str, *, since_epoch: int, cluster_epoch: int) -> None:
+        super().__init__(message)
+        self.since_epoch = since_epoch
+        self.cluster_epoch = cluster_epoch
 
 
 class RejectedError(RemoteError):

@@ -15,6 +15,9 @@ JSON shapes (``watch --json``, one object per line):
 - ``{"type": "quorum", "in_quorum", "arbiter", "leader"}``;
 - ``{"type": "status", "node_id", "incarnation", "status": {...},
   "suspected_by", "silence_seconds", "arbiter"}``;
+- ``{"type": "disconnected", "epoch", "silence_seconds", "arbiter", "reason"}``,
+  ``{"type": "reconnected", "epoch", "silence_seconds", "arbiter"}``;
+- ``{"type": "reset", "since_epoch", "cluster_epoch"}``;
 - any other event of the SDK: ``{"type": <its class name in snake_case>,
   <its fields>...}``.
 """
@@ -30,12 +33,15 @@ from typing import TYPE_CHECKING, Any
 
 from membership.session import Fenced, Rejoined, SessionEvent, StateChanged, Superseded
 from membership.view import (
+    Disconnected,
     Evidence,
     Member,
     MemberChange,
     QuorumChanged,
+    Reconnected,
     StatusUpdated,
     ViewChanged,
+    ViewReset,
     ViewSnapshot,
 )
 
@@ -172,6 +178,43 @@ def _other_lines(ev: object, as_json: bool) -> list[str]:
     return [f"{_type_name(ev).replace('_', ' ')}: {detail}".rstrip(": ")]
 
 
+def _contact_lines(ev: object, as_json: bool) -> list[str] | None:
+    """Disconnected, Reconnected and ViewReset (None for any other event)."""
+    if isinstance(ev, Disconnected):
+        if as_json:
+            d = {
+                "type": "disconnected",
+                "epoch": ev.epoch,
+                "silence_seconds": ev.silence,
+                "arbiter": ev.arbiter_id or None,
+                "reason": ev.reason,
+            }
+            return [json.dumps(d)]
+        return [
+            f"disconnected: nothing from an arbiter in a quorum for {ev.silence:.1f}s "
+            f"(view at epoch {ev.epoch} may be stale; {ev.reason})"
+        ]
+    if isinstance(ev, Reconnected):
+        if as_json:
+            d = {
+                "type": "reconnected",
+                "epoch": ev.epoch,
+                "silence_seconds": ev.silence,
+                "arbiter": ev.arbiter_id,
+            }
+            return [json.dumps(d)]
+        return [f"reconnected to {ev.arbiter_id} after {ev.silence:.1f}s (at epoch {ev.epoch})"]
+    if isinstance(ev, ViewReset):
+        if as_json:
+            d = {"type": "reset", "since_epoch": ev.since_epoch, "cluster_epoch": ev.cluster_epoch}
+            return [json.dumps(d)]
+        return [
+            f"reset: epoch {ev.since_epoch} is beyond the cluster's ({ev.cluster_epoch}); "
+            "a fresh snapshot follows"
+        ]
+    return None
+
+
 def event_lines(ev: object, as_json: bool) -> list[str]:
     """Renders one watch event as output lines (one per member change or status report).
 
@@ -182,6 +225,9 @@ def event_lines(ev: object, as_json: bool) -> list[str]:
     Returns:
         The lines, without newlines (an event with nothing to show gives none).
     """
+    contact = _contact_lines(ev, as_json)
+    if contact is not None:
+        return contact
     if isinstance(ev, StatusUpdated):
         if as_json:
             return [

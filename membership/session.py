@@ -18,7 +18,9 @@ Rules:
 4. An ack saying the node's incarnation is DEAD (or that the cluster records a
    higher incarnation) ends that incarnation: with ``auto_rejoin`` the
    session continues at ``max(recorded, own) + 1``; its old leases are void.
-5. LEFT is final: after a graceful leave the session never rejoins.
+5. LEFT is final: after a graceful leave the session never rejoins. An ack
+   saying LEFT for an incarnation the node did not leave itself (someone
+   else's Leave) ends the session too: it was removed.
 6. Within one incarnation the state only moves forward (JOINING, ALIVE, then
    DEAD or LEFT): an ack from a replica that lags behind the commit cannot
    take an ALIVE node back to JOINING.
@@ -26,17 +28,30 @@ Rules:
    incarnation of its id was taken over (another process started with the
    same id, C15): it is superseded and ends, without rejoining. Only a node
    that never became a member at its incarnation picks a higher one (rule 4).
+8. A session ends for one :class:`EndReason` (``end_reason``): it left
+   (:meth:`NodeSession.leave`), was removed (LEFT without asking), was
+   declared DEAD with ``auto_rejoin`` off, or was superseded. An ended
+   session sends nothing more and takes no ack.
 """
 
 from __future__ import annotations
 
 import collections
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from membership.view import MemberState
 
-__all__ = ["Fenced", "NodeSession", "Rejoined", "SessionEvent", "StateChanged"]
+__all__ = [
+    "EndReason",
+    "Fenced",
+    "NodeSession",
+    "Rejoined",
+    "SessionEvent",
+    "StateChanged",
+    "Superseded",
+]
 
 _SENT_MEMORY = 64
 
@@ -81,6 +96,15 @@ class Superseded:
 SessionEvent = StateChanged | Fenced | Rejoined | Superseded
 
 
+class EndReason(enum.Enum):
+    """Why a session ended (rule 8)."""
+
+    LEFT = "left"  # the node left gracefully (it asked)
+    REMOVED = "removed"  # the cluster records it LEFT, without its asking
+    DEAD = "dead"  # declared DEAD, and auto_rejoin is off
+    SUPERSEDED = "superseded"  # another process took the node id over
+
+
 @dataclass(slots=True)
 class _Arbiter:
     sent: collections.OrderedDict[int, tuple[float, int]]
@@ -123,13 +147,35 @@ class NodeSession:
         self._seq = 0
         self._fenced = True
         self.fencing_epoch = 0
-        self.left = False
-        self.superseded = False
+        self.end_reason: EndReason | None = None
+        # Whether any arbiter ever answered (an ack at any incarnation).
+        self.heard = False
 
     @property
     def ended(self) -> bool:
-        """True after a graceful leave or when superseded: nothing more to send."""
-        return self.left or self.superseded
+        """True once the session ended (rule 8): nothing more to send."""
+        return self.end_reason is not None
+
+    @property
+    def left(self) -> bool:
+        """True once the node is LEFT (it left, or was removed)."""
+        return self.end_reason in (EndReason.LEFT, EndReason.REMOVED)
+
+    @property
+    def superseded(self) -> bool:
+        """True once another process took this node id over (rule 7)."""
+        return self.end_reason is EndReason.SUPERSEDED
+
+    def leave(self, now: float) -> list[SessionEvent]:
+        """Records that the node left gracefully (its Leave was committed): rules 5, 8.
+
+        Returns:
+            The events: leases void (Fenced) and the state LEFT.
+        """
+        if self.ended:
+            return []
+        self.end_reason = EndReason.LEFT
+        return self._void_leases(now) + self._set_state(MemberState.LEFT)
 
     def heartbeat(self, arbiter: str, now: float) -> tuple[int, int]:
         """Records a heartbeat about to be sent to ``arbiter`` at ``now`` (rule 1).
@@ -183,19 +229,20 @@ class NodeSession:
         if sent is None or self.ended:
             return []
         send_time, incarnation = sent
+        self.heard = True
         if cluster_size > 0:
             self.quorum = max(self.quorum, cluster_size // 2 + 1)
         if incarnation != self.incarnation:
             return []  # about an incarnation that is over (rule 2)
         events: list[SessionEvent] = []
         if state is MemberState.LEFT:
-            self.left = True
+            self.end_reason = EndReason.REMOVED
             return self._void_leases(now) + self._set_state(MemberState.LEFT)
         if recorded_incarnation > self.incarnation and self.state is not MemberState.JOINING:
             # Rule 7: a newer life of this id exists while this one was a
             # member. Fighting back with yet another incarnation would make
             # both processes flap; this one steps aside.
-            self.superseded = True
+            self.end_reason = EndReason.SUPERSEDED
             events += self._void_leases(now)
             events += self._set_state(MemberState.DEAD)
             events.append(Superseded(incarnation=self.incarnation, by=recorded_incarnation))
@@ -218,6 +265,8 @@ class NodeSession:
                     Rejoined(old_incarnation=old, new_incarnation=self.incarnation, reason=reason)
                 )
                 events += self._set_state(MemberState.JOINING)
+            elif state is MemberState.DEAD:
+                self.end_reason = EndReason.DEAD
             return events
         if lease > 0:
             a.lease_until = max(a.lease_until, send_time + lease)

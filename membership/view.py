@@ -21,16 +21,20 @@ if TYPE_CHECKING:
     from membership.status import NodeStatus
 
 __all__ = [
+    "Disconnected",
     "Evidence",
     "Member",
     "MemberChange",
     "MemberState",
+    "ProgressMarker",
     "QuorumChanged",
+    "Reconnected",
     "StatusReport",
     "StatusUpdated",
     "View",
     "ViewChanged",
     "ViewEvent",
+    "ViewReset",
     "ViewSnapshot",
 ]
 
@@ -229,4 +233,84 @@ class StatusUpdated:
     arbiter_id: str = ""
 
 
-ViewEvent = ViewSnapshot | ViewChanged | QuorumChanged | StatusUpdated
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Disconnected:
+    """Event: the watcher has heard nothing from an arbiter in a quorum for ``silence``
+    seconds; its view (at ``epoch``) may be stale until :class:`Reconnected`.
+
+    Reported once per loss of contact, after ``ClientConfig.disconnect_after``
+    seconds without any message (change, progress marker, quorum status) from
+    an arbiter that is in a quorum. The watcher keeps trying every arbiter.
+
+    Attributes:
+        epoch: the last epoch the watcher holds.
+        silence: seconds since the last message from an arbiter in a quorum
+            (since the watch started, if it never had contact).
+        arbiter_id: the arbiter that served it last ("" if none did).
+        reason: why, in words (the last failure seen).
+    """
+
+    epoch: int
+    silence: float
+    arbiter_id: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reconnected:
+    """Event: contact is back after a :class:`Disconnected`; events resume from ``epoch``.
+
+    Attributes:
+        epoch: the last epoch the watcher holds (the changes after it follow).
+        arbiter_id: the arbiter now serving the watcher.
+        silence: seconds the contact was lost for.
+    """
+
+    epoch: int
+    arbiter_id: str
+    silence: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ViewReset:
+    """Event: the epoch the watcher resumed from does not exist in this cluster (it was
+    reset, or the epoch is another cluster's); a fresh :class:`ViewSnapshot` follows.
+
+    Only with ``watch(..., reset_if_ahead=True)``; otherwise the watch raises
+    :class:`membership.errors.EpochOutOfRange`.
+
+    Attributes:
+        since_epoch: the epoch the watcher asked to resume after.
+        cluster_epoch: the cluster's epoch, as the refusing arbiter had it.
+    """
+
+    since_epoch: int
+    cluster_epoch: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProgressMarker:
+    """A replica's progress marker on an idle subscription (never yielded by ``watch``).
+
+    Attributes:
+        epoch: the replica's applied epoch.
+        in_quorum: whether the replica is in a quorum.
+        interval: seconds until the next marker on an idle stream (0: unknown).
+        arbiter_id: the replica.
+    """
+
+    epoch: int
+    in_quorum: bool
+    interval: float = 0.0
+    arbiter_id: str = ""
+
+
+ViewEvent = (
+    ViewSnapshot
+    | ViewChanged
+    | QuorumChanged
+    | StatusUpdated
+    | Disconnected
+    | Reconnected
+    | ViewReset
+)

@@ -38,6 +38,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from arbiter.errors import ArbiterError
+
 __all__ = [
     "VERSION",
     "Command",
@@ -54,7 +56,7 @@ VERSION = 1
 """The encoding version written by :func:`encode`; :func:`decode` accepts only it."""
 
 
-class CommandDecodeError(ValueError):
+class CommandDecodeError(ArbiterError, ValueError):
     """The bytes are not a valid command of a known version."""
 
 

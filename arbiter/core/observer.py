@@ -14,9 +14,12 @@ Rules:
    ``retry_after`` seconds until the committed state holds it (the state
    machine ignores duplicates, so retries are harmless).
 3. Incarnations. A heartbeat at an incarnation below the cluster's record, or
-   at a DEAD or LEFT incarnation, is refused: it refreshes nothing and earns no
-   lease. A heartbeat at a higher incarnation than the one tracked restarts
-   the detector for the node: heartbeats of one life never refresh another (C15).
+   at a DEAD or LEFT incarnation, or at one retired by a leave before it joined
+   (the state machine's rule 5: answered LEFT), is refused: it refreshes
+   nothing and earns no lease. An opinion of a retired incarnation is
+   forgotten instead of being proposed. A heartbeat at a higher incarnation
+   than the one tracked restarts the detector for the node: heartbeats of one
+   life never refresh another (C15).
 4. Leases. A heartbeat earns a lease only while this replica's latest opinion
    of the node (the last one it produced, not merely the last committed) is
    ALIVE at the heartbeat's incarnation and committed. The detector is then
@@ -36,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from arbiter.core.commands import Observation, Opinion
-from arbiter.core.detector import FailureDetector
+from arbiter.core.detection import FailureDetector
 from arbiter.core.state import MembershipState
 from membership.view import MemberState
 
@@ -189,6 +192,12 @@ class Observer:
             # Rule 3: an old life. Tell it the record; never refresh anything.
             dead = MemberState.DEAD if incarnation < record.incarnation else record.state
             return HeartbeatVerdict(accepted=False, state=dead, incarnation=highest, lease=0.0)
+        if incarnation <= state.retired(node_id):
+            # Rule 3: this life left before it joined the view.
+            self._forget_retired(node_id, state)
+            return HeartbeatVerdict(
+                accepted=False, state=MemberState.LEFT, incarnation=highest, lease=0.0
+            )
         current = self._opinions.get(node_id)
         if current is not None and incarnation < current.incarnation:
             # Older than what this replica already heard: refused as well. The
@@ -274,6 +283,16 @@ class Observer:
                 del self._opinions[member.node_id]
                 self._owed.discard(member.node_id)
 
+    def _forget_retired(self, node_id: str, state: MembershipState) -> bool:
+        """Drops the opinion of ``node_id`` if its incarnation is retired (rule 3)."""
+        op = self._opinions.get(node_id)
+        if op is None or op.incarnation > state.retired(node_id):
+            return False
+        self._detector.remove(node_id)
+        del self._opinions[node_id]
+        self._owed.discard(node_id)
+        return True
+
     def observations(self, now: float, state: MembershipState) -> tuple[Observation, ...]:
         """The observations to propose now: new ones and those due for a retry (rule 2).
 
@@ -287,6 +306,8 @@ class Observer:
         """
         out: list[Observation] = []
         for node_id in sorted(self._owed):
+            if self._forget_retired(node_id, state):
+                continue
             op = self._opinions[node_id]
             self._check_committed(node_id, op, state)
             if op.committed:

@@ -32,8 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from arbiter.core.commands import Leave, ObserveBatch, encode
-from arbiter.core.detector import FailureDetector
-from arbiter.core.interval import suggest_interval
+from arbiter.core.detection import FailureDetector, suggest_interval
 from arbiter.core.observer import HeartbeatVerdict, Observer
 from arbiter.core.raft import (
     Entry,
@@ -48,11 +47,12 @@ from arbiter.core.raft import (
     Snapshot,
 )
 from arbiter.core.state import ApplyResult, MembershipState, SnapshotDecodeError
+from arbiter.errors import ArbiterError
 
 __all__ = ["Replica", "ReplicaSettings", "RestoreError", "restore_state"]
 
 
-class RestoreError(ValueError):
+class RestoreError(ArbiterError, ValueError):
     """A snapshot does not fit this replica: undecodable, or another group's arbiters (rule 4)."""
 
 
@@ -98,7 +98,7 @@ class ReplicaSettings:
             state machine (rule 5); 0 never snapshots.
         heartbeat_budget: heartbeats per second this replica should handle
             at most; the suggested interval grows with the number of nodes
-            to stay within it (:func:`arbiter.core.interval.suggest_interval`);
+            to stay within it (:func:`arbiter.core.detection.interval.suggest_interval`);
             ``inf`` always suggests ``heartbeat_interval``.
         max_heartbeat_interval: the longest interval suggested or accepted
             from a node, seconds (>= heartbeat_interval).

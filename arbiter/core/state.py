@@ -13,12 +13,14 @@ Rule 1. Of replica r's observations of node n only the latest is kept, latest
     stored one is ignored, so applying a command twice changes nothing and a
     re-proposed old observation never overrides a newer one.
 Rule 2. An observation below the incarnation of n's record is ignored; so is
-    one at the record's incarnation when the record is DEAD or LEFT (final).
+    one at the record's incarnation when the record is DEAD or LEFT (final),
+    and one at or below n's retired incarnation (rule 5).
 Rule 3. n becomes ALIVE at incarnation i when a quorum of replicas' latest
     observations of n are ALIVE at exactly i and n has no record, or a record
     at an incarnation below i (or, impossible in practice, a non-final record
-    at i that is not ALIVE). Its labels come from the ALIVE observation of
-    the lowest replica id among those ALIVE at i. If n was ALIVE at a lower
+    at i that is not ALIVE), and i is above n's retired incarnation. Its
+    labels come from the ALIVE observation of the lowest replica id among
+    those ALIVE at i. If n was ALIVE at a lower
     incarnation k, the same entry emits DEAD at k (the old life is retired)
     and then ALIVE at i.
 Rule 4. ALIVE at k becomes DEAD at k when a quorum of replicas' latest
@@ -29,13 +31,20 @@ Rule 4. ALIVE at k becomes DEAD at k when a quorum of replicas' latest
     would stay ALIVE at k for ever: found by the simulator, seed 142.)
 Rule 5. Leave(n, i): a record ALIVE at i becomes LEFT at i. A record above i,
     or final at i, refuses the leave (no change, the outcome says why). No
-    record, or a record below i: n is recorded LEFT at i, so that incarnation
-    can never become ALIVE (if n was ALIVE at k < i, DEAD at k comes first,
-    as in rule 3). LEFT and DEAD are final for their incarnation.
+    record, or a record below i: incarnation i never joined the view, so the
+    view records nothing for it (no LEFT record, no epoch of its own), but
+    n's incarnations up to i are *retired*: no observation at or below i is
+    counted any more (rule 2), so an ALIVE observation still in flight can
+    never admit a node that has gone. If n was ALIVE at k < i, DEAD at k is
+    committed (the old life was replaced by i, which has now left), as in
+    rule 3. A second leave of a retired incarnation is accepted and changes
+    nothing. LEFT and DEAD are final for their incarnation.
 Rule 6. An entry that changes the view bumps the epoch by exactly one, however
     many member changes it carries; an entry that changes nothing leaves the
     epoch alone. Changes of one entry are ordered by node_id (a DEAD-then-
-    ALIVE or DEAD-then-LEFT pair stays adjacent, in that order).
+    ALIVE or DEAD-then-LEFT pair stays adjacent, in that order). Every change
+    carries the member's labels: those it joined with (rule 3), which DEAD
+    and LEFT changes repeat.
 Rule 4a. The DEAD change of rule 4 carries the evidence of the quorum that
     decided it: one :class:`~membership.view.Evidence` per replica counted
     by rule 4 (sorted by replica id), from its stored SUSPECT observation.
@@ -47,7 +56,8 @@ Rule 9. Raft no-ops (empty data), undecodable entries and batches from a
     replica that is not a configured arbiter change nothing but the applied
     index; the last two return an error, the same on every replica.
 Records stay after DEAD and LEFT (they stop old incarnations from coming back),
-as do observations: O(nodes x arbiters) memory until a later issue prunes them.
+as do observations and retired incarnations: O(nodes x arbiters) memory until
+a later issue prunes them.
 """
 
 from __future__ import annotations
@@ -60,6 +70,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from arbiter.core.commands import CommandDecodeError, Leave, ObserveBatch, Opinion, decode
+from arbiter.errors import ArbiterError
 from membership.view import Evidence, Member, MemberChange, MemberState, View
 
 __all__ = [
@@ -74,7 +85,7 @@ __all__ = [
 _SNAPSHOT_VERSION = 1
 
 
-class SnapshotDecodeError(ValueError):
+class SnapshotDecodeError(ArbiterError, ValueError):
     """The bytes are not a valid snapshot of a :class:`MembershipState`."""
 
 
@@ -96,6 +107,8 @@ class LeaveOutcome:
         accepted: True if the node is now LEFT at the incarnation it gave.
         reason: why, in words.
         epoch: the epoch after the entry was applied.
+        joined: the incarnation had joined the view, so a LEFT record was
+            committed (False for one retired before it joined: rule 5).
     """
 
     request_id: str
@@ -103,6 +116,7 @@ class LeaveOutcome:
     accepted: bool
     reason: str
     epoch: int
+    joined: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,6 +185,8 @@ class MembershipState:
         self._applied = 0
         self._members: dict[str, Member] = {}
         self._obs: dict[str, dict[str, ObservationRecord]] = {}  # node -> replica -> latest
+        # node -> highest incarnation retired by a leave before it joined (rule 5)
+        self._retired: dict[str, int] = {}
         self._view: View | None = View()
 
     @property
@@ -227,6 +243,12 @@ class MembershipState:
             accepted=accepted,
             reason=reason,
             epoch=self._epoch,
+            joined=any(
+                c.node_id == command.node_id
+                and c.incarnation == command.incarnation
+                and c.state is MemberState.LEFT
+                for c in changes
+            ),
         )
         return ApplyResult(index=index, change=change, leave=leave)
 
@@ -240,6 +262,11 @@ class MembershipState:
     def member(self, node_id: str) -> Member | None:
         """The node's record in the view, or None if it has none."""
         return self._members.get(node_id)
+
+    def retired(self, node_id: str) -> int:
+        """The highest incarnation of the node retired by a leave before it joined
+        the view (rule 5); 0 for none. Incarnations at or below it never join."""
+        return self._retired.get(node_id, 0)
 
     def observation(self, replica_id: str, node_id: str) -> ObservationRecord | None:
         """The replica's latest committed observation of the node, or None."""
@@ -274,10 +301,13 @@ class MembershipState:
         )
 
     def highest_incarnation(self, node_id: str) -> int | None:
-        """The highest incarnation known for the node (record or any observation), or None."""
+        """The highest incarnation known for the node (record, retired incarnation or
+        any observation), or None."""
         known = [o.incarnation for o in self._obs.get(node_id, {}).values()]
         if node_id in self._members:
             known.append(self._members[node_id].incarnation)
+        if node_id in self._retired:
+            known.append(self._retired[node_id])
         return max(known, default=None)
 
     # -- the tally -----------------------------------------------------------
@@ -291,6 +321,8 @@ class MembershipState:
                 o.incarnation < record.incarnation
                 or (o.incarnation == record.incarnation and record.state.is_final)
             ):
+                continue
+            if o.incarnation <= self._retired.get(o.node_id, 0):
                 continue
             stored = self._obs.get(o.node_id, {}).get(batch.replica_id)
             if stored is not None and (o.incarnation, o.seq) <= (stored.incarnation, stored.seq):
@@ -325,14 +357,14 @@ class MembershipState:
             ):
                 changes = []
                 if record is not None and record.state is MemberState.ALIVE:
-                    changes.append(_change(node_id, record.incarnation, MemberState.DEAD))
+                    changes.append(_change(node_id, record.incarnation, MemberState.DEAD, record))
                 labels = dict(obs[alive[i][0]].labels)  # lowest replica id among them
                 changes.append(_change(node_id, i, MemberState.ALIVE, labels))
                 return changes
         if record is not None and record.state is MemberState.ALIVE:
             votes = self.death_votes(node_id)
             if len(votes) >= self._quorum:
-                dead = _change(node_id, record.incarnation, MemberState.DEAD)
+                dead = _change(node_id, record.incarnation, MemberState.DEAD, record)
                 evidence = tuple(obs[r].evidence(r) for r in votes)  # rule 4a
                 return [dataclasses.replace(dead, evidence=evidence)]
         return []
@@ -347,11 +379,19 @@ class MembershipState:
         if record is not None and record.incarnation == i:
             if record.state.is_final:
                 return [], False, f"{n} is already {record.state.value} at incarnation {i}"
-            return [_change(n, i, MemberState.LEFT)], True, f"{n} left at incarnation {i}"
+            return [_change(n, i, MemberState.LEFT, record)], True, f"{n} left at incarnation {i}"
+        if self._retired.get(n, 0) >= i:
+            return [], True, f"{n} incarnation {i} was already retired"
         changes = []
         if record is not None and record.state is MemberState.ALIVE:
-            changes.append(_change(n, record.incarnation, MemberState.DEAD))
-        changes.append(_change(n, i, MemberState.LEFT))
+            changes.append(_change(n, record.incarnation, MemberState.DEAD, record))
+        self._retired[n] = i
+        # Observations of the retired lives can never count again (rule 2).
+        kept = {r: o for r, o in self._obs.get(n, {}).items() if o.incarnation > i}
+        if kept:
+            self._obs[n] = kept
+        else:
+            self._obs.pop(n, None)
         return changes, True, f"{n} left at incarnation {i}, which had not joined the view"
 
     def _commit(self, changes: list[MemberChange]) -> ViewChange | None:
@@ -387,7 +427,7 @@ class MembershipState:
             for n in sorted(self._obs)
             for r, o in sorted(self._obs[n].items())
         ]
-        snapshot = {
+        snapshot: dict[str, Any] = {
             "v": _SNAPSHOT_VERSION,
             "arbiters": list(self._arbiters),
             "epoch": self._epoch,
@@ -395,6 +435,8 @@ class MembershipState:
             "members": members,
             "obs": obs,
         }
+        if self._retired:  # absent when empty: older snapshots stay canonical
+            snapshot["retired"] = [[n, self._retired[n]] for n in sorted(self._retired)]
         return json.dumps(snapshot, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -450,13 +492,21 @@ class MembershipState:
                 suspicion=suspicion,
                 detector=detector,
             )
+        for node, inc in snap.get("retired", ()):
+            state._retired[_str(node, empty=False)] = _int(inc)
         state._view = None
         return state
 
 
 def _change(
-    node_id: str, incarnation: int, state: MemberState, labels: Mapping[str, str] | None = None
+    node_id: str,
+    incarnation: int,
+    state: MemberState,
+    labels: Mapping[str, str] | Member | None = None,
 ) -> MemberChange:
+    """A change; ``labels`` may be the member record whose labels it repeats (rule 6)."""
+    if isinstance(labels, Member):
+        labels = labels.labels
     return MemberChange(node_id=node_id, incarnation=incarnation, state=state, labels=labels or {})
 
 

@@ -1,0 +1,52 @@
+"""The arbiter's asyncio and grpc.aio shell: the only place with clocks, sockets, files and tasks.
+
+It reads the clock, moves bytes and keeps state on disk. Every decision is
+made by :mod:`arbiter.core`, fed by the driver loop. Modules:
+
+* ``app.py``: ``ArbiterServer``, one replica's lifecycle (``start()`` to
+  ``stop(grace)``). It wires the pieces below together and binds the port.
+* ``driver.py``: ``Driver``, the single loop that calls the core with
+  ``now``. It takes heartbeats (``on_heartbeat``) and peer messages
+  (``on_raft_message``), ticks the replica, and handles each Raft Ready in
+  order: persist, send, apply, advance.
+* ``servicers.py``: the public gRPC API (``Heartbeat``, ``Subscribe``,
+  ``GetView``, ``Leave``). It decodes, hands over to the driver or the hub,
+  and encodes.
+* ``peers.py``: the replica-to-replica transport for Raft messages.
+* ``storage.py``: the durable Raft state (SQLite, fsynced before a message
+  that depends on it leaves).
+* ``hub.py``: fan-out of committed view changes to subscribers, bounded and
+  resumable by epoch.
+* ``statusboard.py``: the latest status each node reported (informational,
+  never used for liveness).
+
+A heartbeat: ``servicers.py`` -> ``Driver.on_heartbeat`` ->
+``Replica.heartbeat`` (core) -> the ack. A view change: ``Driver._turn`` ->
+Raft Ready -> ``storage.py`` (persist) and ``peers.py`` (send) ->
+``Replica.advance`` (apply, tally) -> ``ViewChange`` -> ``app.py`` ->
+``Hub.publish`` -> each subscriber's ``Subscribe`` stream.
+``arbiter/__init__.py`` gives the whole path, death included.
+
+``ArbiterServer`` is imported on first use, so importing this package loads
+no grpc.
+"""
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["ArbiterServer"]
+
+if TYPE_CHECKING:
+    from arbiter.server.app import ArbiterServer
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ArbiterServer":
+        value = import_module("arbiter.server.app").ArbiterServer
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'arbiter.server' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -341,7 +341,7 @@ class ArbiterServer:
             )
         except RestoreError as e:
             raise StorageError(f"data dir {self.data_dir}: {e}") from None
-        self.api = MembershipServicer(self.driver, self.hub)
+        self.api = MembershipServicer(self.driver, self.hub, cluster=identity)
         self.health = health.aio.HealthServicer()
         server = grpc.aio.server(options=server_options(cfg))
         membership_pb2_grpc.add_MembershipServicer_to_server(self.api, server)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from arbiter.config import ArbiterConfig
 from arbiter.core.observer import HeartbeatVerdict
-from arbiter.core.raft import Message, RaftError, Ready, Role
+from arbiter.core.raft import ConflictingState, Message, RaftError, Ready, Role
 from arbiter.core.replica import Replica
 from arbiter.core.state import LeaveOutcome, MembershipState, ViewChange
 from arbiter.server.storage import DurableState, Storage
@@ -194,11 +194,7 @@ class Driver:
             return
         try:
             self.replica.step(msg, time.monotonic())
-        except RaftError as e:
-            # A malformed message must not end the peer's stream (and with it
-            # every message queued behind it): drop this one, say so.
-            log.error("raft message %s from %s refused: %s", msg.type.value, msg.src, e)
-        except AssertionError:
+        except ConflictingState:
             # The peer's message contradicts this replica's Raft state: its
             # durable state was lost or damaged (data dir wiped or replaced
             # while the others kept running). It must not take part.
@@ -209,6 +205,10 @@ class Driver:
                 msg.src,
                 exc_info=True,
             )
+        except RaftError as e:
+            # A malformed message must not end the peer's stream (and with it
+            # every message queued behind it): drop this one, say so.
+            log.error("raft message %s from %s refused: %s", msg.type.value, msg.src, e)
         self._wake.set()
 
     def report_unreachable(self, peer: str) -> None:

@@ -3,6 +3,16 @@
 Bad input ends only the offending stream or call, with INVALID_ARGUMENT or
 RESOURCE_EXHAUSTED and a message that says what was wrong; every other
 node and subscriber is served as before.
+
+Every ack, event and view carries the replica's cluster identity
+(``name@digest`` of its arbiter set); a request that names another identity
+is refused with FAILED_PRECONDITION before it is acted on, so a client given
+the replicas of two clusters joins neither by mistake. A subscription that
+resumes after an epoch this replica has not reached waits up to
+``FUTURE_EPOCH_WAIT`` seconds for it (a follower may lag its leader by a Raft
+round); still behind then, and in a quorum, it ends with OUT_OF_RANGE: the
+subscriber holds an epoch the cluster never committed (it was reset, or the
+epoch is another cluster's).
 """
 
 from __future__ import annotations
@@ -36,6 +46,12 @@ log = logging.getLogger("arbiter.api")
 # receive limit (a report is at most a few KiB with 64 gauges).
 _STATUS_CHUNK = 256
 
+# Seconds a subscription resuming after an epoch this replica has not applied
+# waits for it before OUT_OF_RANGE. A follower in a quorum learns its leader's
+# commit index every Raft heartbeat (0.1 s by default) and applies at once, so
+# a real epoch arrives well within this; an epoch from before a reset never does.
+FUTURE_EPOCH_WAIT = 1.0
+
 
 def _check_heartbeat(req: pb.HeartbeatRequest, min_interval: float, max_interval: float) -> None:
     validate_node_id(req.node_id)
@@ -52,11 +68,19 @@ def _check_heartbeat(req: pb.HeartbeatRequest, min_interval: float, max_interval
 
 
 class MembershipServicer(pb_grpc.MembershipServicer):
-    """Heartbeat, Subscribe, GetView and Leave for one replica."""
+    """Heartbeat, Subscribe, GetView and Leave for one replica.
 
-    def __init__(self, driver: Driver, hub: Hub) -> None:
+    Args:
+        driver: the replica's driver (cores and loop).
+        hub: the fan-out of committed changes to subscribers.
+        cluster: this replica's cluster identity, ``name@digest``
+            (:func:`arbiter.server.app.cluster_identity`); "" checks nothing.
+    """
+
+    def __init__(self, driver: Driver, hub: Hub, cluster: str = "") -> None:
         self._driver = driver
         self._hub = hub
+        self.cluster = cluster
         self._config = driver.config
         self._closing = asyncio.Event()
         self.heartbeat_streams = 0
@@ -67,6 +91,15 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         """Shutdown: heartbeat streams end with UNAVAILABLE so nodes go elsewhere."""
         self._closing.set()
         self._hub.close_all()
+
+    def _cluster_mismatch(self, expected: str, who: str) -> str | None:
+        """The refusal for a request expecting cluster ``expected`` (None when it matches)."""
+        if not expected or not self.cluster or expected == self.cluster:
+            return None
+        return (
+            f"cluster mismatch: arbiter {self._driver.replica_id} is in cluster {self.cluster}, "
+            f"the {who} expects {expected}: list the replicas of one cluster"
+        )
 
     def _suspected_by(self, node_id: str) -> tuple[str, ...]:
         member = self._driver.state.member(node_id)
@@ -143,6 +176,10 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 except InvalidArgument as e:
                     log.info("heartbeat refused from %s: %s", context.peer(), e)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                refusal = self._cluster_mismatch(req.cluster, f"node {req.node_id}")
+                if refusal is not None:
+                    log.info("heartbeat refused from %s: %s", context.peer(), refusal)
+                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
                 if node_id is None:
                     node_id = req.node_id
                 elif req.node_id != node_id:
@@ -180,6 +217,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     incarnation=verdict.incarnation,
                     leader_id=status.leader_id or "",
                     cluster_size=self._driver.cluster_size,
+                    cluster=self.cluster,
                 )
         finally:
             self.heartbeat_streams -= 1
@@ -193,6 +231,10 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         status or suspicions changed, at most once per status interval.
         """
         me = self._driver.replica_id
+        cluster = self.cluster
+        refusal = self._cluster_mismatch(request.cluster, "subscriber")
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         if not (
             math.isfinite(request.status_interval_seconds) and request.status_interval_seconds >= 0
         ):
@@ -206,24 +248,27 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         sent: dict[str, tuple[int, tuple[str, ...]]] = {}
         loop = asyncio.get_running_loop()
         next_status = loop.time() if request.include_status else math.inf
+        status = self._driver.status()
+        yield pb.MembershipEvent(
+            arbiter_id=me,
+            cluster=cluster,
+            quorum=pb.QuorumStatus(
+                in_quorum=status.in_quorum,
+                leader_id=status.leader_id or "",
+                epoch=status.epoch,
+            ),
+        )
+        if request.since_epoch > self._driver.state.epoch:
+            await self._wait_for_epoch(request.since_epoch, context)
         sub = self._hub.subscribe(request.since_epoch)
         try:
-            status = self._driver.status()
-            yield pb.MembershipEvent(
-                arbiter_id=me,
-                quorum=pb.QuorumStatus(
-                    in_quorum=status.in_quorum,
-                    leader_id=status.leader_id or "",
-                    epoch=status.epoch,
-                ),
-            )
             next_progress = loop.time() + self._config.progress_interval
             while not self._closing.is_set():
                 # Status only once the snapshot or catch-up changes are out:
                 # a status must never arrive before the view it refers to.
                 if loop.time() >= next_status and not sub.queue:
                     for update in self._status_updates(sent):
-                        yield pb.MembershipEvent(arbiter_id=me, status=update)
+                        yield pb.MembershipEvent(arbiter_id=me, cluster=cluster, status=update)
                     next_status = loop.time() + status_every
                 item = await sub.get(max(0.0, min(next_progress, next_status) - loop.time()))
                 if item is None:
@@ -231,18 +276,27 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                         break
                     if loop.time() >= next_progress:
                         yield pb.MembershipEvent(
-                            arbiter_id=me, progress=pb.Progress(epoch=self._driver.state.epoch)
+                            arbiter_id=me,
+                            cluster=cluster,
+                            progress=pb.Progress(
+                                epoch=self._driver.state.epoch,
+                                in_quorum=self._driver.status().in_quorum,
+                                progress_interval_seconds=self._config.progress_interval,
+                            ),
                         )
                         next_progress = loop.time() + self._config.progress_interval
                     continue
                 next_progress = loop.time() + self._config.progress_interval
                 if isinstance(item, View):
                     yield pb.MembershipEvent(
-                        arbiter_id=me, snapshot=pb.ViewSnapshot(view=self._view_pb(item))
+                        arbiter_id=me,
+                        cluster=cluster,
+                        snapshot=pb.ViewSnapshot(view=self._view_pb(item)),
                     )
                 elif isinstance(item, ViewChange):
                     yield pb.MembershipEvent(
                         arbiter_id=me,
+                        cluster=cluster,
                         change=pb.ViewChange(
                             epoch=item.epoch,
                             changes=[convert.change_to_pb(c) for c in item.changes],
@@ -252,6 +306,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     assert isinstance(item, HubStatus)
                     yield pb.MembershipEvent(
                         arbiter_id=me,
+                        cluster=cluster,
                         quorum=pb.QuorumStatus(
                             in_quorum=item.in_quorum,
                             leader_id=item.leader_id or "",
@@ -261,28 +316,58 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         finally:
             self._hub.unsubscribe(sub)
 
+    async def _wait_for_epoch(self, epoch: int, context: grpc.aio.ServicerContext) -> None:
+        """Waits up to FUTURE_EPOCH_WAIT seconds for this replica to reach ``epoch``;
+        aborts with OUT_OF_RANGE if it is still behind then while in a quorum (a
+        replica without quorum cannot tell: the subscription then waits, and
+        the subscriber, told ``in_quorum = false``, goes elsewhere)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + FUTURE_EPOCH_WAIT
+        while self._driver.state.epoch < epoch and not self._closing.is_set():
+            if loop.time() >= deadline:
+                status = self._driver.status()
+                if status.in_quorum:
+                    await context.abort(
+                        grpc.StatusCode.OUT_OF_RANGE,
+                        f"since_epoch {epoch} is beyond the cluster's epoch {status.epoch} "
+                        "(was the cluster reset, or is that epoch another cluster's?); "
+                        "resume from 0 for a fresh snapshot",
+                    )
+                return
+            await asyncio.sleep(0.05)
+
     async def GetView(
         self, request: pb.GetViewRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetViewResponse:
-        """The committed view as this replica has applied it."""
+        """The committed view as this replica has applied it (only its standing and
+        epoch with ``summary``)."""
         status = self._driver.status()
+        if request.summary:
+            view = pb.View(epoch=status.epoch)
+        else:
+            view = self._view_pb(self._driver.state.view(), with_status=True)
         return pb.GetViewResponse(
-            view=self._view_pb(self._driver.state.view(), with_status=True),
+            view=view,
             arbiter_id=status.arbiter_id,
             leader_id=status.leader_id or "",
             in_quorum=status.in_quorum,
             term=status.term,
-            local_suspects=self._driver.local_suspects(),
+            local_suspects=[] if request.summary else self._driver.local_suspects(),
+            cluster=self.cluster,
         )
 
     async def Leave(
         self, request: pb.LeaveRequest, context: grpc.aio.ServicerContext
     ) -> pb.LeaveResponse:
-        """Commits LEFT for the node's incarnation; answers once applied here."""
+        """Commits LEFT for the node's incarnation (or retires an incarnation that
+        never joined); answers once applied here."""
         try:
             validate_node_id(request.node_id)
         except InvalidArgument as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        refusal = self._cluster_mismatch(request.cluster, f"node {request.node_id}")
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         if request.incarnation < 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "incarnation must be >= 1")
         try:
@@ -304,6 +389,6 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 and member.state is MemberState.LEFT
                 and member.incarnation == request.incarnation
             ):
-                return pb.LeaveResponse(epoch=member.epoch)
+                return pb.LeaveResponse(epoch=member.epoch, joined=True)
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, outcome.reason)
-        return pb.LeaveResponse(epoch=outcome.epoch)
+        return pb.LeaveResponse(epoch=outcome.epoch, joined=outcome.joined)

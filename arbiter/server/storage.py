@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import IO
 
 from arbiter.core.raft import Entry, HardState, Ready, Snapshot
+from arbiter.errors import ArbiterError
 
 __all__ = ["DurableState", "Storage", "StorageError"]
 
@@ -71,7 +72,7 @@ CREATE TABLE IF NOT EXISTS snapshot (
 """
 
 
-class StorageError(OSError):
+class StorageError(ArbiterError, OSError):
     """The data directory cannot be used: in use, not writable, not ours, or corrupt."""
 
 

@@ -38,7 +38,14 @@ class _MemberStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MemberSta
     MEMBER_STATE_DEAD: _MemberState.ValueType  # 3
     MEMBER_STATE_LEFT: _MemberState.ValueType  # 4
 
-class MemberState(_MemberState, metaclass=_MemberStateEnumTypeWrapper): ...
+class MemberState(_MemberState, metaclass=_MemberStateEnumTypeWrapper):
+    """The cluster's identity, carried by acks, events and views:
+    "<name>@<digest>", the cluster name and the first 12 hex digits of the
+    SHA-256 of its arbiter set ("id=host:port" pairs, sorted, comma-joined).
+    Requests may carry the identity the client expects; a replica of another
+    cluster refuses them with FAILED_PRECONDITION before acting on them, so a
+    client given replicas of two clusters joins neither by mistake.
+    """
 
 MEMBER_STATE_UNSPECIFIED: MemberState.ValueType  # 0
 MEMBER_STATE_JOINING: MemberState.ValueType  # 1
@@ -189,6 +196,7 @@ class HeartbeatRequest(_message.Message):
     LABELS_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
     """which life of the node; a restart uses a higher one"""
@@ -200,6 +208,11 @@ class HeartbeatRequest(_message.Message):
     """The interval the node sends heartbeats at, seconds: the one the replica
     suggested in its last ack. The replica's failure detector expects this
     cadence from this node. 0 = the replica's configured default.
+    """
+    cluster: _builtins.str
+    """The cluster identity the node expects (see above); empty = not checked.
+    Checked on every heartbeat that carries it; the SDK sets it on the first
+    heartbeat of each stream.
     """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
@@ -217,10 +230,11 @@ class HeartbeatRequest(_message.Message):
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         status: Global___NodeStatus | None = ...,
         interval_seconds: _builtins.float = ...,
+        cluster: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "interval_seconds", b"interval_seconds", "labels", b"labels", "node_id", b"node_id", "send_time_unix", b"send_time_unix", "seq", b"seq", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "incarnation", b"incarnation", "interval_seconds", b"interval_seconds", "labels", b"labels", "node_id", b"node_id", "send_time_unix", b"send_time_unix", "seq", b"seq", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -240,6 +254,7 @@ class HeartbeatAck(_message.Message):
     INCARNATION_FIELD_NUMBER: _builtins.int
     LEADER_ID_FIELD_NUMBER: _builtins.int
     CLUSTER_SIZE_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """the request this answers"""
     epoch: _builtins.int
@@ -259,6 +274,8 @@ class HeartbeatAck(_message.Message):
     """empty when unknown"""
     cluster_size: _builtins.int
     """configured arbiters: the node's lease quorum is a majority of these"""
+    cluster: _builtins.str
+    """the replica's cluster identity"""
     def __init__(
         self,
         *,
@@ -272,10 +289,11 @@ class HeartbeatAck(_message.Message):
         incarnation: _builtins.int = ...,
         leader_id: _builtins.str = ...,
         cluster_size: _builtins.int = ...,
+        cluster: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "cluster_size", b"cluster_size", "epoch", b"epoch", "in_quorum", b"in_quorum", "incarnation", b"incarnation", "leader_id", b"leader_id", "lease_seconds", b"lease_seconds", "next_interval_seconds", b"next_interval_seconds", "seq", b"seq", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "cluster", b"cluster", "cluster_size", b"cluster_size", "epoch", b"epoch", "in_quorum", b"in_quorum", "incarnation", b"incarnation", "leader_id", b"leader_id", "lease_seconds", b"lease_seconds", "next_interval_seconds", b"next_interval_seconds", "seq", b"seq", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -289,9 +307,12 @@ class SubscribeRequest(_message.Message):
     SUBSCRIBER_ID_FIELD_NUMBER: _builtins.int
     INCLUDE_STATUS_FIELD_NUMBER: _builtins.int
     STATUS_INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
     since_epoch: _builtins.int
     """Last epoch the subscriber holds; 0 = send a snapshot first. When that
     epoch is no longer retained, a snapshot is sent instead: never a gap.
+    An epoch beyond the cluster's (it was reset, or the subscriber holds
+    another cluster's epoch) ends the call with OUT_OF_RANGE.
     """
     subscriber_id: _builtins.str
     """for logs only"""
@@ -302,6 +323,8 @@ class SubscribeRequest(_message.Message):
     often than its own minimum).
     """
     status_interval_seconds: _builtins.float
+    cluster: _builtins.str
+    """The cluster identity the subscriber expects; empty = not checked."""
     def __init__(
         self,
         *,
@@ -309,10 +332,11 @@ class SubscribeRequest(_message.Message):
         subscriber_id: _builtins.str = ...,
         include_status: _builtins.bool = ...,
         status_interval_seconds: _builtins.float = ...,
+        cluster: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_status", b"include_status", "since_epoch", b"since_epoch", "status_interval_seconds", b"status_interval_seconds", "subscriber_id", b"subscriber_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "include_status", b"include_status", "since_epoch", b"since_epoch", "status_interval_seconds", b"status_interval_seconds", "subscriber_id", b"subscriber_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -628,21 +652,29 @@ Global___QuorumStatus: _TypeAlias = QuorumStatus  # noqa: Y015
 @_typing.final
 class Progress(_message.Message):
     """Sent on an idle stream so that idle middleboxes keep it and the subscriber
-    can check it holds the committed epoch.
+    can check it holds the committed epoch (and that it is in contact).
     """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     EPOCH_FIELD_NUMBER: _builtins.int
+    IN_QUORUM_FIELD_NUMBER: _builtins.int
+    PROGRESS_INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
+    in_quorum: _builtins.bool
+    """the serving replica is in a quorum"""
+    progress_interval_seconds: _builtins.float
+    """the next marker comes within this (idle stream)"""
     def __init__(
         self,
         *,
         epoch: _builtins.int = ...,
+        in_quorum: _builtins.bool = ...,
+        progress_interval_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "in_quorum", b"in_quorum", "progress_interval_seconds", b"progress_interval_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -653,12 +685,15 @@ class MembershipEvent(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ARBITER_ID_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
     CHANGE_FIELD_NUMBER: _builtins.int
     QUORUM_FIELD_NUMBER: _builtins.int
     PROGRESS_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
     arbiter_id: _builtins.str
+    cluster: _builtins.str
+    """the serving replica's cluster identity"""
     @_builtins.property
     def snapshot(self) -> Global___ViewSnapshot: ...
     @_builtins.property
@@ -675,6 +710,7 @@ class MembershipEvent(_message.Message):
         self,
         *,
         arbiter_id: _builtins.str = ...,
+        cluster: _builtins.str = ...,
         snapshot: Global___ViewSnapshot | None = ...,
         change: Global___ViewChange | None = ...,
         quorum: Global___QuorumStatus | None = ...,
@@ -683,7 +719,7 @@ class MembershipEvent(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "event", b"event", "progress", b"progress", "quorum", b"quorum", "snapshot", b"snapshot", "status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "change", b"change", "event", b"event", "progress", b"progress", "quorum", b"quorum", "snapshot", b"snapshot", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "change", b"change", "cluster", b"cluster", "event", b"event", "progress", b"progress", "quorum", b"quorum", "snapshot", b"snapshot", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["snapshot", "change", "quorum", "progress", "status"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
@@ -695,12 +731,19 @@ Global___MembershipEvent: _TypeAlias = MembershipEvent  # noqa: Y015
 class GetViewRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    SUMMARY_FIELD_NUMBER: _builtins.int
+    summary: _builtins.bool
+    """Only the replica's standing and the epoch: no members (cheap; what a
+    client asks to learn the cluster identity or find a replica in quorum).
+    """
     def __init__(
         self,
+        *,
+        summary: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["summary", b"summary"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -716,10 +759,13 @@ class GetViewResponse(_message.Message):
     IN_QUORUM_FIELD_NUMBER: _builtins.int
     TERM_FIELD_NUMBER: _builtins.int
     LOCAL_SUSPECTS_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
     arbiter_id: _builtins.str
     leader_id: _builtins.str
     in_quorum: _builtins.bool
     term: _builtins.int
+    cluster: _builtins.str
+    """the replica's cluster identity"""
     @_builtins.property
     def view(self) -> Global___View: ...
     @_builtins.property
@@ -737,10 +783,11 @@ class GetViewResponse(_message.Message):
         in_quorum: _builtins.bool = ...,
         term: _builtins.int = ...,
         local_suspects: _abc.Iterable[_builtins.str] | None = ...,
+        cluster: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["view", b"view"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "in_quorum", b"in_quorum", "leader_id", b"leader_id", "local_suspects", b"local_suspects", "term", b"term", "view", b"view"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "cluster", b"cluster", "in_quorum", b"in_quorum", "leader_id", b"leader_id", "local_suspects", b"local_suspects", "term", b"term", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -752,17 +799,21 @@ class LeaveRequest(_message.Message):
 
     NODE_ID_FIELD_NUMBER: _builtins.int
     INCARNATION_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
+    cluster: _builtins.str
+    """the cluster identity the node expects; empty = not checked"""
     def __init__(
         self,
         *,
         node_id: _builtins.str = ...,
         incarnation: _builtins.int = ...,
+        cluster: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "node_id", b"node_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "incarnation", b"incarnation", "node_id", b"node_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -773,16 +824,22 @@ class LeaveResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     EPOCH_FIELD_NUMBER: _builtins.int
+    JOINED_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
-    """epoch at which the member became LEFT"""
+    """The epoch at which the member became LEFT; for an incarnation that never
+    joined the view, the epoch at which it was retired (the view is unchanged).
+    """
+    joined: _builtins.bool
+    """the incarnation had joined the view (a LEFT record was committed)"""
     def __init__(
         self,
         *,
         epoch: _builtins.int = ...,
+        joined: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "joined", b"joined"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

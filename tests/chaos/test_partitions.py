@@ -11,6 +11,7 @@ FIELD-REPORTS C25 and C01/C17).
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -136,12 +137,17 @@ def test_chaos_subscriber_cut_off_receives_both_changes_in_order_once(
     assert view["epoch"] == e0 + 2, view
     # The fault's duration (not a condition): see SUBSCRIBER_CUT_AFTER_CHANGE.
     time.sleep(max(0.0, t_first + SUBSCRIBER_CUT_AFTER_CHANGE - time.monotonic()))
-    assert [ln for t, ln in cluster.watchers["s1"].timed_lines() if t >= t_cut] == [], (
-        "s1 received something through the cut"
-    )
+    # Through the cut s1 got nothing, and said so: one "disconnected" line.
+    during = [json.loads(ln) for t, ln in cluster.watchers["s1"].timed_lines() if t >= t_cut]
+    assert [ev["type"] for ev in during] == ["disconnected"], during
+    assert during[0]["epoch"] == e0 and during[0]["silence_seconds"] >= 3.0, during
 
     s1.heal_all()
     converge(cluster, {"n1": "DEAD", "n2": "ALIVE", "n3": "ALIVE"}, SETTLE_WITHIN)
+    # ...and that contact came back, before the changes it had missed.
+    types = [ev["type"] for ev in cluster.feed("s1").events]
+    assert types.count("reconnected") == 1, types
+    assert types.index("reconnected") < len(types) - 2, types
     inc = {k: i for k, (i, _) in view_members(view).items()}
     expected = [(e0 + 1, "n1", inc["n1"], "DEAD"), (e0 + 2, "n3", inc["n3"], "ALIVE")]
     for s in cluster.watchers:

@@ -213,3 +213,64 @@ def _run(cluster: ProcCluster, node: Proc, views: _Views, p1: TcpProxy, p2: TcpP
             f"{(seen_dead_at - dead_at).total_seconds() * 1000:.0f} ms later"
         )
     print(report)
+
+
+# A wedge to a new connection's first ack: the SDK tries a fresh connection
+# once the oldest unacked heartbeat is hedge_after (0.3 s) old, and must be
+# acked before the lease of the last acked heartbeat (D from its send) runs
+# out. The window in which nothing may change is several D long.
+WEDGE_WINDOW = 6 * D
+
+
+def test_half_open_wedged_connections_to_two_replicas_are_left_not_waited_on(
+    cluster: ProcCluster, proxies: list[TcpProxy]
+) -> None:
+    # The kubelet failure class (kubernetes/kubernetes#48638): n1's existing
+    # connections to a1 and a2 wedge (bytes stop both ways, no FIN or RST)
+    # while new connections would work. n1 must open fresh ones in time: it
+    # stays ALIVE at its incarnation and is never fenced.
+    cluster.start_arbiters(3)
+    wait_until(cluster.leader, 20, "a leader")
+    a = cluster.arbiters
+    p1 = TcpProxy(a["a1"]).start()
+    proxies.append(p1)
+    p2 = TcpProxy(a["a2"]).start()
+    proxies.append(p2)
+    node = cluster.spawn(
+        "n1", "node", "--id", "n1", "--arbiters", f"{p1.address},{p2.address},{a['a3']}"
+    )
+    views = _Views(a)
+    try:
+        wait_until(
+            lambda: (m := views.member("a3", "n1")) is not None and m.state == ALIVE,
+            20,
+            "n1 ALIVE",
+        )
+        wait_until(lambda: any("unfenced" in line for line in node.lines()), 10, "n1 unfenced")
+        incarnation = views.member("a3", "n1").incarnation  # type: ignore[union-attr]
+        for p in (p1, p2):
+            wait_until(_acks_flow(p), 10, f"acks through {p.address}")
+        accepted = {p.address: p.statistics().accepted for p in (p1, p2)}
+
+        assert p1.wedge() >= 1 and p2.wedge() >= 1
+        # Both links took a new connection and acks flow through it again...
+        for p in (p1, p2):
+            wait_until(
+                lambda p=p: p.statistics().accepted > accepted[p.address],  # type: ignore[misc]
+                ABANDON_WITHIN,
+                f"a new connection through {p.address}",
+            )
+            wait_until(_acks_flow(p), ABANDON_WITHIN, f"acks through {p.address} again")
+        # ...and for several D nothing changed: ALIVE everywhere at the same
+        # incarnation, no replica suspects n1 (a lease ran out on none), no fence.
+        quiet_until = time.monotonic() + WEDGE_WINDOW
+        while time.monotonic() < quiet_until:
+            for rid in ("a1", "a2", "a3"):
+                resp = views.get(rid)
+                m = next((m for m in resp.view.members if m.node_id == "n1"), None)
+                assert m is not None and (m.state, m.incarnation) == (ALIVE, incarnation), (rid, m)
+            time.sleep(0.05)
+        assert _fenced_lines(node) == [], node.lines()
+        assert "trying a new connection" in node.stderr()
+    finally:
+        views.close()

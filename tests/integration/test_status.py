@@ -24,9 +24,9 @@ from membership import (
     ViewEvent,
     ViewSnapshot,
 )
+from membership.collector import StatusCollector
 from membership.localcluster import free_ports
 from membership.session import Fenced, SessionEvent
-from membership.status import StatusCollector
 from membership.view import StatusUpdated
 from tests.integration.harness import wait_async
 

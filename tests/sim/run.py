@@ -6,6 +6,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from arbiter.core.raft import ConflictingState
 from tests.sim.faults import FaultSchedule
 from tests.sim.invariants import InvariantViolation
 from tests.sim.mutants import patched
@@ -112,6 +113,8 @@ def run_seed(
             error, failed_at = str(e), w.q.now
         except AssertionError as e:  # a core's own assertion: as bad as a broken invariant
             error, failed_at = f"t={w.q.now:.4f}: core assertion: {e}", w.q.now
+        except ConflictingState as e:  # Raft state contradicted: as bad, too
+            error, failed_at = f"t={w.q.now:.4f}: conflicting raft state: {e}", w.q.now
     if error is not None:
         w.trace(f"FAILED {error}")
     return RunResult(

@@ -17,7 +17,7 @@ import pytest
 
 from arbiter.config import ArbiterConfig
 from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
-from arbiter.core.detector import MissedHeartbeatDetector
+from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.observer import Observer
 from arbiter.core.raft import Entry, HardState, Message, MessageType
 from arbiter.core.replica import Replica

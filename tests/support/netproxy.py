@@ -20,6 +20,11 @@ Modes, switched at any time from any thread:
   Connections accepted while frozen get no connection to the target until
   the heal (the kernel completed the client's handshake; nothing more
   happens).
+- wedge (:meth:`TcpProxy.wedge`): the connections open now freeze as above,
+  while connections accepted later forward as usual: a link whose existing
+  TCP connections hang while new ones would work (a NAT entry or a
+  middlebox flow that died, the kubelet case of kubernetes/kubernetes#48638).
+  :meth:`TcpProxy.heal` unwedges them.
 - delay (:meth:`TcpProxy.set_delay`): each chunk read is forwarded
   ``seconds + uniform(0, jitter)`` after it was read, never before an earlier
   chunk of the same direction (the byte stream keeps its order; jitter
@@ -28,7 +33,8 @@ Modes, switched at any time from any thread:
 Rules the implementation keeps:
 
 1. When :meth:`TcpProxy.freeze` returns, the proxy reads no byte from any
-   socket and hands no byte to any until :meth:`TcpProxy.heal`. Bytes it had
+   socket and hands no byte to any until :meth:`TcpProxy.heal` (after
+   :meth:`TcpProxy.wedge`: from any socket of the connections open then). Bytes it had
    read but not forwarded wait in its queue for the heal; bytes it had
    already handed over (to the kernel, or to asyncio's write buffer when the
    receiver was slow) may still arrive.
@@ -97,6 +103,7 @@ class ProxyStatistics:
     """What a proxy has done so far (:meth:`TcpProxy.statistics`)."""
 
     frozen: bool
+    wedged: int  # connections wedged (frozen on their own) now
     delay: float  # seconds added to every chunk (before jitter)
     jitter: float  # seconds, upper bound of the uniform extra delay
     connections: int  # client connections open now
@@ -208,7 +215,7 @@ class _Direction:
         while True:
             dst = self.dst.transport
             ready = dst is not None and not self.dst.closed and not dst.is_closing()
-            if self.proxy._frozen or not ready or self.dst_paused or not (self.queue or self.eof):
+            if self.link.frozen() or not ready or self.dst_paused or not (self.queue or self.eof):
                 await self._sleep(None)
                 continue
             if not self.queue:  # the source sent FIN and all its data is out
@@ -247,6 +254,11 @@ class _Link:
         self.down: _Direction | None = None  # target -> client
         self.connect_task: asyncio.Task[None] | None = None
         self.closing = False
+        self.wedged = False  # frozen on its own (TcpProxy.wedge)
+
+    def frozen(self) -> bool:
+        """True while nothing may pass on this link (the proxy frozen, or it wedged)."""
+        return self.proxy._frozen or self.wedged
 
     # --- events from the sides -----------------------------------------------------------
 
@@ -325,7 +337,7 @@ class _Link:
             self.client.abort()
 
     def update_reading(self) -> None:
-        frozen = self.proxy._frozen
+        frozen = self.frozen()
         assert self.up is not None and self.down is not None
         self.client.set_reading(not frozen and not self.up.backpressured)
         self.server.set_reading(not frozen and not self.down.backpressured)
@@ -461,13 +473,30 @@ class TcpProxy:
         self._apply(self._set_frozen, True)
 
     def heal(self) -> None:
-        """Forwards again, without delay (bytes queued meanwhile go first, in order)."""
+        """Forwards again, without delay (bytes queued meanwhile go first, in order);
+        wedged connections too."""
 
         def heal() -> None:
             self._delay, self._jitter = 0.0, 0.0
+            for link in self._links:
+                link.wedged = False
             self._set_frozen(False)
 
         self._apply(heal)
+
+    def wedge(self) -> int:
+        """Freezes the connections open now (as :meth:`freeze` does); connections
+        accepted later forward as usual. Returns how many were wedged."""
+
+        def wedge() -> int:
+            links = list(self._links)
+            for link in links:
+                link.wedged = True
+                link.update_reading()  # stops reading before this returns: rule 1
+                link.notify()
+            return len(links)
+
+        return self._apply(wedge)
 
     def set_delay(self, seconds: float, jitter: float = 0.0, seed: int | None = None) -> None:
         """Delays each chunk read from now on by ``seconds + uniform(0, jitter)``.
@@ -498,6 +527,7 @@ class TcpProxy:
         def read() -> ProxyStatistics:
             return ProxyStatistics(
                 frozen=self._frozen,
+                wedged=sum(1 for link in self._links if link.wedged),
                 delay=self._delay,
                 jitter=self._jitter,
                 connections=len(self._links),
@@ -613,8 +643,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tests.support.netproxy --listen HOST:PORT --target HOST:PORT``.
 
     Prints the address it listens on as its first stdout line, then one line
-    per mode change (``frozen``, ``healed``). SIGUSR1 freezes, SIGUSR2 heals,
-    SIGTERM or SIGINT closes everything and exits 0.
+    per mode change (``frozen``, ``wedged N``, ``healed``). SIGUSR1 freezes,
+    SIGHUP wedges the connections open now, SIGUSR2 heals, SIGTERM or SIGINT
+    closes everything and exits 0.
     """
     parser = argparse.ArgumentParser(
         prog="python -m tests.support.netproxy",
@@ -634,7 +665,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))
     # Block the signals before the loop thread exists, so that it inherits the
     # mask and only sigwait() below ever sees them.
-    signals = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT}
+    signals = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, signals)
     try:
         proxy.start()
@@ -651,6 +682,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             elif sig == signal.SIGUSR2:
                 proxy.heal()
                 print("healed", flush=True)
+            elif sig == signal.SIGHUP:
+                print(f"wedged {proxy.wedge()}", flush=True)
             else:
                 return 0
     finally:

@@ -1,4 +1,4 @@
-"""Unit tests of arbiter.core.detector: time is passed in, nothing sleeps."""
+"""Unit tests of arbiter.core.detection (base and missed): time is passed in, nothing sleeps."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arbiter.core.detector import DetectorState, FailureDetector, MissedHeartbeatDetector
+from arbiter.core.detection import DetectorState, FailureDetector, MissedHeartbeatDetector
 
 
 def make(interval: float = 1.0, missed_limit: float = 3.0) -> MissedHeartbeatDetector:

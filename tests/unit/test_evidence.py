@@ -12,9 +12,9 @@ from arbiter.core.commands import (
     decode,
     encode,
 )
-from arbiter.core.detector import MissedHeartbeatDetector
+from arbiter.core.detection import MissedHeartbeatDetector
+from arbiter.core.detection.phi import PhiAccrualDetector
 from arbiter.core.observer import Observer
-from arbiter.core.phi import PhiAccrualDetector
 from arbiter.core.state import MembershipState
 from membership.view import Evidence, MemberState
 

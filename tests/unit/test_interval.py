@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from arbiter.config import ArbiterConfig
-from arbiter.core.interval import STEP, suggest_interval
+from arbiter.core.detection.interval import STEP, suggest_interval
 from membership.errors import InvalidArgument
 
 BASE, BUDGET, MAX = 0.15, 5000.0, 0.6

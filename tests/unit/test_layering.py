@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,7 +46,11 @@ def test_layering_membership_never_imports_arbiter(path: Path) -> None:
     assert not bad, f"{path} imports {bad}"
 
 
-CORE = _files("arbiter/core") + [ROOT / "membership" / f for f in ("session.py", "view.py")]
+CORE = (
+    _files("arbiter/core")
+    + [ROOT / "arbiter" / "errors.py"]
+    + [ROOT / "membership" / f for f in ("session.py", "view.py")]
+)
 
 
 @pytest.mark.parametrize("path", CORE, ids=lambda p: str(p.relative_to(ROOT)))
@@ -54,10 +60,64 @@ def test_layering_core_imports_no_io(path: Path) -> None:
     assert not bad, f"{path} imports {bad}"
 
 
-def test_layering_importing_view_does_not_load_grpc() -> None:
-    import subprocess
-    import sys
+# Modules the pure side must not load, not even through a package __init__.
+IO_MODULES = ("threading", "logging", "grpc", "asyncio", "psutil")
+PURE_IMPORTS = [
+    "arbiter.core.state",
+    "arbiter.core.replica",
+    "membership.view",
+    "membership.session",
+    *sorted(
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for p in _files("arbiter/core")
+    ),
+]
 
-    code = "import sys, arbiter.core.state, membership.view; print('grpc' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert out.stdout.strip() == "False", out.stderr
+
+def test_layering_importing_the_core_loads_no_io_module() -> None:
+    # A fresh interpreter: this one has loaded everything already. Names the
+    # module that pulled each offender in, via the first import that loads it.
+    code = (
+        "import importlib, sys\n"
+        f"bad = {IO_MODULES!r}\n"
+        "for name in sys.argv[1:]:\n"
+        "    importlib.import_module(name)\n"
+        "    loaded = [m for m in bad if m in sys.modules]\n"
+        "    if loaded:\n"
+        "        print(name, 'loads', ' '.join(loaded))\n"
+        "        break\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, *PURE_IMPORTS],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "", out.stdout
+
+
+MAX_LINES = 500
+
+
+def _long_modules() -> dict[str, int]:
+    lengths = {
+        str(p.relative_to(ROOT)): len(p.read_text().splitlines())
+        for p in _files("arbiter") + _files("membership")
+    }
+    return {path: n for path, n in sorted(lengths.items()) if n > MAX_LINES}
+
+
+@pytest.mark.xfail(reason="files being split in issue 9", strict=False)
+def test_layering_no_module_over_500_lines() -> None:
+    # STYLE.md: one concept per module; past about 400-500 lines, split by concept.
+    assert not _long_modules(), f"modules over {MAX_LINES} lines: {_long_modules()}"
+
+
+def test_layering_arbiter_errors_imports_nothing() -> None:
+    # The core raises ArbiterError subclasses: the root must stay importable
+    # from anywhere without pulling in a single other module.
+    tree = ast.parse((ROOT / "arbiter" / "errors.py").read_text())
+    imports = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+    assert not imports, [ast.unparse(n) for n in imports]

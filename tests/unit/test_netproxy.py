@@ -173,6 +173,40 @@ def test_netproxy_freeze_blocks_both_ways_and_heal_resumes(listener: socket.sock
             assert _recv_exactly(client, 4) == b"down"
 
 
+def test_netproxy_wedge_freezes_open_connections_while_new_ones_forward(
+    listener: socket.socket,
+) -> None:
+    with TcpProxy(_addr(listener)) as proxy, _connect(proxy.address) as old:
+        old_server, _ = listener.accept()
+        with old_server:
+            old_server.settimeout(TIMEOUT)
+            old.sendall(b"ping")
+            assert _recv_exactly(old_server, 4) == b"ping"
+
+            assert proxy.wedge() == 1
+            assert not proxy.frozen and proxy.statistics().wedged == 1
+            old.sendall(b"up")
+            old_server.sendall(b"down")
+            # A connection made after the wedge goes through at once...
+            with _connect(proxy.address) as new:
+                new_server, _ = listener.accept()
+                with new_server:
+                    new_server.settimeout(TIMEOUT)
+                    new.sendall(b"fresh")
+                    assert _recv_exactly(new_server, 5) == b"fresh"
+                    new_server.sendall(b"back")
+                    assert _recv_exactly(new, 4) == b"back"
+                    # ...while the old one stays silent both ways, open.
+                    assert _nothing_arrives(old_server), "bytes passed on a wedged connection"
+                    assert _nothing_arrives(old), "bytes passed on a wedged connection"
+                    assert proxy.statistics().wedged == 1 and proxy.connections == 2
+
+            proxy.heal()
+            assert _recv_exactly(old_server, 2) == b"up"
+            assert _recv_exactly(old, 4) == b"down"
+            assert proxy.statistics().wedged == 0
+
+
 def test_netproxy_frozen_stops_reading_so_the_sender_is_pushed_back(
     listener: socket.socket,
 ) -> None:

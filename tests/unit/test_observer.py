@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
-from arbiter.core.detector import MissedHeartbeatDetector
+from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.observer import Observer
 from arbiter.core.state import MembershipState
 from membership.view import MemberState
@@ -163,3 +163,30 @@ def test_observer_superseded_heartbeat_names_the_newer_uncommitted_incarnation()
     v = obs.heartbeat("n1", 5, {}, 0.2, log.state)
     assert not v.accepted and v.state is MemberState.DEAD
     assert v.incarnation == 9  # "superseded by 9", not "declared DEAD at 5"
+
+
+def _leave(log: Log, node: str, incarnation: int) -> None:
+    from arbiter.core.commands import Leave
+
+    log.index += 1
+    log.state.apply(
+        log.index, encode(Leave(node_id=node, incarnation=incarnation, request_id="q"))
+    )
+
+
+def test_observer_retired_incarnation_is_answered_left_and_forgotten() -> None:
+    # n1 heartbeats while joining, then leaves before it joined the view: its
+    # owed ALIVE observation is forgotten, not proposed for ever, and a late
+    # heartbeat of that life is answered LEFT without a lease.
+    log, obs = Log(), _observer()
+    obs.heartbeat("n1", 1, {}, 0.0, log.state)
+    assert obs.owed() == 1
+    _leave(log, "n1", 1)
+    assert obs.observations(0.0, log.state) == ()
+    assert obs.owed() == 0 and obs.opinion("n1") is None
+    v = obs.heartbeat("n1", 1, {}, 0.1, log.state)
+    assert (v.accepted, v.state, v.lease, v.incarnation) == (False, MemberState.LEFT, 0.0, 1)
+    assert obs.opinion("n1") is None
+    # Its next life is heard as usual.
+    v = obs.heartbeat("n1", 2, {}, 0.2, log.state)
+    assert v.accepted and v.state is MemberState.JOINING

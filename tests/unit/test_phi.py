@@ -1,4 +1,4 @@
-"""Unit tests of arbiter.core.phi: time is passed in, nothing sleeps."""
+"""Unit tests of arbiter.core.detection.phi: time is passed in, nothing sleeps."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arbiter.config import ArbiterConfig
-from arbiter.core.detector import DetectorState, FailureDetector, MissedHeartbeatDetector
-from arbiter.core.phi import PhiAccrualDetector, phi, threshold_sigmas
+from arbiter.core.detection import DetectorState, FailureDetector, MissedHeartbeatDetector
+from arbiter.core.detection.phi import PhiAccrualDetector, phi, threshold_sigmas
 from membership.errors import InvalidArgument
 
 H = 0.15  # production heartbeat interval

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from arbiter.core.detector import MissedHeartbeatDetector
+from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.raft import Entry, HardState, Message, RaftConfig, Role, Snapshot
 from arbiter.core.replica import Replica, ReplicaSettings, RestoreError
 from arbiter.core.state import MembershipState

@@ -309,16 +309,22 @@ def test_state_labels_follow_view_with_changes() -> None:
             [("n", 1, LEFT)],
             id="alive-leaves",
         ),
-        pytest.param(
-            (), leave("n", 1), True, "had not joined", [("n", 1, LEFT)], id="leave-before-joining"
-        ),
+        pytest.param((), leave("n", 1), True, "had not joined", [], id="leave-before-joining"),
         pytest.param(
             JOIN_N1,
             leave("n", 2),
             True,
             "had not joined",
-            [("n", 1, DEAD), ("n", 2, LEFT)],
+            [("n", 1, DEAD)],
             id="leave-newer-incarnation-retires-old",
+        ),
+        pytest.param(
+            (leave("n", 3),),
+            leave("n", 2),
+            True,
+            "already retired",
+            [],
+            id="second-leave-of-retired-accepted-unchanged",
         ),
         pytest.param(
             JOIN_N1, leave("n", 0), False, "stale incarnation 0", [], id="stale-incarnation-refused"
@@ -358,6 +364,7 @@ def test_state_leave(
         accepted=accepted,
         reason=result.leave.reason,
         epoch=epoch + (1 if changes else 0),
+        joined=any(state is LEFT for _, _, state in changes),
     )
     assert reason in result.leave.reason
     got = (
@@ -371,11 +378,42 @@ def test_state_leave(
 
 def test_state_left_incarnation_cannot_join_but_next_can() -> None:
     feed = log(R3, leave("n", 1), *JOIN_N1)
-    assert members(feed.state) == [("n", 1, LEFT)]
-    assert feed.state.observation("r1", "n") is None  # ignored, not stored
+    # Retired before it joined: no record, no epoch, and its late ALIVE
+    # observations are ignored, not stored (rule 5).
+    assert members(feed.state) == [] and feed.state.epoch == 0
+    assert feed.state.retired("n") == 1 and feed.state.highest_incarnation("n") == 1
+    assert feed.state.observation("r1", "n") is None
     feed(obs("r1", a("n", 2, 2)), obs("r2", a("n", 2, 2)))
     assert members(feed.state) == [("n", 2, ALIVE)]
-    assert feed.state.epoch == 2
+    assert feed.state.epoch == 1
+
+
+def test_state_leave_while_joining_drops_its_observations_and_blocks_admission() -> None:
+    # r1 heard n at 1 (one ALIVE of the two needed), then n left before r2's
+    # ALIVE was committed: r2's late ALIVE must not admit a node that has gone.
+    feed = log(R3, obs("r1", a("n", 1, 1)), leave("n", 1))
+    assert feed.state.observation("r1", "n") is None
+    (late,) = feed(obs("r2", a("n", 1, 1)))
+    assert late.change is None and members(feed.state) == []
+
+
+def test_state_dead_and_left_changes_repeat_the_members_labels() -> None:
+    feed = log(R3, obs("r1", a("n", 1, 1, k="v")), obs("r2", a("n", 1, 1, k="v")))
+    feed(obs("r1", a("m", 1, 2, k="w")), obs("r2", a("m", 1, 2, k="w")))
+    (dead,) = feed(obs("r1", s("n", 1, 3)), obs("r2", s("n", 1, 3)))[-1:]
+    assert dead.change is not None
+    assert [dict(c.labels) for c in dead.change.changes] == [{"k": "v"}]
+    (left,) = feed(leave("m", 1))
+    assert left.change is not None and dict(left.change.changes[0].labels) == {"k": "w"}
+
+
+def test_state_retired_incarnations_survive_a_snapshot() -> None:
+    feed = log(R3, leave("n", 4), *JOIN_N1)
+    restored = MembershipState.from_bytes(feed.state.to_bytes())
+    assert restored.retired("n") == 4
+    assert restored.to_bytes() == feed.state.to_bytes()
+    # A state without retired incarnations keeps the old encoding (no key).
+    assert b"retired" not in log(R3, *JOIN_N1).state.to_bytes()
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""membership.status: bounds, merging, and probes that can never hold up a heartbeat.
+"""Node status: bounds and merging (status), probes (probes), threads that never block (collector).
 
 Threads are waited for with bounded timeouts on conditions, never with bare
 sleeps; no test asserts a wall-clock duration tighter than a second.
@@ -20,15 +20,10 @@ from typing import Any
 import pytest
 
 from membership import validation
+from membership.collector import StatusCollector
 from membership.errors import ClosedError, InvalidArgument
-from membership.status import (
-    MAX_GAUGES,
-    MAX_NAME_CHARS,
-    MAX_STEP,
-    NodeStatus,
-    StatusCollector,
-    gpu_provider,
-)
+from membership.probes import gpu_provider
+from membership.status import MAX_GAUGES, MAX_NAME_CHARS, MAX_STEP, NodeStatus
 
 TIMEOUT = 5.0  # seconds: bound on every wait for a thread to get somewhere
 

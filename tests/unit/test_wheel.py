@@ -1,4 +1,4 @@
-"""Unit tests of arbiter.core.wheel: time is passed in, nothing sleeps."""
+"""Unit tests of arbiter.core.detection.wheel: time is passed in, nothing sleeps."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arbiter.core.wheel import DEFAULT_RESOLUTION, DEFAULT_SLOTS, TimingWheel
+from arbiter.core.detection.wheel import DEFAULT_RESOLUTION, DEFAULT_SLOTS, TimingWheel
 
 
 def make(resolution: float = 1.0, slots: int = 8) -> TimingWheel[str]:

@@ -8,7 +8,7 @@ Search of an Understandable Consensus Algorithm", 2014, with PreVote (thesis
 """
 
 from arbiter.core.raft.config import RaftConfig, Rng
-from arbiter.core.raft.errors import InvalidInput, ProposalDropped, RaftError
+from arbiter.core.raft.errors import ConflictingState, InvalidInput, ProposalDropped, RaftError
 from arbiter.core.raft.messages import (
     Entry,
     HardState,
@@ -23,6 +23,7 @@ from arbiter.core.raft.node import RaftNode
 from arbiter.core.raft.quorum import committed_index, quorum_size
 
 __all__ = [
+    "ConflictingState",
     "Entry",
     "HardState",
     "InvalidInput",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from arbiter.core.raft.errors import ConflictingState, InvalidInput
 from arbiter.core.raft.log import RaftLog
 from arbiter.core.raft.messages import Message, MessageType
 
@@ -44,9 +45,15 @@ def answer_append(log: RaftLog, msg: Message) -> Message:
     Args:
         log: the follower's log; changed in place.
         msg: an APPEND of the follower's current term from its leader.
+
+    Raises:
+        InvalidInput: if the entries do not follow ``msg.index`` one by one,
+            or one has a term above the message's (malformed); the log is
+            left unchanged.
     """
     for pos, e in enumerate(msg.entries):
-        assert e.index == msg.index + 1 + pos and e.term <= msg.term, f"malformed APPEND {msg}"
+        if not (e.index == msg.index + 1 + pos and e.term <= msg.term):
+            raise InvalidInput(f"malformed APPEND {msg}")
     resp = _answer(msg, MessageType.APPEND_RESP)
     if msg.index < log.committed:
         return replace(resp, index=log.committed)
@@ -65,11 +72,13 @@ def answer_snapshot(log: RaftLog, msg: Message) -> Message:
         msg: a SNAPSHOT of the follower's current term from its leader.
 
     Raises:
-        AssertionError: for a SNAPSHOT without a snapshot, at index 0, or
-            with a term above the message's (malformed).
+        InvalidInput: for a SNAPSHOT without a snapshot, at index 0, or
+            with a term above the message's (malformed); the log is left
+            unchanged.
     """
     snap = msg.snapshot
-    assert snap is not None and snap.index > 0 and snap.term <= msg.term, f"malformed {msg}"
+    if snap is None or snap.index <= 0 or snap.term > msg.term:
+        raise InvalidInput(f"malformed {msg}")
     resp = _answer(msg, MessageType.APPEND_RESP)
     if snap.index <= log.committed:
         return replace(resp, index=log.committed)
@@ -84,12 +93,13 @@ def answer_heartbeat(log: RaftLog, msg: Message) -> Message:
     """Heartbeat (rule 5); returns the HEARTBEAT_RESP.
 
     Raises:
-        AssertionError: if the commit index is beyond this log: the leader
+        ConflictingState: if the commit index is beyond this log: the leader
             believes this replica holds entries it does not (its durable
-            state was lost).
+            state was lost); the log is left unchanged.
     """
-    assert msg.commit <= log.last_index, (
-        f"heartbeat commit {msg.commit} beyond my last index {log.last_index}"
-    )
+    if msg.commit > log.last_index:
+        raise ConflictingState(
+            f"heartbeat commit {msg.commit} beyond my last index {log.last_index}"
+        )
     log.commit_to(msg.commit)
     return _answer(msg, MessageType.HEARTBEAT_RESP)

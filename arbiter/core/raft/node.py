@@ -58,7 +58,7 @@ from typing import Unpack
 
 from arbiter.core.raft.config import RaftConfig, Rng
 from arbiter.core.raft.election import Tally, TallyResult, may_grant
-from arbiter.core.raft.errors import InvalidInput, ProposalDropped
+from arbiter.core.raft.errors import ConflictingState, InvalidInput, ProposalDropped
 from arbiter.core.raft.follower import answer_append, answer_heartbeat, answer_snapshot
 from arbiter.core.raft.log import RaftLog
 from arbiter.core.raft.messages import (
@@ -173,10 +173,12 @@ class RaftNode:
 
         Raises:
             InvalidInput: if the message is not for this replica, comes from
-                outside the group, or is a PROPOSE with a term or no entries.
+                outside the group, is malformed (an APPEND or SNAPSHOT whose
+                fields disagree), or is a PROPOSE with a term or no entries.
             ProposalDropped: for a PROPOSE this replica can neither take (not
                 the leader) nor forward (no leader known, or the leader is
                 the sender). The proposal is lost; callers may ignore this.
+            ConflictingState: it contradicts this replica's durable state.
         """
         if msg.dst != self._id or msg.src not in self._others:
             raise InvalidInput(f"{self._id}: message {msg.src!r} -> {msg.dst!r} is not for me")
@@ -396,12 +398,13 @@ class RaftNode:
                 self._poll(msg.src, not msg.reject, now)
         elif t in _FROM_LEADER:
             if self._role is Role.LEADER:
-                raise AssertionError(f"two leaders in term {self._term}: {self._id}, {msg.src}")
+                raise ConflictingState(f"two leaders in term {self._term}: {self._id}, {msg.src}")
             if self._role is not Role.FOLLOWER:
                 self._become_follower(self._term, msg.src, now)
             if self._lead is None:
                 self._lead = msg.src
-            assert self._lead == msg.src, f"term {self._term}: leaders {self._lead}, {msg.src}"
+            if self._lead != msg.src:
+                raise ConflictingState(f"term {self._term}: leaders {self._lead}, {msg.src}")
             self._leader_contact = now
             self._election_due = now + self._timeout
             answer = _FOLLOWER_ANSWERS[t]

@@ -39,6 +39,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from arbiter.core.raft.config import RaftConfig
+from arbiter.core.raft.errors import ConflictingState
 from arbiter.core.raft.log import RaftLog
 from arbiter.core.raft.messages import Message, MessageType, Snapshot
 from arbiter.core.raft.quorum import committed_index, quorum_size
@@ -236,7 +237,12 @@ class Replicator:
     # --- answers ----------------------------------------------------------------
 
     def on_append_resp(self, msg: Message, now: float) -> None:
-        """Handles an APPEND_RESP of the current term (rules 1-3)."""
+        """Handles an APPEND_RESP of the current term (rules 1-3).
+
+        Raises:
+            ConflictingState: the follower acknowledges an index beyond this
+                leader's log (one of the two lost its durable state).
+        """
         pr = self.progress[msg.src]
         pr.heard = now
         if msg.reject:
@@ -247,7 +253,7 @@ class Replicator:
                 self.send_append(msg.src)
             return
         if msg.index > self._log.last_index:
-            raise AssertionError(
+            raise ConflictingState(
                 f"{msg.src} acknowledged {msg.index}, beyond my last index {self._log.last_index}"
             )
         probe_matched = pr.state is not ProgressState.REPLICATE and msg.index == pr.match

@@ -1,4 +1,13 @@
-"""Per-node failure detectors of one arbiter replica (DESIGN.md section 6).
+"""What every failure detector of a replica shares (DESIGN.md section 6).
+
+The interface the shell drives (:class:`FailureDetector`), a node's local
+state (:class:`DetectorState`) and the deadline machinery both detectors are
+built on (:class:`DeadlineDetector`): per-node tracks and a timing wheel of
+their deadlines. The detectors themselves say only when a node is due:
+:class:`~arbiter.core.detection.missed.MissedHeartbeatDetector` (``missed.py``,
+a fixed number of missed intervals) and
+:class:`~arbiter.core.detection.phi.PhiAccrualDetector` (``phi.py``, phi
+accrual).
 
 Sans-I/O: time is the argument ``now`` (monotonic seconds, from the shell's
 clock); nothing here reads a clock, sleeps or logs. The shell calls
@@ -8,17 +17,19 @@ calls :meth:`FailureDetector.tick`, which reports the nodes that turned SUSPECT.
 What the replica does with a suspicion (propose a SUSPECT observation) is the
 shell's business: a local suspicion is one opinion, never a death.
 
-Rules of :class:`MissedHeartbeatDetector`:
+Rules of every :class:`DeadlineDetector` (rules 2 and 4 are completed by each
+detector's own module):
 
 Rule 1. A node is tracked from its first heartbeat until :meth:`remove`
     (which forgets it entirely; removing an untracked node does nothing). The
     first heartbeat makes it HEALTHY.
-Rule 2. Its deadline is ``max(last_heard + interval * missed_limit,
-    hold_until)``. A HEALTHY node turns SUSPECT at the first :meth:`tick` whose
-    ``now`` is at or past its deadline, and that tick reports it exactly once.
-    (At, not strictly past: :meth:`next_deadline` is then a time at which the
-    report really happens, so a simulator that jumps its clock straight to the
-    deadline makes progress.)
+Rule 2. Its deadline is the detector's own (for the missed-heartbeat
+    detector ``last_heard + interval * missed_limit``), but never before
+    ``hold_until``. A HEALTHY node turns SUSPECT at the first :meth:`tick`
+    whose ``now`` is at or past its deadline, and that tick reports it
+    exactly once. (At, not strictly past: :meth:`next_deadline` is then a
+    time at which the report really happens, so a simulator that jumps its
+    clock straight to the deadline makes progress.)
 Rule 3. A heartbeat moves ``last_heard`` to ``now`` and turns a SUSPECT node
     HEALTHY again; ``heartbeat`` returns True exactly when the node turns
     HEALTHY (first heartbeat, or SUSPECT -> HEALTHY). Time never runs
@@ -51,9 +62,9 @@ import math
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from arbiter.core.wheel import DEFAULT_RESOLUTION, DEFAULT_SLOTS, TimingWheel
+from arbiter.core.detection.wheel import DEFAULT_RESOLUTION, DEFAULT_SLOTS, TimingWheel
 
-__all__ = ["DeadlineDetector", "DetectorState", "FailureDetector", "MissedHeartbeatDetector"]
+__all__ = ["DeadlineDetector", "DetectorState", "FailureDetector"]
 
 
 class DetectorState(enum.Enum):
@@ -66,9 +77,10 @@ class DetectorState(enum.Enum):
 class FailureDetector(Protocol):
     """What the shell needs from a per-node failure detector.
 
-    Implementations: :class:`MissedHeartbeatDetector` (counting missed
-    intervals) and :class:`arbiter.core.phi.PhiAccrualDetector` (phi accrual,
-    Hayashibara et al. 2004, as in Akka).
+    Implementations:
+    :class:`~arbiter.core.detection.missed.MissedHeartbeatDetector` (counting
+    missed intervals) and :class:`~arbiter.core.detection.phi.PhiAccrualDetector`
+    (phi accrual, Hayashibara et al. 2004, as in Akka).
     All times are monotonic seconds.
     """
 
@@ -161,7 +173,7 @@ class DeadlineDetector(Generic[TrackT]):
     A subclass says when a node's track is due (:meth:`_deadline`) and how a
     heartbeat updates it, calling :meth:`_arm` after every change to a
     HEALTHY node's track; this class keeps each HEALTHY node's exact deadline
-    in a :class:`~arbiter.core.wheel.TimingWheel` (Varghese and Lauck, SOSP
+    in a :class:`~arbiter.core.detection.wheel.TimingWheel` (Varghese and Lauck, SOSP
     1987), so a heartbeat costs O(1), :meth:`tick` costs O(suspected + slots
     walked) and :meth:`next_deadline` is exact (rule 6).
     """
@@ -290,68 +302,3 @@ class DeadlineDetector(Generic[TrackT]):
     def _arm(self, node_id: str, track: TrackT) -> None:
         """Moves a HEALTHY node's wheel entry to its current deadline (O(1))."""
         self._wheel.schedule(node_id, self._deadline(track))
-
-
-class MissedHeartbeatDetector(DeadlineDetector[_Track]):
-    """Suspects a node after ``missed_limit`` heartbeat intervals without one.
-
-    The classic fixed-timeout detector (the "missed heartbeats" count of
-    Chandra and Toueg style detectors; memberlist's probe timeout works the
-    same way): suspect when ``now - last_heard >= interval * missed_limit``,
-    unless a lease :meth:`hold` is still running.
-    """
-
-    kind = "missed"
-
-    def __init__(self, *, interval: float, missed_limit: float) -> None:
-        """Creates an empty detector.
-
-        Args:
-            interval: default expected heartbeat interval, seconds (> 0).
-            missed_limit: how many intervals may pass without a heartbeat
-                before the node is suspected (>= 1; fractions allowed).
-
-        Raises:
-            ValueError: interval <= 0 or missed_limit < 1 (or not finite).
-        """
-        _check_positive("interval", interval)
-        if not (math.isfinite(missed_limit) and missed_limit >= 1):
-            raise ValueError(f"missed_limit must be a finite number >= 1, got {missed_limit!r}")
-        self._interval = interval
-        self._missed_limit = missed_limit
-        super().__init__()
-
-    @property
-    def interval(self) -> float:
-        """The default heartbeat interval, seconds."""
-        return self._interval
-
-    @property
-    def missed_limit(self) -> float:
-        """Intervals without a heartbeat before a node is suspected."""
-        return self._missed_limit
-
-    def _new_track(self, now: float, interval: float | None) -> _Track:
-        return _Track(last_heard=now, interval=self._interval if interval is None else interval)
-
-    def _heard(self, track: _Track, now: float, interval: float | None) -> None:
-        track.last_heard = now
-        if interval is not None:
-            track.interval = interval
-
-    def suspicion(self, node_id: str, now: float) -> float:
-        """Missed intervals: ``(now - last_heard) / interval``, never below 0.
-
-        The node is suspected once this reaches ``missed_limit`` (and no hold
-        runs).
-
-        Raises:
-            KeyError: the node is not tracked.
-        """
-        track = self._nodes[node_id]
-        return max(0.0, (now - track.last_heard) / track.interval)
-
-    # -- internals ---------------------------------------------------------
-
-    def _deadline(self, track: _Track) -> float:
-        return max(track.last_heard + track.interval * self._missed_limit, track.hold_until)

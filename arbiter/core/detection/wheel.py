@@ -5,7 +5,7 @@ for the Efficient Implementation of a Timer Facility" (SOSP 1987), scheme 6:
 time is cut into ticks of ``resolution`` seconds and a deadline is hashed to
 slot ``tick mod slots``, so scheduling, rescheduling and cancelling cost O(1)
 and advancing time visits only the slots it walks over. Two departures from
-the paper, both for the failure detectors of ``detector.py``:
+the paper, both for the failure detectors of ``base.py``:
 
 * The wheel keeps each entry's exact deadline (a float) and uses slots only
   to find candidates, so expiry and :meth:`TimingWheel.next_deadline` are
@@ -88,7 +88,7 @@ shortens the revolution (more entries in the overflow heap). More ``slots`` leng
 revolution at a memory cost of one small dict each, and bound the walks of
 ``expire`` and ``next_deadline``. The defaults (2**-7 s ~ 7.8 ms, 512 slots:
 a 4 s revolution) match a shell that ticks every 10-50 ms and suspicion
-deadlines of 0.75 s to 3 s (``arbiter/core/interval.py``), which then never
+deadlines of 0.75 s to 3 s (``interval.py``), which then never
 need the overflow heap; the resolution does not affect accuracy, only cost.
 """
 

@@ -34,8 +34,8 @@ The details follow Akka's ``PhiAccrualFailureDetector`` (akka-remote,
   that was suspected (or only protected by a hold) does not inflate the
   window.
 
-Rules of :class:`PhiAccrualDetector` (rules 1, 3, 5 and 6 are those of
-:class:`~arbiter.core.detector.MissedHeartbeatDetector`):
+Rules of :class:`PhiAccrualDetector` (rules 1, 3, 5 and 6 are those of every
+deadline detector, ``base.py``):
 
 Rule 1. A node is tracked from its first heartbeat until :meth:`remove`; the
     first heartbeat makes it HEALTHY.
@@ -57,7 +57,7 @@ Rule 4. A heartbeat may carry a new interval (the replica's suggestion). A
 Rule 5. :meth:`hold` promises no suspicion before ``until``; holds only
     extend, survive heartbeats, and a SUSPECT node cannot be held.
 Rule 6. Deadlines live in the hashed timing wheel of ``wheel.py``, as in
-    ``detector.py``: a heartbeat costs O(1), a tick O(suspected + slots
+    ``base.py``: a heartbeat costs O(1), a tick O(suspected + slots
     walked), :meth:`next_deadline` is exact.
 
 Guarantee: with ``threshold > log10(2)`` (validated), a silence of at most the
@@ -73,7 +73,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from arbiter.core.detector import DeadlineDetector, _check_positive, _Track
+from arbiter.core.detection.base import DeadlineDetector, _check_positive, _Track
 
 __all__ = ["PhiAccrualDetector", "phi", "threshold_sigmas"]
 
@@ -160,7 +160,7 @@ class _PhiTrack(_Track):
 class PhiAccrualDetector(DeadlineDetector[_PhiTrack]):
     """Suspects a node once its phi reaches ``threshold`` (Hayashibara et al. 2004, as in Akka).
 
-    Implements :class:`~arbiter.core.detector.FailureDetector`; see the module
+    Implements :class:`~arbiter.core.detection.base.FailureDetector`; see the module
     docstring for the rules. :meth:`suspicion` returns phi.
     """
 

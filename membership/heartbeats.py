@@ -1,0 +1,377 @@
+"""A node's heartbeat link to one arbiter: its streams, supervised, hedged when an ack is late.
+
+One :class:`HeartbeatLink` per arbiter, all independent: a link that is
+stuck never delays another (C03 in the project's field reports: one frozen
+arbiter must not stop the heartbeats to the others).
+
+Rules:
+
+1. Each heartbeat stream has a TCP connection of its own
+   (:meth:`membership.transport.Channels.fresh`); closing the stream closes
+   its connection.
+2. Every heartbeat is handed to every open stream; each stream writes from a
+   task of its own and writes only the newest heartbeat handed to it, so a
+   stream whose writes are stuck (flow control on a dead link) drops stale
+   heartbeats instead of queueing them, and blocks nothing else.
+3. Hedging (the kubelet failure of kubernetes/kubernetes#48638: a connection
+   that wedges, bytes stopping both ways with no FIN or RST, is reused by
+   every retry until keepalive closes it, tens of seconds later). When the
+   oldest heartbeat a stream has not had acked was handed to it
+   ``hedge_after`` seconds ago, a second stream is opened on a fresh
+   connection while the first is still tried, and a heartbeat goes out on
+   both at once. Once both are open, the first to ack wins and the other is
+   closed with its connection. ``hedge_after`` (0.3 s by default) leaves time
+   for a new connection to bring an ack before the lease of the last acked
+   heartbeat (D = 0.75 s from its send) runs out.
+4. A stream whose oldest unacked heartbeat waits ``ack_timeout`` seconds is
+   abandoned, even while its writes are stuck (C03).
+5. After a stream that never acked, the next one waits a jittered
+   exponential backoff (:class:`membership.backoff.Backoff`); after one that
+   was healthy, a short jitter only.
+6. The link never ends silently: it logs what failed and goes on, until the
+   session ends or the client closes. A refusal that names a cluster
+   mismatch (FAILED_PRECONDITION from a replica of another cluster) ends it
+   with :class:`~membership.errors.ClusterMismatch`, for the client to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import grpc
+
+from membership.aiotools import reap
+from membership.backoff import Backoff
+from membership.errors import ClusterMismatch
+from membership.transport import Channels
+from membership.v1 import membership_pb2 as pb
+
+__all__ = ["HeartbeatLink", "LinkTimings"]
+
+log = logging.getLogger("membership.heartbeats")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkTimings:
+    """The timings a link works with right now, seconds (they scale with the interval).
+
+    Attributes:
+        interval: between two heartbeats.
+        hedge_after: an unacked heartbeat this old opens a second stream (rule 3).
+        ack_timeout: an unacked heartbeat this old abandons its stream (rule 4).
+    """
+
+    interval: float
+    hedge_after: float
+    ack_timeout: float
+
+
+class LinkOwner(Protocol):
+    """What a link needs from the client that owns it."""
+
+    def timings(self) -> LinkTimings:
+        """The current timings."""
+        ...
+
+    def next_request(self, address: str, now: float) -> tuple[int, pb.HeartbeatRequest]:
+        """The next heartbeat for ``address``, recorded as sent at ``now``: (seq, request)."""
+        ...
+
+    def on_ack(self, address: str, ack: pb.HeartbeatAck, now: float) -> None:
+        """Takes one ack (may raise ClusterMismatch)."""
+        ...
+
+    def expected_cluster(self) -> str:
+        """The cluster identity every arbiter must have ("" while unknown)."""
+        ...
+
+    def finished(self) -> bool:
+        """True once heartbeats must stop (session ended, client closing)."""
+        ...
+
+
+class _Stream:
+    """One heartbeat stream on a connection of its own (rules 1, 2)."""
+
+    def __init__(
+        self,
+        address: str,
+        channel: grpc.aio.Channel,
+        call: grpc.aio.StreamStreamCall,
+        on_ack: Callable[[_Stream, pb.HeartbeatAck], None],
+        cluster: str,
+    ) -> None:
+        self.address = address
+        self.channel = channel
+        self.call = call
+        self.acked = False
+        self.hedge = False  # opened beside a late stream (rule 3)
+        # (seq, monotonic time handed over) of heartbeats not yet acked, oldest first.
+        self.unacked: collections.deque[tuple[int, float]] = collections.deque()
+        self._pending: pb.HeartbeatRequest | None = None
+        self._cluster = cluster
+        self._wake = asyncio.Event()
+        self._on_ack = on_ack
+        loop = asyncio.get_running_loop()
+        self.reader = loop.create_task(self._read(), name=f"heartbeat-read-{address}")
+        self.writer = loop.create_task(self._write(), name=f"heartbeat-write-{address}")
+
+    def offer(self, seq: int, request: pb.HeartbeatRequest, now: float) -> None:
+        """Hands over the newest heartbeat; an older one not yet written is dropped."""
+        self.unacked.append((seq, now))
+        while len(self.unacked) > 64:
+            self.unacked.popleft()
+        self._pending = request
+        self._wake.set()
+
+    def waiting(self, now: float) -> float:
+        """Seconds the oldest unacked heartbeat has waited (0 when none waits)."""
+        return now - self.unacked[0][1] if self.unacked else 0.0
+
+    def ended(self) -> bool:
+        """True once the stream is over (its reader or writer finished)."""
+        return self.reader.done() or self.writer.done()
+
+    def outcome(self) -> str:
+        """Why an ended stream ended, in words."""
+        for task in (self.reader, self.writer):
+            if task.done() and not task.cancelled():
+                exc = task.exception()
+                if isinstance(exc, grpc.aio.AioRpcError):
+                    return f"{exc.code().name}: {exc.details()}"
+                if exc is not None:
+                    return repr(exc)
+        return "the arbiter ended the stream"
+
+    def error(self) -> grpc.aio.AioRpcError | None:
+        """The gRPC error the stream ended with, if any."""
+        for task in (self.reader, self.writer):
+            if task.done() and not task.cancelled():
+                exc = task.exception()
+                if isinstance(exc, grpc.aio.AioRpcError):
+                    return exc
+        return None
+
+    async def _write(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            request, self._pending = self._pending, None
+            if request is None:
+                continue
+            if self._cluster:
+                # Checked by the replica before it acts on the heartbeat; once
+                # per stream is enough (the replica checks every one that has it).
+                request.cluster = self._cluster
+                self._cluster = ""
+            await self.call.write(request)
+
+    async def _read(self) -> None:
+        while True:
+            ack = await self.call.read()
+            if ack is grpc.aio.EOF:
+                return
+            while self.unacked and self.unacked[0][0] <= ack.seq:
+                self.unacked.popleft()
+            self._on_ack(self, ack)
+
+    async def close(self) -> None:
+        """Cancels the call, stops both tasks and closes the connection."""
+        self.call.cancel()
+        await reap(self.reader)
+        await reap(self.writer)
+        await self.channel.close(grace=None)
+
+
+class HeartbeatLink:
+    """Heartbeats of one node to one arbiter (see the module rules).
+
+    Args:
+        address: the arbiter's ``host:port``.
+        owner: the client (timings, requests, ack handling).
+        channels: where fresh connections come from.
+        backoff: the reconnect backoff (rule 5).
+
+    Attributes:
+        up: True while a stream of this link had an ack within the ack timeout.
+        last_error: the latest failure, in words ("" when none since the last ack).
+    """
+
+    def __init__(
+        self, address: str, *, owner: LinkOwner, channels: Channels, backoff: Backoff
+    ) -> None:
+        self.address = address
+        self._owner = owner
+        self._channels = channels
+        self._backoff = backoff
+        self._streams: list[_Stream] = []
+        self._changed = asyncio.Event()
+        self.up = False
+        self.last_error = ""
+        self._failures = 0
+        self._closing: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        """Supervises the link until the owner is finished (rule 6).
+
+        Raises:
+            ClusterMismatch: the arbiter belongs to another cluster.
+        """
+        try:
+            while not self._owner.finished():
+                try:
+                    await self._serve()
+                except (asyncio.CancelledError, ClusterMismatch):
+                    raise
+                except Exception:
+                    log.exception("heartbeat link to %s failed; restarting it", self.address)
+                    await self._drop_all()
+                    await asyncio.sleep(self._backoff.maximum)
+        finally:
+            self.up = False
+            await self._drop_all()
+
+    # --- the loop ---------------------------------------------------------------------
+
+    async def _serve(self) -> None:
+        next_beat = time.monotonic()
+        while not self._owner.finished():
+            if not self._streams:
+                if self._failures:
+                    await asyncio.sleep(self._backoff.delay(self._failures))
+                    if self._owner.finished():
+                        return
+                self._open()
+                next_beat = time.monotonic()
+            now = time.monotonic()
+            t = self._owner.timings()
+            if now >= next_beat:
+                self._beat(now)
+                next_beat = now + t.interval
+            # Wake for the next heartbeat, the next hedge or abandon deadline,
+            # an ack that changes the streams, or a stream that ended.
+            deadline = next_beat
+            for st in self._streams:
+                if st.unacked:
+                    oldest = st.unacked[0][1]
+                    limit = t.hedge_after if len(self._streams) == 1 else t.ack_timeout
+                    deadline = min(deadline, oldest + limit)
+            self._changed.clear()
+            ended: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._changed.wait())]
+            ended += [st.reader for st in self._streams] + [st.writer for st in self._streams]
+            await asyncio.wait(
+                ended, timeout=max(0.0, deadline - time.monotonic()), return_when="FIRST_COMPLETED"
+            )
+            ended[0].cancel()
+            await self._check(time.monotonic(), t)
+
+    def _beat(self, now: float) -> None:
+        seq, request = self._owner.next_request(self.address, now)
+        for st in self._streams:
+            st.offer(seq, request, now)
+
+    def _open(self) -> _Stream:
+        channel, stub = self._channels.fresh(self.address)
+        st = _Stream(
+            self.address, channel, stub.Heartbeat(), self._acked, self._owner.expected_cluster()
+        )
+        st.hedge = bool(self._streams)
+        self._streams.append(st)
+        return st
+
+    async def _check(self, now: float, t: LinkTimings) -> None:
+        for st in list(self._streams):
+            if st.ended():
+                await self._ended(st)
+            elif st.waiting(now) > t.ack_timeout:
+                # Rule 4: abandoned even if its writes are stuck.
+                reason = f"no ack for {st.waiting(now):.2f}s"
+                if st.acked:
+                    log.info("heartbeat stream to %s ended: %s", self.address, reason)
+                self._fail(st, f"no ack from {self.address} for {st.waiting(now):.2f}s")
+                await self._drop(st)
+        if (
+            len(self._streams) == 1
+            and self._streams[0].acked
+            and self._streams[0].waiting(now) > t.hedge_after
+        ):
+            # Rule 3: a healthy stream went late: a fresh connection beside it.
+            # (A stream that never acked is not hedged: its failure goes
+            # through the backoff, or an unreachable arbiter would get a new
+            # connection every hedge_after.)
+            log.info(
+                "no ack from %s for %.2fs: trying a new connection beside the old one",
+                self.address,
+                self._streams[0].waiting(now),
+            )
+            self._open()
+            self._beat(now)
+
+    async def _ended(self, st: _Stream) -> None:
+        err = st.error()
+        if err is not None and err.code() == grpc.StatusCode.FAILED_PRECONDITION:
+            detail = err.details() or ""
+            if "cluster mismatch" in detail:
+                await self._drop(st)
+                raise ClusterMismatch(f"{self.address}: {detail}")
+        reason = st.outcome()
+        if err is not None and err.code() in (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            grpc.StatusCode.FAILED_PRECONDITION,
+        ):
+            log.error("arbiter %s refused our heartbeats: %s", self.address, reason)
+        elif st.acked:
+            log.info("heartbeat stream to %s ended: %s", self.address, reason)
+        self._fail(st, reason)
+        await self._drop(st)
+
+    def _fail(self, st: _Stream, reason: str) -> None:
+        self.last_error = reason
+        if not st.acked:
+            self._failures += 1
+        elif len(self._streams) == 1:
+            self._failures = 1  # rule 5: a short jitter before the next stream
+        if len(self._streams) == 1:
+            self.up = False
+
+    def _acked(self, st: _Stream, ack: pb.HeartbeatAck) -> None:
+        now = time.monotonic()
+        st.acked = True
+        self._failures = 0
+        losers = [other for other in self._streams if other is not st]
+        if losers:
+            # Rule 3: of two open streams, the first to ack wins.
+            for other in losers:
+                self._streams.remove(other)
+                task = asyncio.get_running_loop().create_task(other.close())
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+            log.info(
+                "heartbeats to %s go on over the %s connection",
+                self.address,
+                "new" if st.hedge else "old",
+            )
+            self._changed.set()
+        if not self.up:
+            log.debug("heartbeat stream to %s is up", self.address)
+        self.up = True
+        self.last_error = ""
+        self._owner.on_ack(self.address, ack, now)
+
+    async def _drop(self, st: _Stream) -> None:
+        if st in self._streams:
+            self._streams.remove(st)
+        await st.close()
+
+    async def _drop_all(self) -> None:
+        for st in list(self._streams):
+            await self._drop(st)
+        for task in list(self._closing):
+            await reap(task)

@@ -1,0 +1,311 @@
+"""The SDK as users expect it (issue 9): leaving on exit, one cluster checked, watchers
+that know when they are blind, a frozen first replica not waited on, future epochs refused.
+
+Replicas run in this process (real gRPC on loopback); frozen links come from the
+TCP proxy of tests/support/netproxy.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from arbiter.config import ArbiterConfig
+from arbiter.server.app import ArbiterServer
+from membership import (
+    ClientConfig,
+    MembershipClient,
+    MemberState,
+    ViewEvent,
+    ViewSnapshot,
+)
+from membership.errors import ClusterMismatch, EpochOutOfRange
+from membership.localcluster import free_ports
+from membership.session import EndReason
+from membership.view import Disconnected, Reconnected, ViewReset
+from tests.integration.harness import wait_async
+from tests.support.netproxy import TcpProxy
+
+pytestmark = pytest.mark.integration
+
+WATCH = ClientConfig(follow_view=False)
+
+
+def _addrs(servers: list[ArbiterServer]) -> list[str]:
+    return [f"127.0.0.1:{s.port}" for s in servers]
+
+
+def _state(servers: list[ArbiterServer], node_id: str) -> tuple[int, MemberState] | None:
+    """(incarnation, state) of ``node_id`` in the first replica's applied view."""
+    m = servers[0].driver.state.member(node_id)
+    return None if m is None else (m.incarnation, m.state)
+
+
+@contextlib.asynccontextmanager
+async def _events(client: MembershipClient, **kwargs: object) -> AsyncIterator[list[ViewEvent]]:
+    """Collects ``client.watch(**kwargs)`` events in the background."""
+    events: list[ViewEvent] = []
+    errors: list[BaseException] = []
+
+    async def pump() -> None:
+        try:
+            async for ev in client.watch(**kwargs):  # type: ignore[arg-type]
+                events.append(ev)
+        except Exception as e:
+            errors.append(e)
+
+    task = asyncio.get_running_loop().create_task(pump())
+    try:
+        yield events
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert not errors, errors
+
+
+# --- lifecycle ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["normally", "by an exception", "by cancellation"])
+async def test_sdk_leaving_the_context_leaves_the_cluster(
+    replicas: list[ArbiterServer], how: str
+) -> None:
+    entered = asyncio.Event()
+
+    async def member() -> None:
+        async with MembershipClient(_addrs(replicas), node_id="n1", config=WATCH) as client:
+            await client.wait_alive(timeout=10)
+            entered.set()
+            if how == "by an exception":
+                raise RuntimeError("the training loop crashed")
+            if how == "by cancellation":
+                await asyncio.Event().wait()
+
+    task = asyncio.get_running_loop().create_task(member())
+    await asyncio.wait_for(entered.wait(), 15)
+    if how == "by cancellation":
+        task.cancel()
+    with contextlib.suppress(RuntimeError, asyncio.CancelledError):
+        await asyncio.wait_for(task, 15)
+    record = _state(replicas, "n1")
+    assert record is not None and record[1] is MemberState.LEFT, record
+
+
+async def test_sdk_leave_on_exit_false_only_stops(replicas: list[ArbiterServer]) -> None:
+    async with MembershipClient(
+        _addrs(replicas), node_id="n1", config=WATCH, leave_on_exit=False
+    ) as client:
+        await client.wait_alive(timeout=10)
+    # Not LEFT: the cluster declares the silent node DEAD once a quorum suspects it.
+    await wait_async(
+        lambda: (_state(replicas, "n1") or (0, None))[1] is MemberState.DEAD, 10, "n1 DEAD"
+    )
+
+
+async def test_sdk_node_that_never_joined_leaves_no_record(replicas: list[ArbiterServer]) -> None:
+    # n1 reaches one replica of three (the other two addresses are closed):
+    # it can never join, and leaving retires its incarnation without a view change.
+    dead = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    epoch = replicas[0].driver.state.epoch
+    client = MembershipClient([_addrs(replicas)[0], *dead], node_id="n1", config=WATCH)
+    await client.start()
+    try:
+        await wait_async(lambda: client.stream_healthy[_addrs(replicas)[0]], 10, "one ack")
+        assert client.state is MemberState.JOINING
+        left_at = await client.leave(timeout=5)
+    finally:
+        await client.close()
+    assert client.end_reason is EndReason.LEFT
+    assert left_at == epoch
+    for s in replicas:
+        assert s.driver.state.member("n1") is None
+        assert s.driver.state.epoch == epoch
+    await wait_async(lambda: replicas[0].driver.state.retired("n1") > 0, 5, "retired")
+
+
+async def test_sdk_node_short_of_a_quorum_logs_why(
+    replicas: list[ArbiterServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    dead = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    config = ClientConfig(follow_view=False, reachability_log_interval=0.3)
+    caplog.set_level(logging.WARNING, logger="membership.client")
+    async with MembershipClient(
+        [_addrs(replicas)[0], *dead], node_id="n1", config=config, leave_on_exit=False
+    ):
+        await wait_async(
+            lambda: sum("reaches 1 of 3 arbiters" in r.getMessage() for r in caplog.records) >= 2,
+            10,
+            "two reachability warnings",
+        )
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "a quorum is 2" in text and all(d in text for d in dead), text
+    assert "cannot join" in text
+
+
+# --- one cluster -------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def other_cluster() -> AsyncIterator[ArbiterServer]:
+    """A one-replica cluster named "other" (its own identity)."""
+    (port,) = free_ports(1)
+    addr = f"127.0.0.1:{port}"
+    server = ArbiterServer(
+        replica_id="b1",
+        peers={"b1": addr},
+        listen=addr,
+        config=ArbiterConfig.local(cluster="other"),
+    )
+    await server.start()
+    try:
+        await wait_async(lambda: server.driver.is_leader, 10, "b1 leads")
+        yield server
+    finally:
+        await server.stop(grace=0)
+
+
+async def test_sdk_arbiters_of_two_clusters_are_refused_before_any_heartbeat(
+    replicas: list[ArbiterServer], other_cluster: ArbiterServer
+) -> None:
+    mixed = [*_addrs(replicas)[:2], f"127.0.0.1:{other_cluster.port}"]
+    client = MembershipClient(mixed, node_id="n1", config=WATCH)
+    async with client:
+        with pytest.raises(ClusterMismatch) as info:
+            await client.wait_alive(timeout=10)
+    text = str(info.value)
+    assert f"127.0.0.1:{other_cluster.port} in cluster other@" in text
+    assert all(a in text for a in mixed[:2]), text
+    assert client.ended.is_set() and client.error is info.value
+    # It joined neither: no replica of either cluster heard it.
+    for s in [*replicas, other_cluster]:
+        assert s.driver.observer.tracked() == 0, s.replica_id
+    # A watcher given the same list is refused too.
+    watcher = MembershipClient(mixed, config=WATCH)
+    try:
+        with pytest.raises(ClusterMismatch):
+            async with asyncio.timeout(10):
+                async for _ in watcher.watch():
+                    pass
+    finally:
+        await watcher.close()
+
+
+async def test_sdk_expected_cluster_name_is_checked(replicas: list[ArbiterServer]) -> None:
+    client = MembershipClient(_addrs(replicas), config=WATCH, cluster="prod")
+    await client.start()
+    try:
+        with pytest.raises(ClusterMismatch, match="not 'prod'"):
+            await client.wait_connected(timeout=10)
+    finally:
+        await client.close()
+    ok = MembershipClient(_addrs(replicas), config=WATCH, cluster="default")
+    await ok.start()
+    try:
+        assert (await ok.wait_connected(timeout=10)).startswith("default@")
+    finally:
+        await ok.close()
+
+
+# --- watchers ------------------------------------------------------------------------------
+
+
+async def test_sdk_future_since_epoch_is_refused_or_reset(replicas: list[ArbiterServer]) -> None:
+    async with MembershipClient(_addrs(replicas), node_id="n1", config=WATCH) as node:
+        await node.wait_alive(timeout=10)
+        epoch = replicas[0].driver.state.epoch
+        watcher = MembershipClient(_addrs(replicas), config=WATCH)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(EpochOutOfRange) as info:
+                async with asyncio.timeout(15):
+                    async for _ in watcher.watch(since_epoch=9999):
+                        pass
+            assert info.value.since_epoch == 9999 and info.value.cluster_epoch == epoch
+            assert time.monotonic() - t0 < 10
+            seen: list[ViewEvent] = []
+            async with asyncio.timeout(15):
+                async for ev in watcher.watch(since_epoch=9999, reset_if_ahead=True):
+                    seen.append(ev)
+                    if isinstance(ev, ViewSnapshot):
+                        break
+            resets = [e for e in seen if isinstance(e, ViewReset)]
+            assert resets == [ViewReset(since_epoch=9999, cluster_epoch=epoch)]
+            assert isinstance(seen[-1], ViewSnapshot) and seen[-1].view.epoch == epoch
+            assert seen.index(resets[0]) < len(seen) - 1
+        finally:
+            await watcher.close()
+
+
+@pytest.fixture
+def proxies() -> AsyncIterator[list[TcpProxy]]:  # type: ignore[misc]
+    made: list[TcpProxy] = []
+    try:
+        yield made  # type: ignore[misc]
+    finally:
+        for p in made:
+            p.close()
+
+
+async def test_sdk_frozen_first_replica_does_not_delay_the_first_snapshot(
+    replicas: list[ArbiterServer], proxies: list[TcpProxy]
+) -> None:
+    # The first listed replica accepts connections and never answers.
+    proxy = TcpProxy(_addrs(replicas)[0]).start()
+    proxies.append(proxy)
+    proxy.freeze()
+    addrs = [proxy.address, *_addrs(replicas)[1:]]
+    watcher = MembershipClient(addrs, config=WATCH)
+    try:
+        t0 = time.monotonic()
+        async with asyncio.timeout(10):
+            async for ev in watcher.watch():
+                if isinstance(ev, ViewSnapshot):
+                    break
+        first_snapshot = time.monotonic() - t0
+        t0 = time.monotonic()
+        info = await watcher.get_view()
+        get_view = time.monotonic() - t0
+    finally:
+        await watcher.close()
+    assert first_snapshot < 3.0, first_snapshot
+    assert get_view < 3.0 and info.in_quorum, get_view
+    print(f"first snapshot after {first_snapshot:.2f}s, get_view after {get_view:.2f}s")
+
+
+async def test_sdk_watcher_reports_loss_and_return_of_contact(
+    replicas: list[ArbiterServer], proxies: list[TcpProxy]
+) -> None:
+    # The watcher reaches the cluster through one frozen-able link only.
+    proxy = TcpProxy(_addrs(replicas)[0]).start()
+    proxies.append(proxy)
+    watcher = MembershipClient([proxy.address], config=WATCH)
+    try:
+        async with _events(watcher) as events:
+            await wait_async(lambda: any(isinstance(e, ViewSnapshot) for e in events), 10, "snap")
+            proxy.freeze()
+            t0 = time.monotonic()
+            await wait_async(
+                lambda: any(isinstance(e, Disconnected) for e in events), 10, "Disconnected"
+            )
+            lost_after = time.monotonic() - t0
+            (lost,) = [e for e in events if isinstance(e, Disconnected)]
+            assert lost.silence >= ClientConfig().disconnect_after
+            assert lost.epoch == replicas[0].driver.state.epoch
+            proxy.heal()
+            await wait_async(
+                lambda: any(isinstance(e, Reconnected) for e in events), 15, "Reconnected"
+            )
+            # Nothing else was lost: a change committed now still arrives.
+            async with MembershipClient(_addrs(replicas), node_id="n9", config=WATCH) as n9:
+                await n9.wait_alive(timeout=10)
+                await wait_async(lambda: watcher.view.get("n9") is not None, 10, "n9 seen")
+            assert [type(e) for e in events].count(Disconnected) == 1
+    finally:
+        await watcher.close()
+    print(f"loss of contact reported {lost_after:.2f}s after the freeze")
