@@ -182,8 +182,10 @@ def test_cli_node_declared_dead_with_no_rejoin_exits_three(cluster: ProcCluster)
 
 
 def test_cli_node_made_left_by_another_leave_exits_three(cluster: ProcCluster) -> None:
-    from membership.client import MembershipClient
-    from membership.config import ClientConfig
+    import grpc
+
+    from membership.v1 import membership_pb2 as pb
+    from membership.v1 import membership_pb2_grpc as pb_grpc
 
     cluster.start_arbiters(1)
     wait_until(cluster.leader, 15, "the arbiter to lead")
@@ -198,16 +200,11 @@ def test_cli_node_made_left_by_another_leave_exits_three(cluster: ProcCluster) -
     incarnation = int(alive[-1][1])
 
     async def leave_for_it() -> None:
-        other = MembershipClient(
-            cluster.addresses,
-            node_id="n1",
-            incarnation=incarnation,
-            config=ClientConfig(follow_view=False, collect_status=False),
-        )
-        try:
-            await other.leave(timeout=10)
-        finally:
-            await other.close()
+        # Someone else's Leave for n1's incarnation, straight to the arbiter (the
+        # SDK sends none for a client that never joined).
+        async with grpc.aio.insecure_channel(cluster.addresses[0]) as channel:
+            request = pb.LeaveRequest(node_id="n1", incarnation=incarnation)
+            await pb_grpc.MembershipStub(channel).Leave(request, timeout=10)
 
     asyncio.run(leave_for_it())
     assert node.popen.wait(15) == 3, node.stderr()
@@ -219,3 +216,31 @@ def _state(cluster: ProcCluster, node_id: str) -> str | None:
     if view is None:
         return None
     return next((m["state"] for m in view["members"] if m["node_id"] == node_id), None)
+
+
+def test_cli_watch_since_a_future_epoch_exits_one_with_one_line(cluster: ProcCluster) -> None:
+    cluster.start_arbiters(1)
+    wait_until(cluster.leader, 15, "the arbiter to lead")
+    r = run_cli("watch", "--since-epoch", "9999", "--arbiters", cluster.arbiter_list(), timeout=30)
+    assert r.returncode == 1, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("membership watch: error: ") and "9999" in line, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_node_given_arbiters_of_two_clusters_exits_two_naming_them(
+    cluster: ProcCluster,
+) -> None:
+    from membership.localcluster import arbiter_args
+
+    p1, p2 = free_ports(2)
+    one, other = {"a1": f"127.0.0.1:{p1}"}, {"a1": f"127.0.0.1:{p2}"}
+    cluster.spawn("x1", *arbiter_args("a1", one, cluster.workdir / "x1.data"))
+    cluster.spawn("y1", *arbiter_args("a1", other, cluster.workdir / "y1.data"))
+    for addr in (one["a1"], other["a1"]):
+        wait_until(lambda a=addr: run_cli("view", "--arbiters", a).returncode == 0, 15, addr)
+    r = run_cli("node", "--id", "n1", "--arbiters", f"{one['a1']},{other['a1']}", timeout=60)
+    assert r.returncode == 2, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("membership node: error: "), r.stderr
+    assert one["a1"] in line and other["a1"] in line, line
