@@ -1,37 +1,41 @@
-"""The ``membership arbiter`` sub-command (registered through the
-``membership.commands`` entry point, so the client package never imports the server)."""
+"""The ``membership arbiter`` sub-command (registered through the entry point group
+``membership.commands`` of pyproject.toml, so the client package never imports the server).
+
+Rules:
+
+1. Every check runs before anything is created, at a real start as under
+   ``--check-config``: the flags and the configuration (exit 2), ``--listen``
+   being this replica's own ``--peers`` address and no address given twice
+   (:func:`arbiter.server.app.check_listen`, exit 2); then, at a real start
+   only, the listen address is bound (exit 1: unknown host, address in use,
+   not an address of this machine) before the data dir is opened or created.
+2. ``--data-dir`` is required: a replica's Raft state is where the operator
+   says (as etcd's ``--data-dir``), never a default shared by every cluster
+   started on the machine. A data dir written by another arbiter set is
+   refused (exit 1) with what to do.
+3. SIGINT and SIGTERM stop the replica gracefully in every phase, start-up
+   and the host name checks included (exit 0); a second one exits at once.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
-import os
-import signal
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from arbiter.config import ArbiterConfig
+from membership.commands import EXIT_OK, Interrupt
 from membership.errors import InvalidArgument
 
-__all__ = ["default_data_dir", "register"]
+__all__ = ["register"]
 
-
-def default_data_dir(cluster: str, replica_id: str) -> Path:
-    """Where a replica keeps its Raft state unless ``--data-dir`` says otherwise.
-
-    ``$XDG_STATE_HOME/membership/<cluster>/<replica id>``, with
-    ``~/.local/state`` when XDG_STATE_HOME is unset (XDG Base Directory
-    specification: state that persists across restarts).
-
-    Raises:
-        InvalidArgument: the cluster name cannot be a directory name.
-    """
-    if cluster in (".", "..") or "/" in cluster or "\0" in cluster:
-        raise InvalidArgument(f"cluster {cluster!r} cannot name a directory; pass --data-dir")
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "membership" / cluster / replica_id
+T = TypeVar("T")
 
 
 # (flag, ArbiterConfig field, help) of the tunables the command line sets.
@@ -118,16 +122,16 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--data-dir",
         type=Path,
-        default=None,
-        help="directory for this replica's durable Raft state (created if missing; default: "
-        "$XDG_STATE_HOME or ~/.local/state, then membership/<cluster>/<id>)",
+        required=True,
+        help="directory of this replica's durable Raft state (created if missing); one per "
+        "replica, kept across restarts; a fresh one for a new cluster",
     )
     p.add_argument(
         "--check-config",
         action="store_true",
         help="validate the flags and configuration, print it, and exit",
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, signal_exit=EXIT_OK)
 
 
 def _config(args: argparse.Namespace) -> ArbiterConfig:
@@ -140,9 +144,13 @@ def _config(args: argparse.Namespace) -> ArbiterConfig:
     return dataclasses.replace(base, **overrides).validate()
 
 
-def run(args: argparse.Namespace) -> Any:
-    """Validates the flags, then serves until SIGINT or SIGTERM (returns a coroutine)."""
-    from arbiter.server.app import parse_peers
+def run(args: argparse.Namespace, interrupt: Interrupt) -> Any:
+    """The command: checks (rule 1), then serves until SIGINT or SIGTERM (a coroutine)."""
+    return _run(args, interrupt)
+
+
+async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
+    from arbiter.server.app import check_listen, cluster_identity, parse_peers
     from membership.validation import parse_address
 
     peers = parse_peers(args.peers)
@@ -150,30 +158,68 @@ def run(args: argparse.Namespace) -> Any:
     config = _config(args)
     if args.id not in peers:
         raise InvalidArgument(f"--id {args.id!r} is not in --peers ({', '.join(peers)})")
-    data_dir = args.data_dir or default_data_dir(config.cluster, args.id)
+    checked, _ = await interrupt.race(_in_thread(check_listen, args.id, listen, peers))
+    if not checked:
+        return EXIT_OK
+    data_dir: Path = args.data_dir
     if args.check_config:
         print(f"arbiter {args.id}: configuration OK")
+        settings = {
+            "id": args.id,
+            "listen": listen,
+            "peers": ",".join(f"{k}={v}" for k, v in peers.items()),
+            "cluster_identity": cluster_identity(config.cluster, peers),
+            "data_dir": data_dir,
+        }
+        for name, value in settings.items():
+            print(f"  {name} = {value}")
         for f in dataclasses.fields(config):
             print(f"  {f.name} = {getattr(config, f.name)}")
-        print(f"  data_dir = {data_dir}")
-        return 0
-    return _serve(args.id, peers, listen, config, data_dir)
+        return EXIT_OK
+    return await _serve(args.id, peers, listen, config, data_dir, interrupt)
+
+
+async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a daemon thread: a host name lookup that hangs neither blocks the
+    loop (signals are still handled) nor keeps the process from exiting."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        if not done.done():
+            outcome()
+
+    def work() -> None:
+        outcome: Callable[[], None]
+        try:
+            value = fn(*args)
+            outcome = lambda: done.set_result(value)  # noqa: E731
+        except BaseException as e:  # handed to the loop, raised there
+            error = e
+            outcome = lambda: done.set_exception(error)  # noqa: E731
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+            loop.call_soon_threadsafe(settle, outcome)
+
+    threading.Thread(target=work, name="arbiter-checks", daemon=True).start()
+    return await done
 
 
 async def _serve(
-    replica_id: str, peers: dict[str, str], listen: str, config: ArbiterConfig, data_dir: Path
+    replica_id: str,
+    peers: dict[str, str],
+    listen: str,
+    config: ArbiterConfig,
+    data_dir: Path,
+    interrupt: Interrupt,
 ) -> int:
     from arbiter.server.app import ArbiterServer
 
     server = ArbiterServer(
         replica_id=replica_id, peers=peers, listen=listen, config=config, data_dir=data_dir
     )
-    await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    started, _ = await interrupt.race(server.start())
+    if started:
+        await interrupt.stop.wait()
     await server.stop()
     print(f"arbiter {replica_id} stopped", file=sys.stderr)
-    return 0
+    return EXIT_OK

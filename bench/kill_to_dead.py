@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from membership.demo import Cluster, _wait_leader, _Watcher
+from membership.localcluster import LocalCluster, ViewFollower, wait_leader
 
 
 async def main(nodes: int, runs: int) -> int:
@@ -28,29 +28,29 @@ async def main(nodes: int, runs: int) -> int:
 
     samples: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-kill-") as tmp:
-        cluster = Cluster(Path(tmp))
+        cluster = LocalCluster(Path(tmp), merge_output=True)
         client = None
         task = None
         try:
             cluster.start_arbiters(3)
             client = MembershipClient(cluster.addresses, config=ClientConfig(follow_view=False))
-            await _wait_leader(client, timeout=20)
-            watcher = _Watcher(client, time.monotonic(), out=lambda line: None)
+            await wait_leader(client, timeout=20)
+            watcher = ViewFollower(client)
             task = asyncio.get_running_loop().create_task(watcher.run())
             names = [f"n{i}" for i in range(nodes)]
             for n in names:
                 cluster.start_node(n)
-            await watcher.wait_for(lambda: set(names) <= watcher.alive, 30)
+            await watcher.wait_for(lambda: set(names) <= watcher.alive, 30, "every node ALIVE")
             for run in range(runs):
                 victim = names[run % len(names)]
                 t0 = time.monotonic()
                 cluster.kill(victim)
-                await watcher.wait_for(lambda v=victim: v in watcher.deaths, 30)
+                await watcher.wait_for(lambda v=victim: v in watcher.deaths, 30, f"{victim} DEAD")
                 dt = watcher.deaths.pop(victim) - t0
                 samples.append(dt)
                 print(f"run {run + 1}: {victim} DEAD {dt * 1000:.0f} ms after SIGKILL", flush=True)
                 cluster.start_node(victim)
-                await watcher.wait_for(lambda v=victim: v in watcher.alive, 30)
+                await watcher.wait_for(lambda v=victim: v in watcher.alive, 30, f"{victim} back")
         finally:
             if task is not None:
                 task.cancel()

@@ -23,9 +23,9 @@ import sys
 import time
 from collections.abc import Callable
 
-from membership.cli import session_event_line
 from membership.client import MembershipClient
 from membership.config import ClientConfig
+from membership.output import session_event_line
 from membership.session import SessionEvent
 
 

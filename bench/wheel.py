@@ -35,10 +35,13 @@ import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from arbiter.core.detection import DetectorState, MissedHeartbeatDetector
-from arbiter.core.detection.base import _Track
+
+# The detector's per-node record (a private class of arbiter/core/detection/base.py;
+# this benchmark subclasses the detector, so it works on the records, not their type).
+Track = Any
 
 
 class Detector(Protocol):
@@ -99,14 +102,14 @@ class HeapDetector(MissedHeartbeatDetector):
             self._arm(node_id, track)
         return None
 
-    def _live(self, node_id: str, token: int) -> _Track | None:
+    def _live(self, node_id: str, token: int) -> Track | None:
         track = self._nodes.get(node_id)
         armed = self._armed.get(node_id)
         if track is None or armed is None or armed[0] != token or armed[1] is None:
             return None
         return track
 
-    def _arm(self, node_id: str, track: _Track) -> None:
+    def _arm(self, node_id: str, track: Track) -> None:
         deadline = self._deadline(track)
         armed = self._armed.get(node_id)
         if armed is None:

@@ -129,8 +129,23 @@ if TYPE_CHECKING:
         ViewSnapshot,
     )
 
+    __version__: str
+
+
+def _version() -> str:
+    """The installed distribution's version (``0+unknown`` when run from a source tree
+    that is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("grpc-membership")
+    except PackageNotFoundError:
+        return "0+unknown"
+
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        return _version()
     source = _SOURCES.get(name)
     if source is None:
         raise AttributeError(f"module 'membership' has no attribute {name!r}")

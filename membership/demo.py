@@ -1,300 +1,246 @@
 """``membership demo``: a real cluster on loopback, shown failing and deciding.
 
 Starts 3 arbiter replicas and 5 nodes as separate processes on free loopback
-ports, watches the view, SIGKILLs a node, then the leader replica and another
-node, and prints each death with the time from kill to the DEAD event. Every
-child is stopped on exit, also on Ctrl-C (and, on Linux, if the demo itself
-is killed: children get SIGKILL through PR_SET_PDEATHSIG).
+ports (:class:`membership.localcluster.LocalCluster`, in a temporary folder),
+watches the view, SIGKILLs a node, then the leader replica and another node,
+and prints each death with the time from kill to the DEAD event.
+
+Rules:
+
+1. Cleanup always runs, whether the scenario ends, fails, times out or is
+   interrupted (the CLI sets ``stop`` on SIGINT or SIGTERM): nodes get SIGTERM
+   first (they leave), then the replicas; whatever still runs after 5 s gets
+   SIGKILL; the temporary folder is removed (``keep_logs`` copies every log
+   first). :meth:`Demo.abort` is the same at once (SIGKILL, remove), for a
+   second signal. Children also get SIGKILL if the demo itself is killed
+   (PR_SET_PDEATHSIG, Linux).
+2. Times are honest: ``[  t s]`` stamps and the final total count from the
+   start of the command (the process's start, interpreter start-up included),
+   and the total is printed after the cleanup, so it covers everything.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import ctypes
 import os
-import signal
-import socket
-import subprocess
-import sys
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from membership.errors import InvalidArgument
-from membership.view import MemberState, ViewChanged, ViewEvent, ViewSnapshot
+from membership.localcluster import LocalCluster, ViewFollower, wait_leader
+from membership.view import ViewChanged, ViewEvent, ViewSnapshot
 
-__all__ = ["Cluster", "add_parser", "free_ports"]
+__all__ = ["Demo", "DemoError", "command_started"]
+
+# Seconds the cluster gets for each step (a leader, every node ALIVE, a DEAD).
+_STEP_TIMEOUT = 20.0
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """Returns ``n`` distinct ports that were free on ``host`` a moment ago."""
-    socks, ports = [], []
+class DemoError(Exception):
+    """The demo could not go on (a step did not happen in time, a child failed)."""
+
+
+def command_started() -> float:
+    """The monotonic time at which this process started (so interpreter start-up counts).
+
+    On Linux from ``/proc/self/stat`` (clock ticks since boot, 10 ms) against
+    CLOCK_BOOTTIME; elsewhere from psutil (whose boot time is whole seconds).
+    """
     try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, ValueError, IndexError, AttributeError):
+        import psutil  # type: ignore[import-untyped]
+
+        age = time.time() - psutil.Process().create_time()
+    return time.monotonic() - max(0.0, age)
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-@dataclass
-class Cluster:
-    """Processes of a local cluster: arbiters and nodes, each a child process.
+class Demo:
+    """One run of the demo (module rules).
 
     Args:
-        workdir: folder for the children's log files and the arbiters' data
-            directories (``<id>.data``).
-        arbiter_args: extra flags for every arbiter.
+        nodes: how many nodes (at least 4: two are killed).
+        keep_logs: folder to copy every process's log to at the end, or None.
+        origin: monotonic time the printed times count from (default: the
+            process's start).
+        out: prints one line (default: print to stdout, flushed).
+
+    Raises:
+        DemoError: from :meth:`run`, when a step does not happen in time.
     """
 
-    workdir: Path
-    arbiter_args: list[str] = field(default_factory=list)
-    arbiters: dict[str, str] = field(default_factory=dict)
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-
-    @property
-    def addresses(self) -> list[str]:
-        """Every arbiter's address, in id order."""
-        return [self.arbiters[k] for k in sorted(self.arbiters)]
-
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        logf = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "membership", "--log-level", "info", *argv],
-            stdout=logf,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # Ctrl-C reaches the demo only; it stops the children
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-        )
-        logf.close()
-        self.procs[name] = proc
-        return proc
-
-    def start_arbiters(self, n: int = 3) -> None:
-        """Starts ``n`` replicas a1..an on free loopback ports."""
-        ports = free_ports(n)
-        self.arbiters = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(ports)}
-        peers = ",".join(f"{k}={v}" for k, v in self.arbiters.items())
-        for rid, addr in self.arbiters.items():
-            data_dir = str(self.workdir / f"{rid}.data")
-            self._spawn(
-                rid,
-                [
-                    "arbiter",
-                    *("--id", rid, "--listen", addr, "--peers", peers, "--data-dir", data_dir),
-                    *self.arbiter_args,
-                ],
-            )
-
-    def start_node(self, node_id: str, labels: dict[str, str] | None = None) -> None:
-        """Starts one node process heartbeating to every arbiter."""
-        argv = ["node", "--id", node_id, "--arbiters", ",".join(self.addresses)]
-        for k, v in (labels or {}).items():
-            argv += ["--label", f"{k}={v}"]
-        self._spawn(node_id, argv)
-
-    def kill(self, name: str) -> None:
-        """SIGKILLs one child and reaps it."""
-        proc = self.procs[name]
-        proc.kill()
-        proc.wait()
-
-    def stop_all(self, timeout: float = 5.0) -> None:
-        """SIGTERMs every child (nodes first, so they leave), then SIGKILLs stragglers."""
-        order = sorted(self.procs, key=lambda k: k.startswith("a"))
-        for name in order:
-            proc = self.procs[name]
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + timeout
-        for name in order:
-            proc = self.procs[name]
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-class _Watcher:
-    """Follows the view in-process, prints it, and records when each death arrived."""
-
-    def __init__(self, client: Any, start: float, out: Callable[[str], None] | None = None) -> None:
-        self.client = client
-        self.start = start
+    def __init__(
+        self,
+        nodes: int = 5,
+        keep_logs: Path | None = None,
+        origin: float | None = None,
+        out: Callable[[str], None] | None = None,
+    ) -> None:
+        self.nodes = [f"n{i}" for i in range(1, nodes + 1)]
+        self.keep_logs = keep_logs
+        self.origin = command_started() if origin is None else origin
         self.out = out or (lambda line: print(line, flush=True))
-        self.deaths: dict[str, float] = {}
-        self.alive: set[str] = set()
-        self.epoch = 0
-        self.changed = asyncio.Event()
+        self.results: list[tuple[str, str, float]] = []
+        self.tmp: Path | None = None
+        self.cluster: LocalCluster | None = None
+        self.survivors: list[str] | None = None  # ALIVE at the end of the scenario
+        self.final_epoch = 0
 
-    def _t(self) -> str:
-        return f"[{time.monotonic() - self.start:6.2f}s]"
+    def _elapsed(self) -> float:
+        return time.monotonic() - self.origin
 
-    async def run(self) -> None:
-        async for ev in self.client.watch():
-            self._show(ev)
-            self.changed.set()
+    def _stamp(self) -> str:
+        return f"[{self._elapsed():6.2f}s]"
+
+    async def run(self, stop: asyncio.Event, timeout: float) -> bool:
+        """Runs the scenario, then cleans up (rule 1); returns False when ``stop`` cut it short.
+
+        Args:
+            stop: set to interrupt the scenario (the cleanup still runs).
+            timeout: seconds the scenario may take (the cleanup comes on top).
+
+        Raises:
+            DemoError: a step did not happen in time, or the scenario took
+                longer than ``timeout``.
+        """
+        self.tmp = Path(tempfile.mkdtemp(prefix="membership-demo-"))
+        self.cluster = LocalCluster(self.tmp, merge_output=True)
+        scenario = asyncio.ensure_future(self._scenario(self.cluster))
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {scenario, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if scenario in done:
+                scenario.result()  # raises its error
+                return True
+            if stopper in done:
+                self.out(f"\n{self._stamp()} interrupted")
+                return False
+            raise DemoError(f"the demo did not finish within {timeout:g}s")
+        finally:
+            for task in (scenario, stopper):
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+            await self._cleanup()
+
+    async def _scenario(self, cluster: LocalCluster) -> None:
+        from membership.client import MembershipClient, reap
+        from membership.config import ClientConfig
+
+        out = self.out
+        out("starting 3 arbiter replicas (a1, a2, a3) on loopback ...")
+        cluster.start_arbiters(3)
+        client = MembershipClient(cluster.addresses, config=ClientConfig(follow_view=False))
+        follower = ViewFollower(client, show=self._show)
+        task: asyncio.Task[None] | None = None
+        try:
+            info = await self._step(wait_leader(client, _STEP_TIMEOUT))
+            out(f"{self._stamp()} leader elected: {info.leader_id}")
+            task = asyncio.get_running_loop().create_task(follower.run())
+            out(f"starting {len(self.nodes)} nodes ...")
+            for i, n in enumerate(self.nodes):
+                labels = {"rack": f"r{i % 2 + 1}", "gpu": "a100" if i % 2 else "h100"}
+                cluster.start_node(n, labels=labels)
+            await self._step(
+                follower.wait_for(
+                    lambda: set(self.nodes) <= follower.alive, _STEP_TIMEOUT, "every node ALIVE"
+                )
+            )
+            out(f"{self._stamp()} all {len(self.nodes)} nodes ALIVE at epoch {follower.epoch}")
+
+            async def kill_node(name: str, note: str) -> None:
+                out(f"\n{self._stamp()} >>> SIGKILL {name}{note}")
+                t0 = time.monotonic()
+                cluster.kill(name)
+                await self._step(
+                    follower.wait_for(
+                        lambda: name in follower.deaths, _STEP_TIMEOUT, f"{name} DEAD"
+                    )
+                )
+                dt = follower.deaths[name] - t0
+                self.results.append((name, note.strip(" ()"), dt))
+                out(f"    {name} declared DEAD by a quorum of replicas {dt:.2f}s after the kill")
+
+            await kill_node(self.nodes[1], "")
+            info = await client.get_view()
+            leader = info.leader_id
+            if leader is None or leader not in cluster.children:
+                raise DemoError(f"no leader to kill (the view names {leader!r})")
+            out(f"\n{self._stamp()} >>> SIGKILL leader replica {leader}")
+            cluster.kill(leader)
+            await kill_node(self.nodes[3], f" (leader {leader} is down: 2 of 3 replicas decide)")
+            info = await self._step(wait_leader(client, _STEP_TIMEOUT))
+            out(f"{self._stamp()} new leader: {info.leader_id}")
+            self.survivors = sorted(follower.alive)
+            self.final_epoch = follower.epoch
+        finally:
+            if task is not None:
+                await reap(task)
+            await client.close()
+
+    @staticmethod
+    async def _step(aw: Any) -> Any:
+        try:
+            return await aw
+        except TimeoutError as e:
+            raise DemoError(str(e) or "a step did not happen in time") from None
 
     def _show(self, ev: ViewEvent) -> None:
         if isinstance(ev, ViewSnapshot):
-            self.epoch = ev.view.epoch
-            self.alive = {m.node_id for m in ev.view.alive()}
-            self.out(f"{self._t()} view at epoch {ev.view.epoch}: {len(self.alive)} alive")
+            alive = len(ev.view.alive())
+            self.out(f"{self._stamp()} view at epoch {ev.view.epoch}: {alive} alive")
         elif isinstance(ev, ViewChanged):
-            self.epoch = ev.epoch
             for c in ev.changes:
-                if c.state is MemberState.ALIVE:
-                    self.alive.add(c.node_id)
-                else:
-                    self.alive.discard(c.node_id)
-                if c.state is MemberState.DEAD:
-                    self.deaths[c.node_id] = time.monotonic()
                 labels = " ".join(f"{k}={v}" for k, v in c.labels.items())
-                self.out(
-                    f"{self._t()} epoch {ev.epoch:>3}  {c.node_id} -> {c.state.value:<5} {labels}"
-                )
+                state = c.state.value
+                line = f"{self._stamp()} epoch {ev.epoch:>3}  {c.node_id} -> {state:<5} {labels}"
+                self.out(line.rstrip())
 
-    async def wait_for(self, pred: Any, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not pred():
-            self.changed.clear()
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):
-                    await self.changed.wait()
+    async def _cleanup(self) -> None:
+        """Rule 1: nodes, then replicas, stopped; logs copied; the folder removed."""
+        if self.cluster is not None and self.cluster.children:
+            self.out(f"{self._stamp()} stopping the cluster (nodes leave, then replicas stop) ...")
+            await self.cluster.wait_stopped_all(timeout=5.0)
+        self._copy_logs()
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
 
+    def _copy_logs(self) -> None:
+        if self.keep_logs is None or self.tmp is None:
+            return
+        self.keep_logs.mkdir(parents=True, exist_ok=True)
+        for f in self.tmp.glob("*.log"):
+            shutil.copy(f, self.keep_logs / f.name)
 
-async def _demo(args: argparse.Namespace) -> int:
-    from membership.client import MembershipClient, reap
-    from membership.config import ClientConfig
+    def abort(self) -> None:
+        """Rule 1 at once, for a second signal: SIGKILL every child, remove the folder."""
+        if self.cluster is not None:
+            self.cluster.kill_all()
+        if self.tmp is not None:
+            with contextlib.suppress(OSError):
+                self._copy_logs()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
 
-    if args.nodes < 4:
-        raise InvalidArgument("--nodes must be at least 4 (the demo kills two of them)")
-    keep = Path(args.keep_logs) if args.keep_logs is not None else None
-    if keep is not None and keep.exists() and not keep.is_dir():
-        raise InvalidArgument(f"--keep-logs {args.keep_logs!r} exists and is not a folder")
-    start = time.monotonic()
-    results: list[tuple[str, str, float]] = []
-    with tempfile.TemporaryDirectory(prefix="membership-demo-") as tmp:
-        cluster = Cluster(Path(tmp))
-        client = None
-        watch_task = None
-        try:
-            print("starting 3 arbiter replicas (a1, a2, a3) on loopback ...", flush=True)
-            cluster.start_arbiters(3)
-            client = MembershipClient(cluster.addresses, config=ClientConfig(follow_view=False))
-            info = await _wait_leader(client, timeout=20)
-            print(f"leader elected: {info.leader_id}", flush=True)
-            watcher = _Watcher(client, start)
-            watch_task = asyncio.get_running_loop().create_task(watcher.run())
-            nodes = [f"n{i}" for i in range(1, args.nodes + 1)]
-            print(f"starting {len(nodes)} nodes ...", flush=True)
-            for i, n in enumerate(nodes):
-                cluster.start_node(n, {"rack": f"r{i % 2 + 1}", "gpu": "a100" if i % 2 else "h100"})
-            await watcher.wait_for(lambda: set(nodes) <= watcher.alive, 20)
-            print(f"all {len(nodes)} nodes ALIVE at epoch {watcher.epoch}", flush=True)
-
-            async def kill_node(name: str, note: str) -> None:
-                print(f"\n>>> SIGKILL {name}{note}", flush=True)
-                t0 = time.monotonic()
-                cluster.kill(name)
-                await watcher.wait_for(lambda: name in watcher.deaths, 20)
-                dt = watcher.deaths[name] - t0
-                results.append((name, note.strip(" ()") or "-", dt))
-                print(
-                    f"    {name} declared DEAD by a quorum of replicas {dt:.2f}s after the kill",
-                    flush=True,
-                )
-
-            await kill_node(nodes[1], "")
-            info = await client.get_view()
-            leader = info.leader_id
-            assert leader is not None
-            print(f"\n>>> SIGKILL leader replica {leader}", flush=True)
-            cluster.kill(leader)
-            await kill_node(nodes[3], f" (leader {leader} is down: 2 of 3 replicas decide)")
-            info = await _wait_leader(client, timeout=20)
-            print(f"new leader: {info.leader_id}", flush=True)
-            survivors = sorted(watcher.alive)
-            print("\nsummary", flush=True)
-            for name, note, dt in results:
-                print(
-                    f"  {name}: DEAD {dt:.2f}s after SIGKILL  {note if note != '-' else ''}",
-                    flush=True,
-                )
-            print(f"  alive at epoch {watcher.epoch}: {', '.join(survivors)}", flush=True)
-            print(f"  total {time.monotonic() - start:.1f}s", flush=True)
-            return 0
-        finally:
-            if watch_task is not None:
-                await reap(watch_task)
-            if client is not None:
-                await client.close()
-            cluster.stop_all()
-            if args.keep_logs:
-                import shutil
-
-                dest = Path(args.keep_logs)
-                dest.mkdir(parents=True, exist_ok=True)
-                for f in Path(tmp).glob("*.log"):
-                    shutil.copy(f, dest / f.name)
-
-
-async def _wait_leader(client: Any, timeout: float) -> Any:
-    from membership.errors import UnavailableError
-
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(UnavailableError):
-            info = await client.get_view()
-            if info.in_quorum and info.leader_id:
-                return info
-        if time.monotonic() > deadline:
-            raise TimeoutError("no leader elected in time")
-        await asyncio.sleep(0.1)
-
-
-def _run(args: argparse.Namespace) -> int:
-    # The demo forks children while its own gRPC client runs; they exec at
-    # once, so gRPC's fork handlers (and their warnings) are not needed.
-    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-    try:
-        return asyncio.run(asyncio.wait_for(_demo(args), args.timeout))
-    except TimeoutError:
-        print("membership demo: error: the demo did not finish in time", file=sys.stderr)
-        return 1
-
-
-def add_parser(sub: Any) -> None:
-    """Adds the ``demo`` sub-command."""
-    p = sub.add_parser(
-        "demo", help="run a 3-replica, 5-node cluster on loopback and kill parts of it"
-    )
-    p.add_argument("--nodes", type=int, default=5, help="number of nodes (default 5, at least 4)")
-    from membership.cli import _positive
-
-    p.add_argument(
-        "--timeout", type=_positive, default=55.0, help="give up after this many seconds"
-    )
-    p.add_argument(
-        "--keep-logs", metavar="DIR", default=None, help="copy every process's log here at the end"
-    )
-    p.set_defaults(func=_run)
+    def summary(self) -> list[str]:
+        """The closing lines: each death, who is alive, and the total time (rule 2)."""
+        lines = ["", "summary"]
+        for name, note, dt in self.results:
+            lines.append(f"  {name}: DEAD {dt:.2f}s after SIGKILL  {note}".rstrip())
+        if self.survivors is not None:
+            lines.append(f"  alive at epoch {self.final_epoch}: {', '.join(self.survivors)}")
+        lines.append(
+            f"  total {self._elapsed():.1f}s, from the start of the command to the end of the "
+            "cleanup"
+        )
+        return lines

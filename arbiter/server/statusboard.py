@@ -7,9 +7,21 @@ subscribers that opt in receive it coalesced per node and rate-limited.
 
 Rules:
 
-1. :meth:`StatusBoard.update` keeps the latest status of a node and bumps its
-   version only when the status or incarnation changed, so a subscriber is
-   sent a node again only when something changed.
+1. :meth:`StatusBoard.update` keeps the latest status of a node (``view``
+   shows it) and bumps its version, which is what makes subscribers send the
+   node again, only when the status *changed* since the last version
+   (:func:`changed`): a new incarnation; a field the application reports
+   (phase, step, progress, a gauge) set, cleared or given another value; a
+   field appearing or disappearing; or a probed figure moving by at least
+   its deadband since the last version: :data:`LOAD_DEADBAND` (0.1) for the
+   load average, :data:`FRACTION_DEADBAND` (0.05, five points) for the CPU,
+   memory, GPU and GPU memory fractions. Without a deadband every heartbeat
+   of a busy node differs in the CPU use's last digits, and ``watch
+   --status`` printed every node at every status interval. The comparison is
+   with the status of the last version, not the previous heartbeat's, so a
+   slow drift is sent once it adds up to the deadband.
+   ``gpu_utilization`` may be probed (NVML) or reported by the application;
+   the heartbeat does not say which, so it has the fraction deadband.
 2. Memory is bounded by the nodes the replica hears: an entry not updated for
    ``forget_after`` seconds is dropped by :meth:`prune`.
 """
@@ -17,10 +29,47 @@ Rules:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from membership.v1 import membership_pb2 as pb
 
-__all__ = ["StatusBoard", "StatusEntry"]
+__all__ = ["FRACTION_DEADBAND", "LOAD_DEADBAND", "StatusBoard", "StatusEntry", "changed"]
+
+# Rule 1: how far a probed figure moves before the status counts as changed.
+LOAD_DEADBAND = 0.1  # load average (runnable processes)
+FRACTION_DEADBAND = 0.05  # CPU, memory, GPU and GPU memory use, fractions 0..1
+_Probed = Literal[
+    "load", "cpu_utilization", "memory_utilization", "gpu_utilization", "gpu_memory_utilization"
+]
+_FRACTIONS: tuple[_Probed, ...] = (
+    "cpu_utilization",
+    "memory_utilization",
+    "gpu_utilization",
+    "gpu_memory_utilization",
+)
+_REPORTED: tuple[Literal["phase", "step", "progress"], ...] = ("phase", "step", "progress")
+
+
+def changed(
+    old: pb.NodeStatus,
+    new: pb.NodeStatus,
+    load_deadband: float = LOAD_DEADBAND,
+    fraction_deadband: float = FRACTION_DEADBAND,
+) -> bool:
+    """Whether ``new`` differs from ``old`` enough to be sent again (rule 1)."""
+    for name in _REPORTED:
+        if old.HasField(name) != new.HasField(name) or getattr(old, name) != getattr(new, name):
+            return True
+    if dict(old.gauges) != dict(new.gauges):
+        return True
+    probed: list[tuple[_Probed, float]] = [("load", load_deadband)]
+    probed += [(name, fraction_deadband) for name in _FRACTIONS]
+    for probe, band in probed:
+        if old.HasField(probe) != new.HasField(probe):
+            return True
+        if old.HasField(probe) and abs(getattr(new, probe) - getattr(old, probe)) >= band:
+            return True
+    return False
 
 
 @dataclass(slots=True)
@@ -38,6 +87,7 @@ class StatusEntry:
     status: pb.NodeStatus
     heard: float
     version: int
+    sent: pb.NodeStatus  # the status as of ``version`` (what rule 1 compares with)
 
 
 class StatusBoard:
@@ -46,12 +96,21 @@ class StatusBoard:
     Args:
         forget_after: seconds without a heartbeat after which a node's entry
             is dropped by :meth:`prune`.
+        load_deadband: rule 1's deadband for the load average.
+        fraction_deadband: rule 1's deadband for the utilisation fractions.
     """
 
-    def __init__(self, forget_after: float = 60.0) -> None:
+    def __init__(
+        self,
+        forget_after: float = 60.0,
+        load_deadband: float = LOAD_DEADBAND,
+        fraction_deadband: float = FRACTION_DEADBAND,
+    ) -> None:
         self._entries: dict[str, StatusEntry] = {}
         self._version = 0
         self._forget_after = forget_after
+        self._load_deadband = load_deadband
+        self._fraction_deadband = fraction_deadband
 
     @property
     def version(self) -> int:
@@ -61,12 +120,17 @@ class StatusBoard:
     def update(self, node_id: str, incarnation: int, status: pb.NodeStatus, now: float) -> None:
         """Records a heartbeat's status received at ``now`` (monotonic seconds); rule 1."""
         entry = self._entries.get(node_id)
-        if entry is not None and entry.incarnation == incarnation and entry.status == status:
+        if entry is not None and entry.incarnation == incarnation:
             entry.heard = now
+            entry.status = status
+            if not changed(entry.sent, status, self._load_deadband, self._fraction_deadband):
+                return
+            self._version += 1
+            entry.version, entry.sent = self._version, status
             return
         self._version += 1
         self._entries[node_id] = StatusEntry(
-            incarnation=incarnation, status=status, heard=now, version=self._version
+            incarnation=incarnation, status=status, heard=now, version=self._version, sent=status
         )
 
     def get(self, node_id: str) -> StatusEntry | None:

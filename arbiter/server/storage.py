@@ -25,9 +25,10 @@ Rules:
    entries it covers, in one transaction.
 5. Ownership. An exclusive ``flock`` on ``LOCK`` in the data directory, held
    while open, keeps two processes off one directory; the directory also
-   records the replica id, cluster and arbiter ids it belongs to and refuses
-   any other: Raft membership is static here, and a log written by one
-   group of replicas must never vote or count in another.
+   records the replica id, cluster and arbiter set (each replica's id and
+   address) it belongs to and refuses any other, saying how to proceed:
+   Raft membership is static here, and a log written by one group of
+   replicas must never vote or count in another.
 
 SQLite's own journal already detects torn writes; the checksums catch what
 it cannot (bit rot, a file edited or copied in part).
@@ -42,7 +43,7 @@ import os
 import sqlite3
 import struct
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -122,7 +123,12 @@ class Storage:
 
     @classmethod
     def open(
-        cls, data_dir: Path | None, *, replica_id: str, cluster: str, arbiters: Sequence[str]
+        cls,
+        data_dir: Path | None,
+        *,
+        replica_id: str,
+        cluster: str,
+        arbiters: Mapping[str, str] | Sequence[str],
     ) -> Storage:
         """Opens (creating if needed) the replica's data directory.
 
@@ -131,13 +137,14 @@ class Storage:
                 survives the process: for tests only).
             replica_id: this replica's id; the directory must belong to it.
             cluster: the cluster name; the directory must belong to it.
-            arbiters: every configured replica id; the directory must have
-                been written by the same group.
+            arbiters: every configured replica, id -> ``host:port`` (or ids
+                only, which checks the ids only); the directory must have
+                been written by the same set (rule 5).
 
         Raises:
             StorageError: the directory cannot be created or written, another
                 process holds it, or it belongs to another replica, cluster
-                or group of arbiters.
+                or set of arbiters.
         """
         lock = _lock(data_dir) if data_dir is not None else None
         target = str(data_dir / DB_NAME) if data_dir is not None else ":memory:"
@@ -149,7 +156,7 @@ class Storage:
                 conn.execute("PRAGMA synchronous=FULL")
             conn.executescript(_SCHEMA)
             storage = cls(conn, data_dir, lock)
-            storage._claim(replica_id, cluster, ",".join(sorted(arbiters)))
+            storage._claim(replica_id, cluster, _arbiter_set(arbiters))
         except BaseException as e:
             if conn is not None:
                 conn.close()
@@ -161,7 +168,13 @@ class Storage:
         return storage
 
     def _claim(self, replica_id: str, cluster: str, arbiters: str) -> None:
-        """Rule 5: records whose directory this is, or checks it is ours."""
+        """Rule 5: records whose directory this is, or checks it is ours.
+
+        ``arbiters`` is the set as recorded: ``a1=host:port,...`` sorted by
+        id, or ``a1,a2,...`` when the caller knows ids only. A directory that
+        recorded ids only (before addresses were) is upgraded to the pairs on
+        the first open whose ids match.
+        """
         rows = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
         want = {
             "schema": SCHEMA_VERSION,
@@ -178,17 +191,30 @@ class Storage:
         if (rows.get("replica_id"), rows.get("cluster")) != (replica_id, cluster):
             raise StorageError(
                 f"data dir {self.path} belongs to replica {rows.get('replica_id')!r} of cluster "
-                f"{rows.get('cluster')!r}, not {replica_id!r} of {cluster!r}"
+                f"{rows.get('cluster')!r}, not {replica_id!r} of {cluster!r}; give each "
+                "replica its own --data-dir"
             )
-        if "arbiters" not in rows:  # written before the group was recorded: record it now
+        recorded = rows.get("arbiters")
+        if recorded == arbiters:
+            return
+        if recorded is not None and _ids(recorded) != _ids(arbiters):
+            self._refuse(recorded, arbiters)
+        if recorded is not None and "=" in recorded and "=" in arbiters:
+            self._refuse(recorded, arbiters)  # same ids, another address
+        if recorded is None or ("=" in arbiters and "=" not in recorded):
+            # Written before the set (or its addresses) was recorded: record it now.
             with self._tx():
-                self._conn.execute("INSERT INTO meta VALUES ('arbiters', ?)", (arbiters,))
-        elif rows["arbiters"] != arbiters:
-            raise StorageError(
-                f"data dir {self.path} was written by arbiters {rows['arbiters']}, but "
-                f"--peers lists {arbiters}; the group is static: to change it, start every "
-                "replica with a fresh data dir"
-            )
+                self._conn.execute(
+                    "INSERT OR REPLACE INTO meta VALUES ('arbiters', ?)", (arbiters,)
+                )
+
+    def _refuse(self, recorded: str, arbiters: str) -> None:
+        raise StorageError(
+            f"data dir {self.path} was written by arbiters {recorded}, but --peers lists "
+            f"{arbiters}; the arbiter set is static: give the same --peers as before, or, "
+            "to form a new cluster, start every replica on a fresh --data-dir (move this "
+            "one away)"
+        )
 
     def close(self) -> None:
         """Closes the database and releases the lock (idempotent)."""
@@ -344,6 +370,17 @@ class Storage:
         pages = conn.execute("PRAGMA page_count").fetchone()[0]
         size = conn.execute("PRAGMA page_size").fetchone()[0]
         return {"entries": n[0], "last_index": n[1], "bytes": pages * size}
+
+
+def _arbiter_set(arbiters: Mapping[str, str] | Sequence[str]) -> str:
+    """The arbiter set as recorded: ``a1=host:port,...`` (or ``a1,...``), sorted by id."""
+    if isinstance(arbiters, Mapping):
+        return ",".join(f"{rid}={arbiters[rid]}" for rid in sorted(arbiters))
+    return ",".join(sorted(arbiters))
+
+
+def _ids(recorded: str) -> list[str]:
+    return [item.partition("=")[0] for item in recorded.split(",")]
 
 
 def _lock(data_dir: Path) -> IO[str]:

@@ -29,6 +29,7 @@ from typing import Any
 
 from arbiter.config import ArbiterConfig
 from membership.config import ClientConfig
+from membership.localcluster import arbiter_args, membership_command, node_args
 from tests.chaos.netlab import Host, Lab, Proc, wait_until
 
 __all__ = [
@@ -260,7 +261,7 @@ class ChaosCluster:
     _probe_count: int = 0
 
     def _membership(self, host: Host, name: str, *argv: str, level: str = "info") -> Proc:
-        return host.run(name, [sys.executable, "-m", "membership", "--log-level", level, *argv])
+        return host.run(name, membership_command(*argv, log_level=level))
 
     # --- addresses ---
 
@@ -283,24 +284,20 @@ class ChaosCluster:
     def start_arbiters(self, n: int = 3, *extra: str) -> None:
         """Replicas a1..an on hosts a1..an, ``--preset local``, data dirs in the workdir."""
         self.arbiters = {f"a{i + 1}": self.lab.host(f"a{i + 1}") for i in range(n)}
-        peers = ",".join(f"{rid}={self.addr(rid)}" for rid in self.arbiters)
+        addresses = {rid: self.addr(rid) for rid in self.arbiters}
         for rid, host in self.arbiters.items():
+            data_dir = self.lab.workdir / f"{rid}.data"
             self.replicas[rid] = self._membership(
-                host,
-                rid,
-                "arbiter",
-                *("--id", rid, "--listen", self.addr(rid), "--peers", peers),
-                *("--data-dir", str(self.lab.workdir / f"{rid}.data"), "--preset", "local"),
-                *extra,
+                host, rid, *arbiter_args(rid, addresses, data_dir, "--preset", "local", *extra)
             )
 
     def start_node(self, node_id: str, *extra: str) -> Proc:
         """A node on its own host, heartbeating to every replica (no status probes)."""
+        addresses = self.arbiter_list().split(",")
         proc = self._membership(
             self.lab.host(node_id),
             node_id,
-            *("node", "--id", node_id, "--arbiters", self.arbiter_list()),
-            *("--no-status-probes", *extra),
+            *node_args(node_id, addresses, "--no-status-probes", *extra),
         )
         self.nodes[node_id] = proc
         return proc

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import itertools
 import json
 import os
@@ -72,6 +71,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from membership.localcluster import die_with_parent
 from tests.integration.harness import wait_until
 
 __all__ = [
@@ -97,11 +97,6 @@ _CMD_TIMEOUT = 30.0
 
 class LabError(RuntimeError):
     """A namespace, link or rule could not be set up."""
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _ip(*args: str, check: bool = True, stdin: str | None = None) -> str:
@@ -245,7 +240,7 @@ class Proc:
                 stdout=subprocess.PIPE,
                 stderr=fe,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
                 env=self.env,
             )
         self.popen = popen

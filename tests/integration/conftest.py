@@ -7,7 +7,7 @@ import pytest
 
 from arbiter.config import ArbiterConfig
 from arbiter.server.app import ArbiterServer
-from membership.demo import free_ports
+from membership.localcluster import free_ports
 from tests.integration.harness import ProcCluster, wait_async
 
 

@@ -1,25 +1,35 @@
 """Real processes on loopback for integration tests: arbiters, nodes, watchers, the CLI.
 
-Every process started here is killed when the cluster is closed (the fixture
-does it, also when the test fails), and each child gets SIGKILL if the test
-process itself dies (PR_SET_PDEATHSIG).
+:class:`ProcCluster` is :class:`membership.localcluster.LocalCluster` (the
+demo's and the benchmarks' too) with what tests add: watchers, views through
+the CLI, failure dumps. Every process started here is killed when the
+cluster is closed (the fixture does it, also when the test fails), and each
+child gets SIGKILL if the test process itself dies (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from membership.demo import _die_with_parent, free_ports
+from membership.localcluster import Child, LocalCluster, free_ports
+
+__all__ = [
+    "Proc",
+    "ProcCluster",
+    "alive_set",
+    "changes",
+    "free_ports",
+    "run_cli",
+    "wait_async",
+    "wait_until",
+]
 
 T = TypeVar("T")
 
@@ -49,101 +59,21 @@ async def wait_async(pred: Callable[[], object], timeout: float, what: str) -> N
         await asyncio.sleep(0.02)
 
 
-@dataclass
-class Proc:
-    """A child process whose stdout and stderr go to files."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    out: Path
-    err: Path
-
-    def lines(self) -> list[str]:
-        """Complete lines written to stdout so far."""
-        text = self.out.read_text(errors="replace")
-        return text.splitlines() if text.endswith("\n") else text.splitlines()[:-1]
-
-    def json_lines(self) -> list[dict[str, Any]]:
-        """Stdout lines parsed as JSON objects."""
-        return [json.loads(line) for line in self.lines() if line.startswith("{")]
-
-    def stderr(self) -> str:
-        return self.err.read_text(errors="replace")
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def signal(self, sig: int) -> None:
-        if self.alive():
-            self.popen.send_signal(sig)
-
-    def kill(self) -> None:
-        """SIGKILL and reap."""
-        if self.alive():
-            self.popen.kill()
-        self.popen.wait()
+# A child process of a ProcCluster (stdout and stderr in files; lines(), json_lines()...).
+Proc = Child
 
 
-@dataclass
-class ProcCluster:
-    """Arbiters, nodes and watchers as real processes on loopback."""
+class ProcCluster(LocalCluster):
+    """Arbiters, nodes and watchers as real processes on loopback (``<name>.out``/``.err``
+    in ``workdir``); :meth:`close` kills them all."""
 
-    workdir: Path
-    arbiters: dict[str, str] = field(default_factory=dict)
-    procs: dict[str, Proc] = field(default_factory=dict)
-
-    def spawn(self, name: str, *argv: str, log_level: str = "info") -> Proc:
-        out = self.workdir / f"{name}.out"
-        err = self.workdir / f"{name}.err"
-        with open(out, "wb") as fo, open(err, "wb") as fe:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "membership", "--log-level", log_level, *argv],
-                stdout=fo,
-                stderr=fe,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-        proc = Proc(name, popen, out, err)
-        self.procs[name] = proc
-        return proc
+    def __init__(self, workdir: Path) -> None:
+        super().__init__(workdir, log_level="info")
 
     @property
-    def addresses(self) -> list[str]:
-        return [self.arbiters[k] for k in sorted(self.arbiters)]
-
-    def arbiter_list(self, first: str | None = None) -> str:
-        """Comma-separated arbiter addresses, optionally starting with ``first``'s."""
-        ids = sorted(self.arbiters)
-        if first is not None:
-            ids.remove(first)
-            ids.insert(0, first)
-        return ",".join(self.arbiters[i] for i in ids)
-
-    def start_arbiters(self, n: int = 3, *extra: str) -> None:
-        ports = free_ports(n)
-        self.arbiters = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(ports)}
-        peers = ",".join(f"{k}={v}" for k, v in self.arbiters.items())
-        for rid, addr in self.arbiters.items():
-            self.spawn(
-                rid,
-                "arbiter",
-                "--id",
-                rid,
-                "--listen",
-                addr,
-                "--peers",
-                peers,
-                "--data-dir",
-                str(self.workdir / f"{rid}.data"),
-                *extra,
-            )
-
-    def start_node(self, node_id: str, *extra: str) -> Proc:
-        return self.spawn(
-            node_id, "node", "--id", node_id, "--arbiters", self.arbiter_list(), *extra
-        )
+    def procs(self) -> dict[str, Child]:
+        """Every child by name (replicas a1.., nodes, watchers)."""
+        return self.children
 
     def start_watch(self, name: str, first: str) -> Proc:
         return self.spawn(
@@ -156,7 +86,7 @@ class ProcCluster:
         r = run_cli("view", "--json", "--timeout", str(timeout), "--arbiters", target)
         if r.returncode != 0:
             return None
-        return json.loads(r.stdout)
+        return dict(json.loads(r.stdout))
 
     def leader(self) -> str | None:
         for rid in self.arbiters:
@@ -167,11 +97,8 @@ class ProcCluster:
         return None
 
     def close(self) -> None:
-        for proc in self.procs.values():
-            if proc.alive():
-                proc.popen.send_signal(signal.SIGKILL)
-        for proc in self.procs.values():
-            proc.popen.wait()
+        """SIGKILLs every child and reaps it (the fixture calls it, also on failure)."""
+        self.kill_all()
 
     def dump(self) -> str:
         """Every process's stderr tail, for failure messages."""

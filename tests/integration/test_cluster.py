@@ -144,8 +144,8 @@ def test_cluster_same_node_id_twice_newer_takes_over_older_steps_aside(
     old = cluster.procs["n1"]
     new = cluster.spawn("n1-again", "node", "--id", "n1", "--arbiters", cluster.arbiter_list())
     # The old process learns a newer incarnation holds its id and stops, with a
-    # one-line error; the two never flap.
-    assert old.popen.wait(15) == 1
+    # one-line error and exit code 3 (ended by the cluster); the two never flap.
+    assert old.popen.wait(15) == 3
     assert "taken over" in old.stderr() and "Traceback" not in old.stderr()
     wait_until(lambda: any("is ALIVE" in line for line in new.lines()), 10, "new n1 ALIVE")
     n1 = changes(w, "n1")
@@ -162,17 +162,23 @@ def test_cluster_same_node_id_twice_newer_takes_over_older_steps_aside(
 def test_cluster_replicas_with_different_peer_lists_refuse_each_other_loudly(
     cluster: ProcCluster,
 ) -> None:
-    from membership.demo import free_ports
+    from membership.localcluster import free_ports
 
     ports = free_ports(3)
     addrs = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(ports)}
     full = ",".join(f"{k}={v}" for k, v in addrs.items())
     cluster.arbiters = addrs
     a1 = cluster.spawn(
-        "a1", "arbiter", "--id", "a1", "--listen", addrs["a1"], "--peers", f"a1={addrs['a1']}"
+        "a1",
+        *("arbiter", "--id", "a1", "--listen", addrs["a1"], "--peers", f"a1={addrs['a1']}"),
+        *("--data-dir", str(cluster.data_dir("a1"))),
     )
     others = [
-        cluster.spawn(r, "arbiter", "--id", r, "--listen", addrs[r], "--peers", full)
+        cluster.spawn(
+            r,
+            *("arbiter", "--id", r, "--listen", addrs[r], "--peers", full),
+            *("--data-dir", str(cluster.data_dir(r))),
+        )
         for r in ("a2", "a3")
     ]
     wait_until(

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from arbiter.config import ArbiterConfig
-from membership.demo import free_ports
+from membership.localcluster import free_ports
 from tests.integration.harness import (
     Proc,
     ProcCluster,

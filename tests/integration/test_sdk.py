@@ -24,8 +24,8 @@ from membership import (
     ViewEvent,
     ViewSnapshot,
 )
-from membership.demo import free_ports
 from membership.errors import ClusterMismatch, EpochOutOfRange
+from membership.localcluster import free_ports
 from membership.session import EndReason
 from membership.view import Disconnected, Reconnected, ViewReset
 from tests.integration.harness import wait_async

@@ -25,7 +25,7 @@ from membership import (
     ViewSnapshot,
 )
 from membership.collector import StatusCollector
-from membership.demo import free_ports
+from membership.localcluster import free_ports
 from membership.session import Fenced, SessionEvent
 from membership.view import StatusUpdated
 from tests.integration.harness import wait_async

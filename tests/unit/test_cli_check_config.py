@@ -1,4 +1,5 @@
-"""``membership node|watch|view --check-config``: every flag validated, nothing connected."""
+"""``membership ... --check-config``: every flag validated, nothing connected, the settings
+that matter printed; the command line's exit codes, global flags and ``--version``."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def no_channels(monkeypatch: pytest.MonkeyPatch) -> None:
         (
             ["view", "--arbiters", "127.0.0.1:7000", "--timeout", "2"],
             "view: configuration OK",
-            ["arbiters = 127.0.0.1:7000", "call_timeout = 2.0"],
+            ["arbiters = 127.0.0.1:7000", "timeout = 2.0", "json = False"],
         ),
     ],
 )
@@ -77,10 +78,10 @@ def test_cli_check_config_valid_flags_print_ok_and_exit_zero(
         (["view", "--arbiters", "a1:7000,a1:7000"], "listed twice"),
     ],
 )
-def test_cli_check_config_invalid_value_one_line_error_exit_one(
+def test_cli_check_config_invalid_value_one_line_error_exit_two(
     argv: list[str], expect: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main([*argv, "--check-config"]) == 1
+    assert main([*argv, "--check-config"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     lines = captured.err.strip().splitlines()
@@ -108,3 +109,144 @@ def test_cli_check_config_malformed_flag_is_a_usage_error(
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert expect in err.strip().splitlines()[-1]
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"membership {argv[0]}: error: "), err
+
+
+# Settings only a node has (heartbeats, leases, status probes, rejoin).
+NODE_ONLY = ("ack_timeout", "heartbeat_interval", "auto_rejoin", "collect_status", "labels")
+# Settings only a subscriber has.
+WATCH_ONLY = ("stream_idle_timeout", "failover_probe_interval", "since_epoch")
+
+
+def _settings(capsys: pytest.CaptureFixture[str]) -> dict[str, str]:
+    out = capsys.readouterr().out.splitlines()
+    pairs = (line.lstrip(" ").partition(" = ") for line in out[1:])
+    return {name: value for name, _, value in pairs}
+
+
+@pytest.mark.parametrize(
+    ("argv", "absent"),
+    [
+        (["watch", "--arbiters", ARBITERS], NODE_ONLY),
+        (["view", "--arbiters", ARBITERS], NODE_ONLY + WATCH_ONLY + ("keepalive_time",)),
+        (["node", "--id", "n1", "--arbiters", ARBITERS], WATCH_ONLY),
+    ],
+)
+def test_cli_check_config_prints_only_the_settings_of_its_command(
+    argv: list[str], absent: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*argv, "--check-config"]) == 0
+    settings = _settings(capsys)
+    assert settings["arbiters"] == ("a1:7000,a2:7000,a3:7000")
+    assert not set(absent) & set(settings), settings
+
+
+PEERS = "a1=127.0.0.1:7001,a2=127.0.0.1:7002,a3=127.0.0.1:7003"
+
+
+def _arbiter(*argv: str) -> list[str]:
+    return ["arbiter", "--id", "a1", "--data-dir", "/nonexistent/a1", *argv, "--check-config"]
+
+
+def test_cli_arbiter_check_config_prints_id_listen_peers_identity_data_dir(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from arbiter.server.app import cluster_identity, parse_peers
+
+    assert main(_arbiter("--listen", "127.0.0.1:7001", "--peers", PEERS)) == 0
+    settings = _settings(capsys)
+    assert settings["id"] == "a1"
+    assert settings["listen"] == "127.0.0.1:7001"
+    assert settings["peers"] == PEERS
+    assert settings["cluster_identity"] == cluster_identity("default", parse_peers(PEERS))
+    assert settings["data_dir"] == "/nonexistent/a1"
+    assert settings["election_timeout"] == "1.0"  # and the configuration's fields
+
+
+@pytest.mark.parametrize(
+    ("listen", "peers"),
+    [
+        # docker-compose.yml: every interface, peers by service name (not resolvable here).
+        ("0.0.0.0:7000", "a1=a1:7000,a2=a2:7000,a3=a3:7000"),
+        ("[::]:7000", "a1=a1:7000,a2=a2:7000,a3=a3:7000"),
+        # Two names of one address of this machine.
+        ("127.0.0.1:7001", "a1=localhost:7001,a2=127.0.0.1:7002"),
+        ("LOCALHOST:7001", "a1=localhost:7001,a2=127.0.0.1:7002"),
+    ],
+)
+def test_cli_arbiter_check_config_accepts_listen_that_is_its_own_peer_address(
+    listen: str, peers: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(_arbiter("--listen", listen, "--peers", peers)) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("listen", "peers", "expect"),
+    [
+        ("127.0.0.1:7001", "a1=127.0.0.1:7002,a2=127.0.0.1:7003", "the ports differ"),
+        ("0.0.0.0:7000", "a1=a1:7001,a2=a2:7000", "the ports differ"),
+        ("127.0.0.2:7001", "a1=127.0.0.1:7001,a2=127.0.0.1:7002", "different addresses"),
+        ("127.0.0.1:7001", "a1=no-such-host.invalid:7001,a2=x:1", "cannot resolve"),
+        ("127.0.0.1:7001", "a1=127.0.0.1:7001,a2=127.0.0.1:7001", "to a1 and a2"),
+        ("127.0.0.1:7001", "a1=127.0.0.1:7001,a2=Host:1,a3=host:1", "to a2 and a3"),
+    ],
+)
+def test_cli_arbiter_check_config_refuses_listen_peers_mismatch_and_duplicates(
+    listen: str, peers: str, expect: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(_arbiter("--listen", listen, "--peers", peers)) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    [line] = captured.err.strip().splitlines()
+    assert line.startswith("membership arbiter: error: ") and expect in line, line
+
+
+def test_cli_arbiter_data_dir_is_required(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["arbiter", "--id", "a1", "--listen", "127.0.0.1:7001", "--peers", PEERS])
+    assert exc.value.code == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line == "membership arbiter: error: the following arguments are required: --data-dir"
+
+
+def test_cli_version_before_and_after_the_command(capsys: pytest.CaptureFixture[str]) -> None:
+    import membership
+
+    assert membership.__version__ and membership.__version__ != "0+unknown"
+    for argv in (["--version"], ["view", "--version"], ["arbiter", "--version"]):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 0
+        assert capsys.readouterr().out == f"membership {membership.__version__}\n"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--log-level", "debug", "view", "--arbiters", ARBITERS],
+        ["view", "--log-level", "debug", "--arbiters", ARBITERS],
+        ["view", "--arbiters", ARBITERS, "--log-level", "debug"],
+    ],
+)
+def test_cli_global_flags_before_or_after_the_command(argv: list[str]) -> None:
+    from membership.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    assert args.command == "view" and args.log_level == "debug"
+
+
+def test_cli_global_flag_before_the_command_survives_the_command_parser() -> None:
+    from membership.cli import build_parser
+
+    args = build_parser().parse_args(["--log-level", "error", "watch", "--arbiters", ARBITERS])
+    assert args.log_level == "error"
+    assert build_parser().parse_args(["watch", "--arbiters", ARBITERS]).log_level is None
+
+
+def test_cli_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for code in ("  0 ", "  1 ", "  2 ", "  3 ", "128+N"):
+        assert code in out, out

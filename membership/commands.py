@@ -1,0 +1,457 @@
+"""What the ``membership`` sub-commands do: node, watch, view, demo (the parser is in cli.py).
+
+Each command is a coroutine ``command(args, interrupt) -> exit code``, run by
+:func:`membership.cli.main`. Rules (the CLI's, see :mod:`membership.cli`):
+
+1. Exit codes: :data:`EXIT_OK` (0), :data:`EXIT_FAILURE` (1, a runtime
+   failure), :data:`EXIT_USAGE` (2, a bad flag or value), :data:`EXIT_ENDED`
+   (3, a node the cluster declared DEAD or LEFT without its asking, that does
+   not rejoin); a command cut short by a signal raises :class:`Interrupted`.
+2. SIGINT and SIGTERM are honoured in every phase (connecting, running,
+   leaving, starting up): the first one ends the command as its normal end
+   does (:class:`Interrupt`, :meth:`Interrupt.race`); a second one exits at once.
+3. ``--check-config`` validates every flag and value, connects to nothing,
+   and prints only the settings the command depends on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import signal
+import stat
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, NoReturn, TypeVar
+
+from membership.errors import MembershipError, UnavailableError
+from membership.output import event_lines, session_event_line, view_json, view_text
+from membership.session import SessionEvent, StateChanged, Superseded
+from membership.view import MemberState
+
+__all__ = [
+    "EXIT_ENDED",
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "CliError",
+    "Interrupt",
+    "Interrupted",
+    "demo",
+    "node",
+    "view",
+    "watch",
+]
+
+log = logging.getLogger("membership.cli")
+T = TypeVar("T")
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_ENDED = 0, 1, 2, 3
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class CliError(Exception):
+    """A failure to report as one line on stderr, with exit code :attr:`code`."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Interrupted(Exception):
+    """The command was cut short by signal :attr:`signum`."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Interrupt:
+    """SIGINT and SIGTERM while a command runs (rule 3).
+
+    The first signal sets :attr:`stop` once the event loop is attached (before
+    that, the handler raises :class:`Interrupted` where the program is). A
+    second one calls the ``on_force`` callbacks (the demo kills its children
+    there) and exits at once with 128 + its number. Handlers are plain
+    ``signal.signal`` ones, so they also run while the loop is busy in
+    blocking code.
+    """
+
+    def __init__(self) -> None:
+        self.stop = asyncio.Event()
+        self.signum: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._force: list[Callable[[], None]] = []
+        self._saved: dict[int, Any] = {}
+
+    def install(self) -> None:
+        """Installs the handlers (main thread only; elsewhere it does nothing)."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in _SIGNALS:
+                self._saved[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        """Restores the handlers found by :meth:`install`."""
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+        self._saved.clear()
+
+    def on_force(self, fn: Callable[[], None]) -> None:
+        """Registers ``fn`` to run before a second signal exits the process."""
+        self._force.append(fn)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signum is not None:
+            self._exit_now(signum)
+        self.signum = signum
+        if self._loop is None:
+            raise Interrupted(signum)
+        self._loop.call_soon_threadsafe(self.stop.set)
+
+    def _exit_now(self, signum: int) -> NoReturn:
+        for fn in reversed(self._force):
+            with contextlib.suppress(Exception):
+                fn()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(128 + signum)
+
+    async def run(self, coro: Awaitable[T]) -> T:
+        """Runs ``coro`` with this interrupt attached to the running loop."""
+        self._loop = asyncio.get_running_loop()
+        if self.signum is not None:
+            self.stop.set()
+        try:
+            return await coro
+        finally:
+            self._loop = None
+
+    async def race(self, aw: Awaitable[T]) -> tuple[bool, T | None]:
+        """Awaits ``aw`` unless :attr:`stop` is set first (then ``aw`` is cancelled).
+
+        Returns:
+            ``(True, result)``, or ``(False, None)`` when stopped.
+        """
+        task = asyncio.ensure_future(aw)
+        stopper = asyncio.ensure_future(self.stop.wait())
+        try:
+            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        if task.cancelled():
+            return False, None
+        return True, task.result()
+
+
+# --- shared steps -----------------------------------------------------------------------
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+async def _wait_reachable(client: Any, timeout: float, what: str) -> Any:
+    """Polls ``get_view`` until an arbiter answers; says why it waits every 5 s.
+
+    Raises:
+        CliError: none answered within ``timeout`` seconds.
+    """
+    start = time.monotonic()
+    said = -math.inf
+    while True:
+        try:
+            return await client.get_view()
+        except UnavailableError as e:
+            now = time.monotonic()
+            if now - start >= timeout:
+                raise CliError(f"no arbiter reachable within {timeout:g}s ({e})") from None
+            if now - said >= 5.0:
+                log.warning(
+                    "%s: waiting for an arbiter to answer (%s); giving up %.0fs from now",
+                    what,
+                    e,
+                    timeout - (now - start),
+                )
+                said = now
+            await asyncio.sleep(min(0.5, max(0.0, timeout - (now - start))))
+
+
+# Settings each command depends on, of ClientConfig (rule: print only those).
+_NODE_SETTINGS = (
+    "heartbeat_interval",
+    "ack_timeout",
+    "hedge_after",
+    "backoff_initial",
+    "backoff_max",
+    "keepalive_time",
+    "keepalive_timeout",
+    "call_timeout",
+    "auto_rejoin",
+    "collect_status",
+    "status_probe_interval",
+    "reachability_log_interval",
+)
+_WATCH_SETTINGS = (
+    "call_timeout",
+    "stream_idle_timeout",
+    "disconnect_after",
+    "subscribe_hedge",
+    "failover_probe_interval",
+    "backoff_initial",
+    "backoff_max",
+    "keepalive_time",
+    "keepalive_timeout",
+)
+
+
+def _config_ok(
+    what: str, settings: dict[str, Any], config: Any = None, fields: Sequence[str] = ()
+) -> int:
+    """The ``--check-config`` report: an OK line, then ``  name = value`` lines."""
+    _print(f"{what}: configuration OK")
+    for name, value in settings.items():
+        _print(f"  {name} = {value}")
+    for name in fields:
+        if hasattr(config, name):
+            _print(f"  {name} = {getattr(config, name)}")
+    return EXIT_OK
+
+
+# --- node ---------------------------------------------------------------------------------
+
+
+async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
+    """``membership node``: joins, heartbeats until a signal, then leaves.
+
+    Returns:
+        0 once left (or stopped before joining).
+
+    Raises:
+        CliError: no arbiter reachable, the leave not committed (code 1), or
+            the cluster ended the node without its asking (code 3).
+    """
+    from membership.client import MembershipClient
+    from membership.config import ClientConfig
+
+    superseded: list[Superseded] = []
+    left_unasked = asyncio.Event()
+    leaving = False
+
+    def on_event(ev: SessionEvent) -> None:
+        line = session_event_line(args.id, ev)
+        if line is not None:
+            _print(line)
+        if isinstance(ev, Superseded):
+            superseded.append(ev)
+        elif isinstance(ev, StateChanged) and ev.state is MemberState.LEFT and not leaving:
+            left_unasked.set()
+
+    client = MembershipClient(
+        args.arbiters,
+        node_id=args.id,
+        labels=dict(args.label),
+        incarnation=args.incarnation,
+        config=ClientConfig(
+            auto_rejoin=not args.no_rejoin,
+            follow_view=False,
+            collect_status=not args.no_status_probes,
+        ),
+        on_event=on_event,
+    )
+    if args.check_config:
+        # The client checked every address, the id, the labels and its config,
+        # and connected to nothing (channels open on first use).
+        settings = {
+            "arbiters": ",".join(client.arbiters),
+            "labels": ",".join(f"{k}={v}" for k, v in client.labels.items()),
+            "incarnation": args.incarnation or "wall-clock milliseconds at start",
+            "connect_timeout": args.connect_timeout,
+            "leave_timeout": args.leave_timeout,
+        }
+        return _config_ok(f"node {client.node_id}", settings, client.config, _NODE_SETTINGS)
+    try:
+        reached, _ = await interrupt.race(
+            _wait_reachable(client, args.connect_timeout, f"node {args.id}")
+        )
+        if not reached:
+            return EXIT_OK  # stopped while connecting: nothing to leave
+        await client.start()
+        await interrupt.race(_first(client.ended.wait(), left_unasked.wait()))
+        if client.ended.is_set() and client.error is not None:
+            raise client.error  # e.g. arbiters of two clusters: the SDK names them
+        if superseded:
+            raise CliError(
+                f"node id {args.id!r} was taken over by incarnation {superseded[-1].by} "
+                "(is another process running with the same id?)",
+                EXIT_ENDED,
+            )
+        if client.ended.is_set() or left_unasked.is_set():
+            state = client.state
+            why = (
+                "and --no-rejoin is set"
+                if state is MemberState.DEAD
+                else "by a leave it did not ask for"
+            )
+            raise CliError(f"{args.id} was declared {state.value} {why}", EXIT_ENDED)
+        _print(f"{args.id}: leaving")
+        leaving = True
+        try:
+            epoch = await client.leave(timeout=args.leave_timeout)
+        except MembershipError as e:
+            raise CliError(f"leave failed: {e}") from None
+        _print(f"{args.id}: LEFT at epoch {epoch}")
+        return EXIT_OK
+    finally:
+        await client.close()
+
+
+async def _first(*aws: Awaitable[Any]) -> None:
+    """Returns when the first of ``aws`` is done (the others are cancelled)."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+# --- watch / view ---------------------------------------------------------------------------
+
+
+async def watch(args: argparse.Namespace, interrupt: Interrupt) -> int:
+    """``membership watch``: prints view events (``--json``: one object per line) until a
+    signal or until the reader of a pipe goes away.
+
+    Raises:
+        CliError: no arbiter reachable, or the subscription ended.
+        MembershipError: the arbiters refused the subscription.
+    """
+    from membership.client import MembershipClient
+    from membership.config import ClientConfig
+
+    client = MembershipClient(args.arbiters, config=ClientConfig(follow_view=False))
+    if args.check_config:
+        settings = {
+            "arbiters": ",".join(client.arbiters),
+            "json": args.json,
+            "since_epoch": args.since_epoch,
+            "status": args.status,
+            "status_interval": args.status_interval or "the arbiter's",
+            "connect_timeout": args.connect_timeout,
+        }
+        return _config_ok("watch", settings, client.config, _WATCH_SETTINGS)
+
+    async def pump() -> None:
+        async for ev in client.watch(
+            since_epoch=args.since_epoch, status=args.status, status_interval=args.status_interval
+        ):
+            for line in event_lines(ev, args.json):
+                _print(line)
+
+    loop = asyncio.get_running_loop()
+    watching_pipe = stat.S_ISFIFO(os.fstat(sys.stdout.fileno()).st_mode)
+    try:
+        reached, _ = await interrupt.race(_wait_reachable(client, args.connect_timeout, "watch"))
+        if not reached:
+            return EXIT_OK
+        if watching_pipe:
+            # A pipe's write end polls as an error once its reader is gone:
+            # stop then, not at the next event (which may be far off).
+            def reader_gone() -> None:
+                loop.remove_reader(sys.stdout.fileno())
+                interrupt.stop.set()
+
+            loop.add_reader(sys.stdout.fileno(), reader_gone)
+        finished, _ = await interrupt.race(pump())
+        if not finished:
+            return EXIT_OK
+        raise CliError("the subscription ended")
+    except BrokenPipeError:
+        raise
+    except (MembershipError, CliError, Interrupted):
+        raise
+    except Exception as e:  # a bug: still one line
+        raise CliError(f"watch ended unexpectedly: {e!r}") from None
+    finally:
+        if watching_pipe:
+            with contextlib.suppress(Exception):
+                loop.remove_reader(sys.stdout.fileno())
+        await client.close()
+
+
+async def view(args: argparse.Namespace, interrupt: Interrupt) -> int:
+    """``membership view``: prints the view of the first arbiter in a quorum (or any).
+
+    Raises:
+        CliError: no arbiter answered.
+        Interrupted: a signal came first.
+    """
+    from membership.client import MembershipClient
+    from membership.config import ClientConfig
+
+    client = MembershipClient(
+        args.arbiters, config=ClientConfig(follow_view=False, call_timeout=args.timeout)
+    )
+    if args.check_config:
+        settings = {
+            "arbiters": ",".join(client.arbiters),
+            "json": args.json,
+            "timeout": args.timeout,
+        }
+        return _config_ok("view", settings)
+    try:
+        answered, info = await interrupt.race(client.get_view())
+    except UnavailableError as e:
+        raise CliError(str(e)) from None
+    finally:
+        await client.close()
+    if not answered:
+        assert interrupt.signum is not None
+        raise Interrupted(interrupt.signum)
+    if args.json:
+        import json
+
+        _print(json.dumps(view_json(info)))
+    else:
+        for line in view_text(info):
+            _print(line)
+    return EXIT_OK
+
+
+# --- demo ---------------------------------------------------------------------------------
+
+
+async def demo(args: argparse.Namespace, interrupt: Interrupt) -> int:
+    """``membership demo`` (:class:`membership.demo.Demo`); the summary is printed
+    after the cleanup, also when the demo fails or is interrupted.
+
+    Raises:
+        CliError: a step did not happen in time.
+        Interrupted: a signal stopped it (the cleanup ran).
+    """
+    from membership.demo import Demo, DemoError
+
+    demo = Demo(nodes=args.nodes, keep_logs=args.keep_logs)
+    interrupt.on_force(demo.abort)
+    try:
+        finished = await demo.run(interrupt.stop, args.timeout)
+    except DemoError as e:
+        raise CliError(str(e)) from None
+    finally:
+        for line in demo.summary():
+            _print(line)
+    if interrupt.signum is not None:  # also when it came during the cleanup
+        raise Interrupted(interrupt.signum)
+    assert finished
+    return EXIT_OK

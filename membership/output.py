@@ -1,0 +1,357 @@
+"""How the ``membership`` command prints views, events and statuses (text and JSON).
+
+Pure functions from the SDK's data (:mod:`membership.view`,
+:mod:`membership.session`, :class:`membership.status.NodeStatus`) to strings
+or JSON-ready dicts; no I/O. The CLI prints them; the benchmarks and the
+chaos suite reuse them, so that what they parse is what users see.
+
+JSON shapes (``watch --json``, one object per line):
+
+- ``{"type": "snapshot", "epoch", "members": [member...], "arbiter"}``, a
+  member being ``{"node_id", "incarnation", "state", "labels", "epoch"}``;
+- ``{"type": "change", "epoch", "node_id", "incarnation", "state", "labels",
+  "arbiter"}``, plus ``"evidence": [{"arbiter", "silence_seconds",
+  "suspicion", "detector"}]`` for a DEAD decided by a quorum;
+- ``{"type": "quorum", "in_quorum", "arbiter", "leader"}``;
+- ``{"type": "status", "node_id", "incarnation", "status": {...},
+  "suspected_by", "silence_seconds", "arbiter"}``;
+- ``{"type": "disconnected", "epoch", "silence_seconds", "arbiter", "reason"}``,
+  ``{"type": "reconnected", "epoch", "silence_seconds", "arbiter"}``;
+- ``{"type": "reset", "since_epoch", "cluster_epoch"}``;
+- any other event of the SDK: ``{"type": <its class name in snake_case>,
+  <its fields>...}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from membership.session import Fenced, Rejoined, SessionEvent, StateChanged, Superseded
+from membership.view import (
+    Disconnected,
+    Evidence,
+    Member,
+    MemberChange,
+    QuorumChanged,
+    Reconnected,
+    StatusUpdated,
+    ViewChanged,
+    ViewReset,
+    ViewSnapshot,
+)
+
+if TYPE_CHECKING:
+    from membership.status import NodeStatus
+
+__all__ = [
+    "event_lines",
+    "member_json",
+    "session_event_line",
+    "status_json",
+    "status_text",
+    "view_json",
+    "view_text",
+]
+
+_STATUS_FIELDS = (
+    "load",
+    "cpu_utilization",
+    "memory_utilization",
+    "gpu_utilization",
+    "gpu_memory_utilization",
+    "phase",
+    "step",
+    "progress",
+)
+
+
+def member_json(m: Member) -> dict[str, Any]:
+    """A member as ``{"node_id", "incarnation", "state", "labels", "epoch"}``."""
+    return {
+        "node_id": m.node_id,
+        "incarnation": m.incarnation,
+        "state": m.state.value,
+        "labels": dict(m.labels),
+        "epoch": m.epoch,
+    }
+
+
+def status_json(status: NodeStatus) -> dict[str, Any]:
+    """A node status as a JSON object: only the fields that are present."""
+    d: dict[str, Any] = {}
+    for name in _STATUS_FIELDS:
+        value = getattr(status, name)
+        if value is not None:
+            d[name] = value
+    if status.gauges:
+        d["gauges"] = dict(status.gauges)
+    return d
+
+
+def status_text(status: NodeStatus) -> str:
+    """A node status in one short line, e.g. ``load 0.52 cpu 12% mem 40% phase allreduce``."""
+    parts = []
+    if status.load is not None:
+        parts.append(f"load {status.load:.2f}")
+    for label, value in (
+        ("cpu", status.cpu_utilization),
+        ("mem", status.memory_utilization),
+        ("gpu", status.gpu_utilization),
+        ("gpu-mem", status.gpu_memory_utilization),
+        ("progress", status.progress),
+    ):
+        if value is not None:
+            parts.append(f"{label} {value:.0%}")
+    if status.phase is not None:
+        parts.append(f"phase {status.phase}")
+    if status.step is not None:
+        parts.append(f"step {status.step}")
+    parts.extend(f"{k}={v:g}" for k, v in sorted(status.gauges.items()))
+    return " ".join(parts) or "(no status)"
+
+
+def _evidence_json(e: Evidence) -> dict[str, Any]:
+    return {
+        "arbiter": e.arbiter_id,
+        "silence_seconds": e.silence,
+        "suspicion": e.suspicion,
+        "detector": e.detector or None,
+    }
+
+
+def _evidence_text(evidence: tuple[Evidence, ...]) -> str:
+    parts = []
+    for e in evidence:
+        what = e.arbiter_id
+        if e.silence is not None:
+            what += f" after {e.silence:.2f}s silent"
+        if e.suspicion is not None:
+            unit = "phi" if e.detector == "phi" else "missed"
+            what += f" ({unit} {e.suspicion:.1f})"
+        parts.append(what)
+    return "; suspected by " + ", ".join(parts) if parts else ""
+
+
+def _change_json(ev: ViewChanged, c: MemberChange) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "type": "change",
+        "epoch": ev.epoch,
+        "node_id": c.node_id,
+        "incarnation": c.incarnation,
+        "state": c.state.value,
+        "labels": dict(c.labels),
+        "arbiter": ev.arbiter_id,
+    }
+    if c.evidence:
+        d["evidence"] = [_evidence_json(e) for e in c.evidence]
+    return d
+
+
+def _plain(value: Any) -> Any:
+    """A dataclass field as JSON-ready data (enums by value, mappings as dicts)."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple | list | set | frozenset):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _type_name(ev: object) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", type(ev).__name__).lower()
+
+
+def _other_lines(ev: object, as_json: bool) -> list[str]:
+    """An event this module has no shape for: its class name and fields."""
+    fields = _plain(ev) if dataclasses.is_dataclass(ev) else {}
+    if as_json:
+        return [json.dumps({"type": _type_name(ev), **fields}, default=str)]
+    detail = " ".join(f"{k}={v}" for k, v in fields.items())
+    return [f"{_type_name(ev).replace('_', ' ')}: {detail}".rstrip(": ")]
+
+
+def _contact_lines(ev: object, as_json: bool) -> list[str] | None:
+    """Disconnected, Reconnected and ViewReset (None for any other event)."""
+    if isinstance(ev, Disconnected):
+        if as_json:
+            d = {
+                "type": "disconnected",
+                "epoch": ev.epoch,
+                "silence_seconds": ev.silence,
+                "arbiter": ev.arbiter_id or None,
+                "reason": ev.reason,
+            }
+            return [json.dumps(d)]
+        return [
+            f"disconnected: nothing from an arbiter in a quorum for {ev.silence:.1f}s "
+            f"(view at epoch {ev.epoch} may be stale; {ev.reason})"
+        ]
+    if isinstance(ev, Reconnected):
+        if as_json:
+            d = {
+                "type": "reconnected",
+                "epoch": ev.epoch,
+                "silence_seconds": ev.silence,
+                "arbiter": ev.arbiter_id,
+            }
+            return [json.dumps(d)]
+        return [f"reconnected to {ev.arbiter_id} after {ev.silence:.1f}s (at epoch {ev.epoch})"]
+    if isinstance(ev, ViewReset):
+        if as_json:
+            d = {"type": "reset", "since_epoch": ev.since_epoch, "cluster_epoch": ev.cluster_epoch}
+            return [json.dumps(d)]
+        return [
+            f"reset: epoch {ev.since_epoch} is beyond the cluster's ({ev.cluster_epoch}); "
+            "a fresh snapshot follows"
+        ]
+    return None
+
+
+def event_lines(ev: object, as_json: bool) -> list[str]:
+    """Renders one watch event as output lines (one per member change or status report).
+
+    Args:
+        ev: a :data:`membership.view.ViewEvent` (or another event the SDK yields).
+        as_json: one JSON object per line (shapes in the module docstring), else text.
+
+    Returns:
+        The lines, without newlines (an event with nothing to show gives none).
+    """
+    contact = _contact_lines(ev, as_json)
+    if contact is not None:
+        return contact
+    if isinstance(ev, StatusUpdated):
+        if as_json:
+            return [
+                json.dumps(
+                    {
+                        "type": "status",
+                        "node_id": r.node_id,
+                        "incarnation": r.incarnation,
+                        "status": status_json(r.status),
+                        "suspected_by": list(r.suspected_by),
+                        "silence_seconds": r.silence,
+                        "arbiter": ev.arbiter_id,
+                    }
+                )
+                for r in ev.reports
+            ]
+        return [
+            f"status {r.node_id} (incarnation {r.incarnation}): {status_text(r.status)}"
+            + (f"  SUSPECT by {','.join(r.suspected_by)}" if r.suspected_by else "")
+            for r in ev.reports
+        ]
+    if isinstance(ev, ViewSnapshot):
+        if as_json:
+            return [
+                json.dumps(
+                    {
+                        "type": "snapshot",
+                        "epoch": ev.view.epoch,
+                        "members": [member_json(m) for m in ev.view.members],
+                        "arbiter": ev.arbiter_id,
+                    }
+                )
+            ]
+        members = ", ".join(f"{m.node_id}={m.state.value}" for m in ev.view.members) or "(empty)"
+        return [f"epoch {ev.view.epoch}  snapshot from {ev.arbiter_id}: {members}"]
+    if isinstance(ev, ViewChanged):
+        if as_json:
+            return [json.dumps(_change_json(ev, c)) for c in ev.changes]
+        return [
+            f"epoch {ev.epoch}  {c.node_id} (incarnation {c.incarnation}) {c.state.value}"
+            + _evidence_text(c.evidence)
+            for c in ev.changes
+        ]
+    if isinstance(ev, QuorumChanged):
+        if as_json:
+            return [
+                json.dumps(
+                    {
+                        "type": "quorum",
+                        "in_quorum": ev.in_quorum,
+                        "arbiter": ev.arbiter_id,
+                        "leader": ev.leader_id,
+                    }
+                )
+            ]
+        word = "regained" if ev.in_quorum else "lost"
+        return [f"arbiter {ev.arbiter_id} {word} its quorum (leader: {ev.leader_id or 'none'})"]
+    return _other_lines(ev, as_json)
+
+
+def session_event_line(node_id: str, ev: SessionEvent) -> str | None:
+    """How ``membership node`` prints a session event (None for an event it does not print).
+
+    Lines: ``n1: incarnation 7 is ALIVE``, ``n1: fenced (fencing epoch 5)``,
+    ``n1: unfenced (...)``, ``n1: incarnation 7 taken over by 8; stopping``,
+    ``n1: incarnation 7 over (DEAD); rejoining as 8``.
+    """
+    if isinstance(ev, StateChanged):
+        return f"{node_id}: incarnation {ev.incarnation} is {ev.state.value}"
+    if isinstance(ev, Fenced):
+        word = "fenced" if ev.fenced else "unfenced"
+        return f"{node_id}: {word} (fencing epoch {ev.epoch})"
+    if isinstance(ev, Superseded):
+        return f"{node_id}: incarnation {ev.incarnation} taken over by {ev.by}; stopping"
+    if isinstance(ev, Rejoined):
+        return (
+            f"{node_id}: incarnation {ev.old_incarnation} over ({ev.reason}); "
+            f"rejoining as {ev.new_incarnation}"
+        )
+    return None
+
+
+def view_json(info: Any) -> dict[str, Any]:
+    """The ``view --json`` object of a :class:`membership.ViewInfo`.
+
+    Returns:
+        ``{"epoch", "leader", "in_quorum", "arbiter", "local_suspects",
+        "members": [member + "suspected_by" (+ "status")]}``.
+    """
+    members = []
+    for m in info.view.members:
+        d = member_json(m)
+        d["suspected_by"] = list(info.suspected_by.get(m.node_id, ()))
+        status = info.statuses.get(m.node_id)
+        if status is not None:
+            d["status"] = status_json(status)
+        members.append(d)
+    return {
+        "epoch": info.view.epoch,
+        "leader": info.leader_id,
+        "in_quorum": info.in_quorum,
+        "arbiter": info.arbiter_id,
+        "local_suspects": list(info.local_suspects),
+        "members": members,
+    }
+
+
+def view_text(info: Any) -> list[str]:
+    """``membership view`` without ``--json``: a header line, then a line per member
+    (and its status under it)."""
+    view = info.view
+    lines = [
+        f"epoch {view.epoch}  arbiter {info.arbiter_id}  leader {info.leader_id or 'none'}  "
+        f"in_quorum {str(info.in_quorum).lower()}"
+    ]
+    for m in view.members:
+        labels = ",".join(f"{k}={v}" for k, v in m.labels.items())
+        suspects = info.suspected_by.get(m.node_id)
+        extra = f"  SUSPECT by {','.join(suspects)}" if suspects else ""
+        lines.append(
+            f"  {m.node_id:<20} {m.state.value:<6} incarnation {m.incarnation}  "
+            f"since epoch {m.epoch}  {labels}{extra}"
+        )
+        status = info.statuses.get(m.node_id)
+        if status is not None:
+            lines.append(f"  {'':<20} {status_text(status)}")
+    return lines

@@ -1,0 +1,114 @@
+"""The status board's deadband: a node is sent again only when its status changed enough."""
+
+from __future__ import annotations
+
+import pytest
+
+from arbiter.server.statusboard import FRACTION_DEADBAND, LOAD_DEADBAND, StatusBoard, changed
+from membership.v1 import membership_pb2 as pb
+
+BASE = pb.NodeStatus(
+    load=1.0,
+    cpu_utilization=0.40,
+    memory_utilization=0.50,
+    gpu_utilization=0.30,
+    gpu_memory_utilization=0.20,
+    phase="train",
+    step=10,
+    progress=0.5,
+    gauges={"loss": 0.3},
+)
+
+
+def _with(**fields: object) -> pb.NodeStatus:
+    status = pb.NodeStatus()
+    status.CopyFrom(BASE)
+    for name, value in fields.items():
+        if value is None:
+            status.ClearField(name)
+        elif name == "gauges":
+            status.ClearField("gauges")
+            status.gauges.update(value)  # type: ignore[arg-type]
+        else:
+            setattr(status, name, value)
+    return status
+
+
+@pytest.mark.parametrize(
+    ("fields", "expect"),
+    [
+        # Probed figures: within the deadband is no change, beyond it is.
+        ({"cpu_utilization": 0.40 + FRACTION_DEADBAND * 0.8}, False),
+        ({"cpu_utilization": 0.40 - FRACTION_DEADBAND * 1.2}, True),
+        ({"memory_utilization": 0.52}, False),
+        ({"memory_utilization": 0.56}, True),
+        ({"gpu_utilization": 0.34}, False),
+        ({"gpu_memory_utilization": 0.26}, True),
+        ({"load": 1.0 + LOAD_DEADBAND * 0.5}, False),
+        ({"load": 1.0 + LOAD_DEADBAND * 1.5}, True),
+        # A field appearing or disappearing.
+        ({"cpu_utilization": None}, True),
+        ({"load": None}, True),
+        # What the application reports: any change.
+        ({"phase": "eval"}, True),
+        ({"phase": None}, True),
+        ({"step": 11}, True),
+        ({"progress": 0.5001}, True),
+        ({"gauges": {"loss": 0.31}}, True),
+        ({"gauges": {"loss": 0.3, "lr": 1e-3}}, True),
+        ({"gauges": {}}, True),
+        ({}, False),
+    ],
+)
+def test_statusboard_changed_applies_the_deadband_to_probed_figures_only(
+    fields: dict[str, object], expect: bool
+) -> None:
+    assert changed(BASE, _with(**fields)) is expect
+
+
+def test_statusboard_jitter_of_cpu_use_bumps_no_version_but_keeps_the_latest() -> None:
+    board = StatusBoard()
+    board.update("n1", 7, BASE, now=0.0)
+    v = board.version
+    for i, cpu in enumerate((0.41, 0.39, 0.43, 0.38, 0.42)):  # an idle node's noise
+        board.update("n1", 7, _with(cpu_utilization=cpu), now=1.0 + i)
+    assert board.version == v  # nothing a subscriber needs again
+    entry = board.get("n1")
+    assert entry is not None
+    assert entry.status.cpu_utilization == 0.42  # what view shows: the latest
+    assert entry.heard == 5.0
+
+
+def test_statusboard_drift_is_sent_once_it_adds_up_to_the_deadband() -> None:
+    board = StatusBoard()
+    board.update("n1", 7, BASE, now=0.0)
+    v = board.version
+    # Steps of 0.02 never exceed the deadband from one heartbeat to the next,
+    # but add up: compared with the status last sent, the third one does.
+    board.update("n1", 7, _with(cpu_utilization=0.42), now=1.0)
+    board.update("n1", 7, _with(cpu_utilization=0.44), now=2.0)
+    assert board.version == v
+    board.update("n1", 7, _with(cpu_utilization=0.46), now=3.0)
+    assert board.version == v + 1
+    board.update("n1", 7, _with(cpu_utilization=0.48), now=4.0)
+    assert board.version == v + 1  # measured from 0.46 now
+
+
+def test_statusboard_reported_change_or_new_incarnation_bumps_the_version() -> None:
+    board = StatusBoard()
+    board.update("n1", 7, BASE, now=0.0)
+    v = board.version
+    board.update("n1", 7, _with(step=11), now=1.0)
+    assert board.version == v + 1
+    board.update("n1", 8, _with(step=11), now=2.0)
+    assert board.version == v + 2
+    entry = board.get("n1")
+    assert entry is not None and entry.incarnation == 8
+
+
+def test_statusboard_custom_deadband() -> None:
+    board = StatusBoard(fraction_deadband=0.01)
+    board.update("n1", 7, BASE, now=0.0)
+    v = board.version
+    board.update("n1", 7, _with(cpu_utilization=0.415), now=1.0)
+    assert board.version == v + 1
