@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
-import tempfile
 
 import pytest
 
@@ -15,14 +12,6 @@ import pytest
 # (grpc/grpc#43055). The children exec at once and need none of that. Must be
 # set before grpc is first imported.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-
-# An arbiter started without --data-dir keeps its Raft state under
-# $XDG_STATE_HOME/membership/<cluster>/<id>. Tests (and every child process they
-# start, which inherits the environment) get a state dir of their own, so they
-# never touch the user's real one nor collide with another test run.
-_STATE_HOME = tempfile.mkdtemp(prefix="membership-tests-state-")
-os.environ["XDG_STATE_HOME"] = _STATE_HOME
-atexit.register(shutil.rmtree, _STATE_HOME, ignore_errors=True)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
