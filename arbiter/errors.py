@@ -12,7 +12,7 @@ callers that catch ``ValueError`` or ``OSError`` keep working:
   this replica's durable Raft state).
 * ``arbiter.core.commands.CommandDecodeError`` (``ValueError``): a log entry
   is not a valid command.
-* ``arbiter.core.state.SnapshotDecodeError`` (``ValueError``): a snapshot is
+* ``arbiter.core.tally.SnapshotDecodeError`` (``ValueError``): a snapshot is
   not a valid membership state.
 * ``arbiter.core.replica.RestoreError`` (``ValueError``): a snapshot does not
   fit this replica.

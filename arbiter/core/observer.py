@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from arbiter.core.commands import Observation, Opinion
 from arbiter.core.detection import FailureDetector
-from arbiter.core.state import MembershipState
+from arbiter.core.tally import MembershipState
 from membership.view import MemberState
 
 __all__ = ["HeartbeatVerdict", "Observer"]

@@ -46,7 +46,7 @@ from arbiter.core.raft import (
     Rng,
     Snapshot,
 )
-from arbiter.core.state import ApplyResult, MembershipState, SnapshotDecodeError
+from arbiter.core.tally import ApplyResult, MembershipState, SnapshotDecodeError
 from arbiter.errors import ArbiterError
 
 __all__ = ["Replica", "ReplicaSettings", "RestoreError", "restore_state"]

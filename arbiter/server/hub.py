@@ -23,7 +23,7 @@ import collections
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from arbiter.core.state import ViewChange
+from arbiter.core.tally import ViewChange
 from membership.view import View
 
 __all__ = ["Hub", "HubStatus", "Subscription"]

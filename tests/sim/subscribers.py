@@ -23,7 +23,7 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING
 
-from arbiter.core.state import ViewChange
+from arbiter.core.tally import ViewChange
 from membership.view import View
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.observer import Observer
 from arbiter.core.raft import Entry, HardState, Message, MessageType
 from arbiter.core.replica import Replica
-from arbiter.core.state import MembershipState
+from arbiter.core.tally import MembershipState
 from tests.sim.run import replay_command, run_seed
 from tests.sim.scenario import run_file
 
@@ -34,7 +34,7 @@ SCENARIOS = Path(__file__).parent / "scenarios"
 ROOT = Path(__file__).parents[2]
 
 # Seeds of the CI range that fail because of a known core bug, with the bug
-# (none now; seed 142 found the stale-incarnation tally bug, fixed in state.py).
+# (none now; seed 142 found the stale-incarnation tally bug, fixed in tally.py).
 KNOWN_BUG_SEEDS: dict[int, str] = {}
 KNOWN_BUG_SCENARIOS: set[str] = set()
 REGRESSION_SEEDS = (142, 731)

@@ -63,7 +63,7 @@ def test_layering_core_imports_no_io(path: Path) -> None:
 # Modules the pure side must not load, not even through a package __init__.
 IO_MODULES = ("threading", "logging", "grpc", "asyncio", "psutil")
 PURE_IMPORTS = [
-    "arbiter.core.state",
+    "arbiter.core.tally",
     "arbiter.core.replica",
     "membership.view",
     "membership.session",
