@@ -24,6 +24,8 @@ Modules, in the order a heartbeat reaches them:
   committed entries, tallies the replicas' observations into the view (a
   quorum makes a node ALIVE or DEAD) and numbers each change with an epoch
   (``ViewChange``).
+* ``tally_snapshot.py``: the tally's canonical snapshot encoding (Raft
+  compacts its log with it) and the checks that refuse anything else.
 
 A heartbeat: ``Replica.heartbeat`` -> ``Observer.heartbeat`` ->
 ``FailureDetector.heartbeat`` and ``hold`` (the lease): the node's deadline
