@@ -26,6 +26,9 @@ Modules, in the order a heartbeat reaches them:
   (``ViewChange``).
 * ``tally_snapshot.py``: the tally's canonical snapshot encoding (Raft
   compacts its log with it) and the checks that refuse anything else.
+* ``history.py``: the recent view changes kept for subscribers and the
+  rule for resuming by epoch (the changes after it, a snapshot, or nothing
+  yet), run by the server's hub and by the simulator alike.
 
 A heartbeat: ``Replica.heartbeat`` -> ``Observer.heartbeat`` ->
 ``FailureDetector.heartbeat`` and ``hold`` (the lease): the node's deadline
