@@ -1,4 +1,4 @@
-"""Commands of the replicated log and their byte encoding (DESIGN.md section 5).
+"""Commands of the replicated log and their byte encoding (the tally's input).
 
 The Raft log carries opaque bytes; these are the only things written into it
 (besides Raft's own empty no-op entries, ``b""``, which are not commands).

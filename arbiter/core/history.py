@@ -7,9 +7,9 @@ simulator's feed (``tests/sim/subscribers.py``) keeps the same
 the functions below, so the simulator checks the rules the server runs.
 
 A subscriber *has* epoch e when it holds the view at e, or will once the
-items already sent to it arrive. Rules (they make the ordering rule of
-``docs/architecture.md``, "Subscribers", hold: the epochs a subscriber sees
-are contiguous, or it is sent a fresh snapshot; nothing is lost silently):
+items already sent to it arrive. Rules (they make the subscriber ordering rule
+of ``docs/architecture.md``, "Correctness rules", hold: the epochs a subscriber
+sees are contiguous, or it is sent a fresh snapshot; nothing is lost silently):
 
 1. Retention. The history keeps the last ``size`` committed changes, in
    epoch order. It is volatile: a restarted replica starts empty and refills

@@ -2,7 +2,7 @@
 
 Every replica applies the same committed log entries in the same order to a
 :class:`MembershipState`, and so holds the same view at the same epoch
-(DESIGN.md section 5, rules 1 and 2). Nothing here depends on time, dict order
+(docs/architecture.md, "Correctness rules"). Nothing here depends on time, dict order
 or which replica runs it; outputs are sorted by node_id / replica id. Quorum:
 a strict majority of the configured arbiters; one opinion is never enough.
 

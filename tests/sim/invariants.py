@@ -1,4 +1,5 @@
-"""The invariants checked after every step of a simulation (DESIGN.md sections 5 and 7).
+"""The invariants checked after every step of a simulation (docs/architecture.md,
+"Correctness rules" and "Testing").
 
 Safety, checked where the state they are about changes (so each step costs
 O(what changed), never O(cluster) or worse):
