@@ -139,7 +139,8 @@ def test_sim_regression_seed_stale_incarnation(seed: int) -> None:
 
 def test_replica_next_deadline_reports_view_sync() -> None:
     # A replica restarts with n1 ALIVE in its log; n1 died while it was down.
-    # Driven only at next_deadline() (as the simulator and STYLE rule 2 do), a
+    # Driven only at next_deadline() (as the simulator does: a core reports its
+    # deadlines, it owns no timer), a
     # follower whose leader heartbeats it must still start tracking n1 and
     # suspect it after its grace and D.
     cfg = ArbiterConfig.lan()
