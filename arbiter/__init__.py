@@ -42,7 +42,7 @@ Each turn of the driver's loop (``Driver._turn``):
 3. Raft's ``Ready`` is handled in order: persist (``server/storage.py``,
    fsync), send (``server/peers.py``), apply.
 4. ``Replica.advance`` applies the committed entries to ``MembershipState``
-   (``core/state.py``, the tally). An entry that changes the view makes a
+   (``core/tally.py``, the tally). An entry that changes the view makes a
    ``ViewChange`` at the next epoch.
 5. The change goes through ``Driver`` ``on_change`` and ``server/app.py`` to
    ``server/hub.py`` (``Hub.publish``), which queues it for every

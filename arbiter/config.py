@@ -78,7 +78,7 @@ class ArbiterConfig:
     # After a restart with durable state a replica casts no suspicion for this
     # long (seconds); a first start (empty data dir) has none.
     # It must cover one maximum lease (a lease granted before a crash is a
-    # promise, DESIGN.md rule 3) plus the time nodes need to reconnect after
+    # promise: arbiter/core/observer.py, rule 5) plus the time nodes need to reconnect after
     # an outage (their backoff is at most 1 s by default): otherwise restarting
     # every replica would declare slow-to-reconnect nodes DEAD. Trade-off: a
     # node that died during the outage is declared DEAD up to this much later.
@@ -131,7 +131,9 @@ class ArbiterConfig:
     # closes it when the ping stays unanswered (or any byte sent stays
     # unacknowledged by the peer's kernel) for keepalive_timeout. So a
     # half-open connection is released within about keepalive_time +
-    # keepalive_timeout (15 s by default; C01, C04).
+    # keepalive_timeout (15 s by default): a dead subscriber's stream or a
+    # half-open one is not kept for ever (failure classes "half-open stream"
+    # and "dead subscriber holds server resources" in docs/architecture.md).
     # keepalive_timeout is also every socket's TCP_USER_TIMEOUT (set by gRPC
     # core); >= MIN_KEEPALIVE_TIMEOUT (1 s). keepalive_time is also the ping
     # interval of this replica's channels to the other replicas, so it must
@@ -142,7 +144,7 @@ class ArbiterConfig:
     # The server accepts a client's pings this often at most (seconds), and
     # answers max_ping_strikes + 1 faster ones (on a connection it sent no
     # data on meanwhile) with GOAWAY too_many_pings. Must be <=
-    # MIN_KEEPALIVE_TIME (4 s), the fastest keepalive the SDK may be given (C05):
+    # MIN_KEEPALIVE_TIME (4 s), the fastest keepalive the SDK may be given:
     # the SDK's default (10 s) leaves room for any timer jitter.
     min_ping_interval: float = 4.0
     # Pings faster than min_ping_interval tolerated per connection; 0 tolerates
@@ -318,13 +320,13 @@ class ArbiterConfig:
             raise InvalidArgument(
                 f"min_ping_interval ({self.min_ping_interval}s) must be <= {MIN_KEEPALIVE_TIME}s: "
                 "nodes may ping that often, and faster pings than min_ping_interval earn "
-                "them GOAWAY too_many_pings (C05)"
+                "them GOAWAY too_many_pings"
             )
         if self.keepalive_time < MIN_KEEPALIVE_TIME:
             raise InvalidArgument(
                 f"keepalive_time ({self.keepalive_time}s) must be >= {MIN_KEEPALIVE_TIME}s: "
                 "replicas ping each other at that interval, and another replica accepts "
-                "pings no more often (C05)"
+                "pings no more often"
             )
         if self.keepalive_timeout < MIN_KEEPALIVE_TIMEOUT:
             raise InvalidArgument(

@@ -12,8 +12,9 @@ callers that catch ``ValueError`` or ``OSError`` keep working:
   this replica's durable Raft state).
 * ``arbiter.core.commands.CommandDecodeError`` (``ValueError``): a log entry
   is not a valid command.
-* ``arbiter.core.state.SnapshotDecodeError`` (``ValueError``): a snapshot is
-  not a valid membership state.
+* ``arbiter.core.tally_snapshot.SnapshotDecodeError`` (``ValueError``, also
+  importable from ``arbiter.core.tally``): a snapshot is not a valid
+  membership state.
 * ``arbiter.core.replica.RestoreError`` (``ValueError``): a snapshot does not
   fit this replica.
 * ``arbiter.server.storage.StorageError`` (``OSError``): the data directory

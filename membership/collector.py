@@ -2,9 +2,10 @@
 
 The collector runs the probes (:mod:`membership.probes`) in threads of its
 own and publishes a :class:`membership.status.NodeStatus` that a heartbeat
-reads without waiting. Collecting must never cost a heartbeat (field report
-C26: a heartbeat blocked behind slow metadata collection got a healthy node
-suspected).
+reads without waiting. Collecting must never cost a heartbeat: a heartbeat
+that waits for a slow probe of the node's own state gets a healthy node
+suspected (failure class "heartbeat blocked behind status collection" in
+docs/architecture.md; kubernetes/kubernetes#53207).
 
 Rules:
 

@@ -10,7 +10,8 @@ from membership.errors import InvalidArgument
 
 __all__ = ["MIN_KEEPALIVE_TIME", "MIN_KEEPALIVE_TIMEOUT", "ClientConfig"]
 
-# The keepalive contract between the SDK and the arbiters (C05), in seconds.
+# The keepalive contract between the SDK and the arbiters, in seconds (failure
+# class "keepalive policy mismatch" in docs/architecture.md).
 # An arbiter accepts a client's HTTP/2 pings as often as every
 # MIN_KEEPALIVE_TIME (its min_ping_interval may be lower, never higher), and no
 # client of an arbiter pings more often (keepalive_time may be higher, never
@@ -37,7 +38,8 @@ class ClientConfig:
     # Heartbeat interval used until an arbiter suggests one in its ack.
     heartbeat_interval: float = 0.15
     # A heartbeat stream whose oldest unacked heartbeat was sent this long
-    # ago is abandoned and reopened, even when writes are stuck (C03).
+    # ago is abandoned and reopened, even when writes are stuck (failure
+    # class "keepalive starved by blocked writes", docs/architecture.md).
     # Counted from the send, so a node that was itself paused keeps its
     # streams and just sends; scaled up with the interval the arbiters
     # suggest. Keep it well below the arbiters' suspicion time D (0.75 s by
@@ -51,7 +53,8 @@ class ClientConfig:
     # at 0.3 s a fresh connection has about 0.3 s to bring an ack before the
     # lease of the last acked heartbeat (D = 0.75 s from its send) runs out.
     hedge_after: float = 0.3
-    # Reconnect backoff: jittered exponential between these bounds (C19). The
+    # Reconnect backoff: jittered exponential between these bounds, so that a
+    # fleet does not reconnect in step (a reconnect storm). The
     # maximum must stay below the arbiters' restart_grace minus their lease
     # (3 s - 0.75 s by default), so that nodes are back before a restarted
     # replica may suspect them.
@@ -64,7 +67,7 @@ class ClientConfig:
     # closed within about keepalive_time + keepalive_timeout (15 s by
     # default) on both sides, with calls open or not.
     # keepalive_time must be >= MIN_KEEPALIVE_TIME (4 s), which arbiters
-    # accept (C05); keepalive_timeout >= MIN_KEEPALIVE_TIMEOUT (1 s), as it is
+    # accept; keepalive_timeout >= MIN_KEEPALIVE_TIMEOUT (1 s), as it is
     # also the sockets' TCP_USER_TIMEOUT. What each layer covers: channel_options().
     keepalive_time: float = 10.0
     keepalive_timeout: float = 5.0
@@ -100,7 +103,8 @@ class ClientConfig:
     # application sets with ``client.report()`` are sent either way.
     collect_status: bool = True
     # Seconds between two probes. A probe still running at its next turn is
-    # skipped, never waited for: a heartbeat is never delayed by it (C26).
+    # skipped, never waited for: a heartbeat is never delayed by it
+    # (membership/collector.py).
     status_probe_interval: float = 1.0
     # A node that holds streams to fewer than a quorum of arbiters logs which
     # ones it cannot reach and why, at most this often (seconds).
@@ -148,7 +152,7 @@ class ClientConfig:
             raise InvalidArgument(
                 f"keepalive_time ({self.keepalive_time}s) must be >= {MIN_KEEPALIVE_TIME}s: "
                 "arbiters accept pings no more often, and answer faster ones with "
-                "GOAWAY too_many_pings (C05)"
+                "GOAWAY too_many_pings"
             )
         if self.keepalive_timeout < MIN_KEEPALIVE_TIMEOUT:
             raise InvalidArgument(
@@ -179,7 +183,8 @@ class ClientConfig:
            set, so bytes the peer's kernel does not acknowledge for that long
            (the PING itself, a heartbeat, or a receive window kept shut)
            abort the socket in the kernel, even while gRPC's own writes are
-           stuck (C03). It does not set SO_KEEPALIVE, and gRPC offers no
+           stuck (the keepalive ping itself may be stuck behind them:
+           grpc/grpc#15871). It does not set SO_KEEPALIVE, and gRPC offers no
            way to from Python (only a C socket-mutator pointer): there are
            no TCP keepalive probes; the PING of layer 2 is what puts bytes in
            flight on an idle connection.

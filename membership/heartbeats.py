@@ -1,8 +1,10 @@
 """A node's heartbeat link to one arbiter: its streams, supervised, hedged when an ack is late.
 
 One :class:`HeartbeatLink` per arbiter, all independent: a link that is
-stuck never delays another (C03 in the project's field reports: one frozen
-arbiter must not stop the heartbeats to the others).
+stuck never delays another: one frozen arbiter must not stop the heartbeats
+to the others (failure class "keepalive starved by blocked writes" in
+docs/architecture.md: on a dead link writes block, and even gRPC's keepalive
+ping waits behind them, grpc/grpc#15871).
 
 Rules:
 
@@ -24,7 +26,7 @@ Rules:
    for a new connection to bring an ack before the lease of the last acked
    heartbeat (D = 0.75 s from its send) runs out.
 4. A stream whose oldest unacked heartbeat waits ``ack_timeout`` seconds is
-   abandoned, even while its writes are stuck (C03).
+   abandoned, even while its writes are stuck.
 5. After a stream that never acked, the next one waits a jittered
    exponential backoff (:class:`membership.backoff.Backoff`); after one that
    was healthy, a short jitter only.

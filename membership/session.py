@@ -1,8 +1,10 @@
 """Sans-I/O core of a node's membership session: sequence numbers, leases, fencing, rejoin.
 
 Time is the ``now`` argument (monotonic seconds); this module never reads a
-clock, opens a socket or sleeps. :class:`membership.client.MembershipClient`
-drives it (DESIGN.md section 5, rules 3 and 4).
+clock, opens a socket or sleeps. :class:`membership.agent.NodeAgent` drives
+it for :class:`membership.client.MembershipClient`. Its rules are the node's
+half of the rules Leases and Fencing in docs/architecture.md ("Correctness
+rules").
 
 Rules:
 
@@ -26,7 +28,7 @@ Rules:
    take an ALIVE node back to JOINING.
 7. A node that was a member and learns that the cluster records a *higher*
    incarnation of its id was taken over (another process started with the
-   same id, C15): it is superseded and ends, without rejoining. Only a node
+   same id): it is superseded and ends, without rejoining. Only a node
    that never became a member at its incarnation picks a higher one (rule 4).
 8. A session ends for one :class:`EndReason` (``end_reason``): it left
    (:meth:`NodeSession.leave`), was removed (LEFT without asking), was

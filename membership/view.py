@@ -3,7 +3,8 @@
 A *view* is the set of members the cluster has agreed on, numbered by an *epoch*
 that grows by one for every committed log entry that changes it. Every replica
 applies the same entries in the same order, so every replica and every
-subscriber sees the same view at the same epoch (DESIGN.md section 5, rule 2).
+subscriber sees the same view at the same epoch (the tally's rules:
+``arbiter/core/tally.py``; docs/architecture.md, "Correctness rules").
 
 Members keep their record after they die or leave (state DEAD or LEFT): the
 record is what stops an old incarnation of a node from coming back.

@@ -20,10 +20,15 @@ Modules, in the order a heartbeat reaches them:
   encoding. Raft carries them as opaque bytes.
 * ``raft/``: Raft consensus (``RaftNode``: tick, step and propose in;
   ``Ready`` out).
-* ``state.py``: ``MembershipState``, the replicated state machine. It applies
+* ``tally.py``: ``MembershipState``, the replicated state machine. It applies
   committed entries, tallies the replicas' observations into the view (a
   quorum makes a node ALIVE or DEAD) and numbers each change with an epoch
   (``ViewChange``).
+* ``tally_snapshot.py``: the tally's canonical snapshot encoding (Raft
+  compacts its log with it) and the checks that refuse anything else.
+* ``history.py``: the recent view changes kept for subscribers and the
+  rule for resuming by epoch (the changes after it, a snapshot, or nothing
+  yet), run by the server's hub and by the simulator alike.
 
 A heartbeat: ``Replica.heartbeat`` -> ``Observer.heartbeat`` ->
 ``FailureDetector.heartbeat`` and ``hold`` (the lease): the node's deadline
@@ -44,16 +49,16 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["MembershipState", "Replica", "ReplicaSettings", "RestoreError", "ViewChange"]
 
 _SOURCES = {
-    "MembershipState": "arbiter.core.state",
+    "MembershipState": "arbiter.core.tally",
     "Replica": "arbiter.core.replica",
     "ReplicaSettings": "arbiter.core.replica",
     "RestoreError": "arbiter.core.replica",
-    "ViewChange": "arbiter.core.state",
+    "ViewChange": "arbiter.core.tally",
 }
 
 if TYPE_CHECKING:
     from arbiter.core.replica import Replica, ReplicaSettings, RestoreError
-    from arbiter.core.state import MembershipState, ViewChange
+    from arbiter.core.tally import MembershipState, ViewChange
 
 
 def __getattr__(name: str) -> Any:

@@ -1,9 +1,9 @@
-"""Commands of the replicated log and their byte encoding (DESIGN.md section 5).
+"""Commands of the replicated log and their byte encoding (the tally's input).
 
 The Raft log carries opaque bytes; these are the only things written into it
 (besides Raft's own empty no-op entries, ``b""``, which are not commands).
 Every replica decodes the same bytes into the same command, and
-:mod:`arbiter.core.state` applies them.
+:mod:`arbiter.core.tally` applies them.
 
 Rules:
 

@@ -2,7 +2,8 @@
 
 Sans-I/O: time is the ``now`` argument (monotonic seconds); nothing here reads a
 clock, sends, sleeps or logs. The driver feeds heartbeats and ticks in, takes
-observations out and proposes them to Raft (DESIGN.md section 5).
+observations out and proposes them to Raft (docs/architecture.md,
+"Correctness rules": observations and leases).
 
 Rules:
 
@@ -19,7 +20,8 @@ Rules:
    nothing and earns no lease. An opinion of a retired incarnation is
    forgotten instead of being proposed. A heartbeat at a higher incarnation
    than the one tracked restarts the detector for the node: heartbeats of one
-   life never refresh another (C15).
+   life never refresh another (a process restarted fast under the same id is
+   a new life, not the old one revived).
 4. Leases. A heartbeat earns a lease only while this replica's latest opinion
    of the node (the last one it produced, not merely the last committed) is
    ALIVE at the heartbeat's incarnation and committed. The detector is then
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 
 from arbiter.core.commands import Observation, Opinion
 from arbiter.core.detection import FailureDetector
-from arbiter.core.state import MembershipState
+from arbiter.core.tally import MembershipState
 from membership.view import MemberState
 
 __all__ = ["HeartbeatVerdict", "Observer"]

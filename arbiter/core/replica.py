@@ -8,7 +8,7 @@ Rules:
 1. Inputs: ``heartbeat`` (a node's heartbeat received at ``now``), ``step`` (a
    Raft message from a peer), ``tick`` (time passes), ``propose_leave``.
 2. ``tick`` ticks Raft and the observer, then proposes every owed observation
-   as one batch (DESIGN.md section 5, rule 1). Without a leader the batch is
+   as one batch (the observer's rules 1 and 2). Without a leader the batch is
    dropped; the observer proposes it again after its retry interval.
 3. Output follows etcd's Ready: the caller takes ``ready()``, persists its
    snapshot, hard state and entries, sends its messages, then calls
@@ -46,7 +46,7 @@ from arbiter.core.raft import (
     Rng,
     Snapshot,
 )
-from arbiter.core.state import ApplyResult, MembershipState, SnapshotDecodeError
+from arbiter.core.tally import ApplyResult, MembershipState, SnapshotDecodeError
 from arbiter.errors import ArbiterError
 
 __all__ = ["Replica", "ReplicaSettings", "RestoreError", "restore_state"]

@@ -16,7 +16,8 @@ made by :mod:`arbiter.core`, fed by the driver loop. Modules:
 * ``storage.py``: the durable Raft state (SQLite, fsynced before a message
   that depends on it leaves).
 * ``hub.py``: fan-out of committed view changes to subscribers, bounded and
-  resumable by epoch.
+  resumable by epoch: the queues and wake-ups around the rules of
+  ``arbiter/core/history.py``.
 * ``statusboard.py``: the latest status each node reported (informational,
   never used for liveness).
 

@@ -1,19 +1,15 @@
 """Fan-out of committed view changes to subscribers: bounded, resumable by epoch.
 
-Rules (DESIGN.md section 5, rule 7):
+The rules (resume by epoch, a snapshot when the resume point is gone, the
+slow-subscriber snapshot, the reset after a Raft snapshot restore) are in
+:mod:`arbiter.core.history`, which the simulator runs too. This module holds
+their asyncio side: one bounded queue per subscriber, the event that wakes
+its ``Subscribe`` stream, quorum status items, and closing at shutdown.
 
-1. A subscriber that gives ``since_epoch = e`` receives every change with
-   epoch > e, in order, once, if the hub still retains epoch e + 1;
-   otherwise (or for e = 0) it receives a snapshot first. Never a gap.
-2. A subscriber ahead of this replica (e > applied epoch) receives nothing
-   until the replica catches up, then the changes after e.
-3. Each subscriber's queue is bounded. When a slow subscriber's queue is
-   full its queue is dropped and it is sent a fresh snapshot instead: memory
-   stays bounded and nothing is lost silently.
-4. When the replica's state machine is replaced by a Raft snapshot (it was
-   too far behind the leader), the changes in between are not known here:
-   the history is dropped and every subscriber behind the new view is sent
-   a fresh snapshot of it.
+A subscriber ahead of this replica (it saw a later epoch on another
+replica) receives nothing until this replica catches up (history rule 2a);
+``Subscribe`` in :mod:`arbiter.server.servicers` waits for that only
+``FUTURE_EPOCH_WAIT`` seconds before it refuses the epoch with OUT_OF_RANGE.
 """
 
 from __future__ import annotations
@@ -23,7 +19,8 @@ import collections
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from arbiter.core.state import ViewChange
+from arbiter.core.history import Delivery, History, Start, after_reset, deliver
+from arbiter.core.tally import ViewChange
 from membership.view import View
 
 __all__ = ["Hub", "HubStatus", "Subscription"]
@@ -72,12 +69,13 @@ class Hub:
     Args:
         view: returns the current committed view (for snapshots).
         history_size: committed changes retained for resume.
-        queue_limit: items per subscriber before it gets a snapshot instead.
+        queue_limit: items per subscriber before it gets a snapshot instead
+            (history rule 4).
     """
 
     def __init__(self, *, view: Callable[[], View], history_size: int, queue_limit: int) -> None:
         self._view = view
-        self._history: collections.deque[ViewChange] = collections.deque(maxlen=history_size)
+        self._history = History(history_size)
         self._queue_limit = queue_limit
         self._subs: set[Subscription] = set()
         self.snapshots_for_slowness = 0
@@ -88,34 +86,38 @@ class Hub:
         return len(self._subs)
 
     def subscribe(self, since_epoch: int) -> Subscription:
-        """Registers a subscriber resuming after ``since_epoch`` (rules 1 and 2)."""
+        """Registers a subscriber resuming after ``since_epoch`` (history rule 2).
+
+        ``since_epoch = 0`` means no resume point: a snapshot comes first.
+        """
         sub = Subscription(last_epoch=since_epoch)
         view = self._view()
-        if since_epoch == 0 or (since_epoch < view.epoch and not self._retains(since_epoch + 1)):
+        resume = self._history.resume(None if since_epoch == 0 else since_epoch, view.epoch)
+        if resume.start is Start.SNAPSHOT:
             sub.queue.append(view)
             sub.last_epoch = view.epoch
         else:
-            sub.queue.extend(c for c in self._history if c.epoch > since_epoch)
+            sub.queue.extend(resume.changes)
         if sub.queue:
             sub.ready.set()
         self._subs.add(sub)
         return sub
-
-    def _retains(self, epoch: int) -> bool:
-        return bool(self._history) and self._history[0].epoch <= epoch
 
     def unsubscribe(self, sub: Subscription) -> None:
         """Forgets ``sub``."""
         self._subs.discard(sub)
 
     def publish(self, change: ViewChange) -> None:
-        """Records a committed change and queues it for every subscriber."""
+        """Records a committed change and queues it for every subscriber (history rules 3, 4)."""
         self._history.append(change)
         for sub in self._subs:
-            if change.epoch <= self._queued_epoch(sub):
-                continue  # rule 2: the subscriber already has it
-            if len(sub.queue) >= self._queue_limit:
-                # rule 3: too slow; replace its backlog with one snapshot.
+            delivery = deliver(
+                change.epoch, self._queued_epoch(sub), len(sub.queue), self._queue_limit
+            )
+            if delivery is Delivery.SKIP:
+                continue
+            if delivery is Delivery.SNAPSHOT:
+                # Too slow: its backlog is replaced by one snapshot.
                 sub.queue.clear()
                 sub.queue.append(self._view())
                 self.snapshots_for_slowness += 1
@@ -131,12 +133,12 @@ class Hub:
         return sub.last_epoch
 
     def reset(self) -> None:
-        """The view jumped (a Raft snapshot was restored): rule 4."""
+        """The view jumped (a Raft snapshot was restored): history rule 5."""
         self._history.clear()
         view = self._view()
         for sub in self._subs:
-            if self._queued_epoch(sub) >= view.epoch:
-                continue  # rule 2: already ahead of this replica
+            if after_reset(self._queued_epoch(sub), view.epoch) is Delivery.SKIP:
+                continue  # already level with or ahead of this replica
             sub.queue.clear()
             sub.queue.append(view)
             sub.ready.set()

@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from arbiter.core.raft import ProposalDropped
-from arbiter.core.state import ViewChange
+from arbiter.core.tally import ViewChange
 from arbiter.server.driver import Driver
 from arbiter.server.hub import Hub, HubStatus
 from arbiter.server.statusboard import StatusBoard

@@ -1,5 +1,6 @@
 """Partitions of the whole cluster and of one subscriber, on network namespaces (issue 5;
-FIELD-REPORTS C25 and C01/C17).
+failure classes "split brain and stale views after a partition", "half-open stream" and
+"resume point compacted" in docs/architecture.md).
 
 - {a1, n1, n2, s1} | {a2, a3, n3, n4, s2}: the majority side declares n1 and n2
   DEAD (once each), the minority side commits nothing and its subscriber sees

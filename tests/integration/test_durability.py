@@ -1,6 +1,7 @@
 """Durability on real processes: SIGKILLed replicas come back from their data dirs.
 
-DESIGN.md section 5, rule 6: term, vote and log are fsynced before a message
+The durability rule (arbiter/server/storage.py, rule 1; docs/architecture.md,
+"Correctness rules"): term, vote and log are fsynced before a message
 that depends on them leaves, and the log is compacted by snapshots. Every
 arbiter here snapshots every 5 applied entries, so restarts go through a
 stored snapshot plus a log tail, and a replica that was down long enough

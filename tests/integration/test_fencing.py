@@ -1,6 +1,8 @@
 """Leases and fencing on real processes: a paused node knows it is fenced before anything else.
 
-DESIGN.md section 5, rules 3 and 4; FIELD-REPORTS C14 (zombie after a pause).
+The rules Leases and Fencing (docs/architecture.md, "Correctness rules";
+membership/session.py), against the failure class "zombie after being declared
+dead": a node paused past its lease.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Half-open links (issue 4 item 6; FIELD-REPORTS C03): a node's link to a replica
+"""Half-open links (issue 4 item 6; failure class "keepalive starved by blocked writes"
+in docs/architecture.md): a node's link to a replica
 goes silent without a FIN or RST, frozen by a TCP proxy (tests/support/netproxy.py)
 whose kernel still acknowledges the bytes, so TCP itself notices nothing; only
 the heartbeats (and, 15 s later, the HTTP/2 keepalive) can.

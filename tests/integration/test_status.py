@@ -143,7 +143,7 @@ async def test_status_probe_that_hangs_does_not_delay_heartbeats(
 
     def hung() -> Mapping[str, float]:
         entered.set()
-        release.wait()  # a probe stuck in a driver call, for ever (C26)
+        release.wait()  # a probe stuck in a driver call, for ever
         return {}
 
     collector = StatusCollector(providers=[hung], probe_interval=0.05)

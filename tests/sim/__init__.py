@@ -1,4 +1,4 @@
-"""Deterministic simulator of replicas, nodes and subscribers (DESIGN.md section 7).
+"""Deterministic simulator of replicas, nodes and subscribers (docs/architecture.md, "Testing").
 
 See README.md in this folder: how to run it, the invariants, the bounds.
 """

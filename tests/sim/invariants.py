@@ -1,4 +1,5 @@
-"""The invariants checked after every step of a simulation (DESIGN.md sections 5 and 7).
+"""The invariants checked after every step of a simulation (docs/architecture.md,
+"Correctness rules" and "Testing").
 
 Safety, checked where the state they are about changes (so each step costs
 O(what changed), never O(cluster) or worse):
@@ -13,7 +14,7 @@ S4 Same views: every replica's apply of an index gives the same view change
    at the same epoch; a replica's epoch never goes back within one life.
 S5 Quorum of suspicion: DEAD(n, k) is committed only by an entry after which
    a quorum of replicas' latest observations of n are SUSPECT at k or at a
-   later incarnation (state.py rule 4), or the same entry starts a later
+   later incarnation (tally.py rule 4), or the same entry starts a later
    incarnation of n. The latest observations are
    kept here from the committed entries, independently of the state machine.
 S6 Leases: a node that holds an unexpired lease from replica r (as its own
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from arbiter.core.commands import ObserveBatch, Opinion, decode
 from arbiter.core.raft import Entry, Message, MessageType, Role
-from arbiter.core.state import ApplyResult, ViewChange
+from arbiter.core.tally import ApplyResult, ViewChange
 from membership.view import MemberState, View
 
 if TYPE_CHECKING:

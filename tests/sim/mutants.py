@@ -4,7 +4,7 @@ Each is a context manager that patches one rule of a core for the duration
 of a run and restores it after. They exist only to test the checker; the
 issue's "done when" asks that each is caught within the CI seeds.
 
-- ``a``: the tally declares DEAD on a single suspicion (state.py, rule 4).
+- ``a``: the tally declares DEAD on a single suspicion (tally.py, rule 4).
 - ``b``: the vote is not on disk before the vote reply is sent (the
   simulator's Ready handling, see ``replicas`` rule 4).
 - ``c``: a replica grants leases before its ALIVE observation is committed
@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 
 from arbiter.core.commands import Opinion
 from arbiter.core.observer import HeartbeatVerdict, Observer
-from arbiter.core.state import MembershipState
+from arbiter.core.tally import MembershipState
 from tests.sim.world import Mutants
 
 __all__ = ["MUTANTS", "patched"]

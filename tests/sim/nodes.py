@@ -16,7 +16,8 @@ Rules:
 5. Each node has its own clock, running at ``rate`` (1 +- the world's drift
    bound): the session only ever sees node-local time ``t * rate``. Leases are
    safe as long as lease x drift stays below the smallest one-way latency,
-   because the node counts them from the send time (DESIGN.md 5, rule 3).
+   because the node counts them from the send time (membership/session.py,
+   rule 2).
 """
 
 from __future__ import annotations

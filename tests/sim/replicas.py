@@ -13,12 +13,13 @@ Rules:
 3. Timers are lazy (see ``clock``): one pending wake-up per replica, moved
    earlier when ``next_deadline()`` moves earlier; a wake-up that comes too
    early just schedules the real deadline.
-4. Known core gap (see ``test_sim.py``, test_replica_next_deadline_reports_view_sync):
-   after an apply that moves the epoch, ``Observer.tick`` has work (start
-   tracking the view's ALIVE members) that ``Replica.next_deadline()`` does
-   not report. The production driver hides it by polling every 50 ms; here
-   the replica is ticked once right after such an apply. Remove the
-   workaround (``_view_moved``) once ``next_deadline`` reports it.
+4. After an apply that moves the epoch, ``Observer.tick`` has work (start
+   tracking the view's ALIVE members). ``Replica.next_deadline()`` once did
+   not report it (fixed; ``test_sim.py``,
+   test_replica_next_deadline_reports_view_sync); the replica is still
+   ticked once right after such an apply (``_view_moved``), a leftover
+   workaround: removing it changes some seeded traces (not their outcome),
+   so it stays until the traces change for another reason.
 5. Mutant ``vote_after_send`` (for checking the checker): the hard state goes
    to disk only at the next Ready, after this Ready's messages were sent.
 """

@@ -1,15 +1,17 @@
-"""Subscribers and each replica's feed, modelled on the hub's rules (DESIGN.md 5, rule 7).
+"""Subscribers and each replica's feed, on the hub's own rules (``arbiter/core/history.py``).
 
 Rules:
 
-1. A replica's feed keeps its last ``history`` view changes (volatile: a
-   restarted replica starts empty and refills as it replays its log). When
-   the replica restores a leader's snapshot its view jumps: the feed forgets
-   its history and sends the new view to every subscriber behind it.
-2. A subscriber attaches with ``since`` = the last epoch it has. If the
-   replica is behind ``since`` it sends nothing until it catches up; if it
-   retains epoch ``since + 1`` it sends every later change; otherwise it sends
-   a snapshot of its view first. Then each new change follows, in order.
+1. A replica's feed keeps a :class:`~arbiter.core.history.History` of its
+   last ``history`` view changes and applies its rules as the server's hub
+   does: resume by epoch (history rule 2), each new change to whoever does
+   not have it yet (rule 3), a snapshot for whoever is behind when the
+   replica restores a leader's snapshot (rule 5). There is no queue here
+   (items are on the wire at once), so the slow-subscriber rule 4 never
+   applies. A subscriber always has a resume point: it starts with the
+   empty view at epoch 0.
+2. The history is volatile: a restarted replica starts empty and refills as
+   it replays its log.
 3. Items travel on a FIFO stream. The stream breaks when the replica crashes
    or a link between the two is cut; the subscriber notices after
    ``detect`` seconds and resumes on a randomly chosen running replica.
@@ -20,10 +22,10 @@ Rules:
 
 from __future__ import annotations
 
-import collections
 from typing import TYPE_CHECKING
 
-from arbiter.core.state import ViewChange
+from arbiter.core.history import Delivery, History, Start, after_reset, deliver
+from arbiter.core.tally import ViewChange
 from membership.view import View
 
 if TYPE_CHECKING:
@@ -38,38 +40,33 @@ class Feed:
 
     def __init__(self, replica: SimReplica, history: int) -> None:
         self.replica = replica
-        self.history: collections.deque[ViewChange] = collections.deque(maxlen=history)
+        self.history = History(history)
         self.subs: list[SimSubscriber] = []
 
     def attach(self, sub: SimSubscriber) -> None:
-        """Attaches ``sub`` from its epoch (rule 2)."""
+        """Attaches ``sub`` from its epoch (history rule 2)."""
         self.subs.append(sub)
         core = self.replica.core
         assert core is not None
-        epoch = core.state.epoch
-        since = sub.epoch
-        sub.cursor = since
-        if since >= epoch:
-            return  # behind or level: the changes come as they are applied
-        if self.history and self.history[0].epoch <= since + 1:
-            for c in self.history:
-                if c.epoch > since:
-                    self._push(sub, c)
-        else:
+        sub.cursor = sub.epoch
+        resume = self.history.resume(sub.epoch, core.state.epoch)
+        if resume.start is Start.SNAPSHOT:
             self._push(sub, core.state.view())
+        for c in resume.changes:  # none unless CHANGES; WAIT: they come as they are applied
+            self._push(sub, c)
 
     def publish(self, change: ViewChange) -> None:
         """Records a newly applied change and streams it to every subscriber past it."""
         self.history.append(change)
         for sub in list(self.subs):
-            if change.epoch > sub.cursor:
+            if deliver(change.epoch, sub.cursor) is Delivery.CHANGE:
                 self._push(sub, change)
 
     def reset(self, view: View) -> None:
         """The replica's view jumped (a leader's snapshot): a snapshot for whoever is behind."""
         self.history.clear()
         for sub in list(self.subs):
-            if sub.cursor < view.epoch:
+            if after_reset(sub.cursor, view.epoch) is Delivery.SNAPSHOT:
                 self._push(sub, view)
 
     def _push(self, sub: SimSubscriber, item: ViewChange | View) -> None:

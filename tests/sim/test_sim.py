@@ -21,7 +21,7 @@ from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.observer import Observer
 from arbiter.core.raft import Entry, HardState, Message, MessageType
 from arbiter.core.replica import Replica
-from arbiter.core.state import MembershipState
+from arbiter.core.tally import MembershipState
 from tests.sim.run import replay_command, run_seed
 from tests.sim.scenario import run_file
 
@@ -34,7 +34,7 @@ SCENARIOS = Path(__file__).parent / "scenarios"
 ROOT = Path(__file__).parents[2]
 
 # Seeds of the CI range that fail because of a known core bug, with the bug
-# (none now; seed 142 found the stale-incarnation tally bug, fixed in state.py).
+# (none now; seed 142 found the stale-incarnation tally bug, fixed in tally.py).
 KNOWN_BUG_SEEDS: dict[int, str] = {}
 KNOWN_BUG_SCENARIOS: set[str] = set()
 REGRESSION_SEEDS = (142, 731)
@@ -139,7 +139,8 @@ def test_sim_regression_seed_stale_incarnation(seed: int) -> None:
 
 def test_replica_next_deadline_reports_view_sync() -> None:
     # A replica restarts with n1 ALIVE in its log; n1 died while it was down.
-    # Driven only at next_deadline() (as the simulator and STYLE rule 2 do), a
+    # Driven only at next_deadline() (as the simulator does: a core reports its
+    # deadlines, it owns no timer), a
     # follower whose leader heartbeats it must still start tracking n1 and
     # suspect it after its grace and D.
     cfg = ArbiterConfig.lan()

@@ -15,7 +15,7 @@ from arbiter.core.commands import (
 from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.detection.phi import PhiAccrualDetector
 from arbiter.core.observer import Observer
-from arbiter.core.state import MembershipState
+from arbiter.core.tally import MembershipState
 from membership.view import Evidence, MemberState
 
 R3 = ("a1", "a2", "a3")

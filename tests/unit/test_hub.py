@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from arbiter.core.state import ViewChange
+from arbiter.core.tally import ViewChange
 from arbiter.server.hub import Hub, HubStatus
 from membership.view import MemberChange, MemberState, View
 

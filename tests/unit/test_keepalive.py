@@ -1,4 +1,5 @@
-"""Keepalive policy: the SDK's, the replicas' and the server's settings agree (C05),
+"""Keepalive policy: the SDK's, the replicas' and the server's settings agree (no GOAWAY
+too_many_pings: failure class "keepalive policy mismatch" in docs/architecture.md),
 and each layer of dead-connection detection does what the code comments say.
 
 The pure tests check the option lists for the shipped defaults and presets,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
 from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.observer import Observer
-from arbiter.core.state import MembershipState
+from arbiter.core.tally import MembershipState
 from membership.view import MemberState
 
 REPLICAS = ("a1", "a2", "a3")

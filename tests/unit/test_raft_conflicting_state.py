@@ -174,7 +174,7 @@ def test_raft_second_leader_keeps_this_leaders_role_and_log() -> None:
 def test_raft_errors_share_the_arbiter_root_and_keep_their_bases() -> None:
     from arbiter.core.commands import CommandDecodeError
     from arbiter.core.replica import RestoreError
-    from arbiter.core.state import SnapshotDecodeError
+    from arbiter.core.tally import SnapshotDecodeError
     from arbiter.server.storage import StorageError
 
     assert issubclass(ConflictingState, RaftError)

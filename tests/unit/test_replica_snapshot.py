@@ -10,7 +10,7 @@ import pytest
 from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.raft import Entry, HardState, Message, RaftConfig, Role, Snapshot
 from arbiter.core.replica import Replica, ReplicaSettings, RestoreError
-from arbiter.core.state import MembershipState
+from arbiter.core.tally import MembershipState
 from membership.view import MemberState
 
 IDS = ["a1", "a2", "a3"]

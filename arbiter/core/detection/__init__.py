@@ -21,7 +21,7 @@ lease granted. On every turn, ``Observer.tick`` calls
 ``FailureDetector.tick(now)``, which expires the wheel's due entries and
 returns the nodes that turned SUSPECT, once each. The observer turns each
 into a SUSPECT observation for the log. One replica's suspicion is never a
-death: the tally in ``arbiter/core/state.py`` needs a quorum.
+death: the tally in ``arbiter/core/tally.py`` needs a quorum.
 """
 
 from arbiter.core.detection.base import DetectorState, FailureDetector

@@ -1,4 +1,4 @@
-"""What every failure detector of a replica shares (DESIGN.md section 6).
+"""What every failure detector of a replica shares (docs/architecture.md, "Failure detection").
 
 The interface the shell drives (:class:`FailureDetector`), a node's local
 state (:class:`DetectorState`) and the deadline machinery both detectors are
@@ -40,7 +40,7 @@ Rule 4. ``interval`` is per node: a heartbeat may carry a new one (the
 Rule 5. :meth:`hold` is a lease promise: the node does not turn SUSPECT before
     ``until``. Holds only ever extend (a promise made cannot be taken back),
     and survive heartbeats. Holding a SUSPECT node raises: a replica grants
-    no lease to a node it suspects (DESIGN.md section 5, rule 3).
+    no lease to a node it suspects (``arbiter/core/observer.py``, rule 4).
 Rule 6. Deadlines live in the hashed timing wheel of ``wheel.py`` (Varghese
     and Lauck, SOSP 1987), keyed by node id: a HEALTHY node has exactly one
     entry, at its exact deadline; a SUSPECT or untracked node has none. Every

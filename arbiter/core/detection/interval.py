@@ -30,7 +30,7 @@ At the defaults (H0 = 0.15 s, B = 5000/s, 5 missed, H_max = 0.6 s):
 
 H_max is bounded by the replicas' restart grace: a lease granted at H_max
 (``missed_heartbeats * H_max``) must be honoured by a replica that restarts
-(DESIGN.md section 5, rule 3), so raising H_max means raising the grace.
+(``arbiter/core/observer.py``, rule 5), so raising H_max means raising the grace.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Missed-heartbeat failure detector: suspect after a fixed number of silent intervals.
 
-DESIGN.md section 6. The rules are those of every deadline detector
+The default detector (docs/architecture.md, "Failure detection"). The rules
+are those of every deadline detector
 (``base.py``); this detector's deadline (rule 2) is
 
     max(last_heard + interval * missed_limit, hold_until)

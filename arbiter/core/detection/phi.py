@@ -1,4 +1,4 @@
-"""Phi accrual failure detector (DESIGN.md section 6).
+"""Phi accrual failure detector (docs/architecture.md, "Failure detection").
 
 Hayashibara, Défago, Yared and Katayama, "The φ Accrual Failure Detector"
 (SRDS 2004): instead of a binary verdict after a fixed timeout, the detector
@@ -21,10 +21,11 @@ The details follow Akka's ``PhiAccrualFailureDetector`` (akka-remote,
   ``1 - F(t) = e / (1 + e)`` (Akka evaluates it as ``1 - 1 / (1 + e)`` when
   ``t <= mean``; the two are equal, see :func:`phi`).
 * ``mean`` is the window's mean plus ``acceptable_heartbeat_pause`` (a pause
-  the application promises to tolerate, e.g. a GC or a GIL hold, C13/C27), and
+  the application promises to tolerate, e.g. a GC or a GIL hold), and
   ``stddev`` is never below ``min_std_deviation``: with perfectly regular
   heartbeats the fitted deviation is ~0, and one late heartbeat would
-  otherwise give an enormous phi (FIELD-REPORTS C27).
+  otherwise give an enormous phi (failure class "phi accrual edge cases" in
+  docs/architecture.md).
 * Cold start: the first heartbeat seeds the window with two samples,
   ``estimate +/- estimate / 4`` (mean ``estimate``, deviation
   ``estimate / 4``), as Akka's ``firstHeartbeat`` does, so phi is finite and

@@ -1,4 +1,4 @@
-"""A hashed timing wheel of per-key deadlines (DESIGN.md section 6).
+"""A hashed timing wheel of per-key deadlines: what makes a heartbeat O(1) and a tick O(expired).
 
 Varghese and Lauck, "Hashed and Hierarchical Timing Wheels: Data Structures
 for the Efficient Implementation of a Timer Facility" (SOSP 1987), scheme 6:

@@ -2,7 +2,7 @@
 
 Every replica applies the same committed log entries in the same order to a
 :class:`MembershipState`, and so holds the same view at the same epoch
-(DESIGN.md section 5, rules 1 and 2). Nothing here depends on time, dict order
+(docs/architecture.md, "Correctness rules"). Nothing here depends on time, dict order
 or which replica runs it; outputs are sorted by node_id / replica id. Quorum:
 a strict majority of the configured arbiters; one opinion is never enough.
 
@@ -57,21 +57,22 @@ Rule 9. Raft no-ops (empty data), undecodable entries and batches from a
     index; the last two return an error, the same on every replica.
 Records stay after DEAD and LEFT (they stop old incarnations from coming back),
 as do observations and retired incarnations: O(nodes x arbiters) memory until
-a later issue prunes them.
+a later issue prunes them. The whole state is snapshotted for log compaction
+by :meth:`MembershipState.to_bytes` and restored by
+:meth:`MembershipState.from_bytes`; the canonical encoding and its checks are
+in :mod:`arbiter.core.tally_snapshot`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from arbiter.core import tally_snapshot
 from arbiter.core.commands import CommandDecodeError, Leave, ObserveBatch, Opinion, decode
-from arbiter.errors import ArbiterError
-from membership.view import Evidence, Member, MemberChange, MemberState, View
+from arbiter.core.tally_snapshot import ObservationRecord, SnapshotDecodeError, TallyImage
+from membership.view import Member, MemberChange, MemberState, View
 
 __all__ = [
     "ApplyResult",
@@ -81,12 +82,6 @@ __all__ = [
     "SnapshotDecodeError",
     "ViewChange",
 ]
-
-_SNAPSHOT_VERSION = 1
-
-
-class SnapshotDecodeError(ArbiterError, ValueError):
-    """The bytes are not a valid snapshot of a :class:`MembershipState`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,36 +126,6 @@ class ApplyResult:
     change: ViewChange | None = None
     leave: LeaveOutcome | None = None
     error: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ObservationRecord:
-    """A replica's latest committed observation of a node (rule 1).
-
-    ``labels`` are those the observation carried (sorted pairs); ``silence``,
-    ``suspicion`` and ``detector`` its suspicion evidence (commands rule 2a).
-    """
-
-    incarnation: int
-    opinion: Opinion
-    seq: int
-    labels: tuple[tuple[str, str], ...] = ()
-    silence: float | None = None
-    suspicion: float | None = None
-    detector: str = ""
-
-    def evidence(self, replica_id: str) -> Evidence:
-        """This observation as the evidence of ``replica_id``'s suspicion."""
-        return Evidence(
-            arbiter_id=replica_id,
-            silence=self.silence,
-            suspicion=self.suspicion,
-            detector=self.detector,
-        )
-
-    def _ev_row(self) -> list[Any]:
-        has = self.silence is not None or self.suspicion is not None or self.detector
-        return [[self.silence, self.suspicion, self.detector]] if has else []
 
 
 class MembershipState:
@@ -414,30 +379,15 @@ class MembershipState:
         self._view = None
         return ViewChange(epoch=self._epoch, changes=tuple(changes))
 
-    # -- snapshots -----------------------------------------------------------
+    # -- snapshots (the encoding is in arbiter.core.tally_snapshot) ------------
 
     def to_bytes(self) -> bytes:
-        """A canonical snapshot of the whole state (for log compaction)."""
-        members = [
-            [m.node_id, m.incarnation, m.state.value, m.epoch, sorted(map(list, m.labels.items()))]
-            for m in (self._members[n] for n in sorted(self._members))
-        ]
-        obs = [
-            [n, r, o.incarnation, o.opinion.value, o.seq, [list(p) for p in o.labels], *o._ev_row()]
-            for n in sorted(self._obs)
-            for r, o in sorted(self._obs[n].items())
-        ]
-        snapshot: dict[str, Any] = {
-            "v": _SNAPSHOT_VERSION,
-            "arbiters": list(self._arbiters),
-            "epoch": self._epoch,
-            "applied_index": self._applied,
-            "members": members,
-            "obs": obs,
-        }
-        if self._retired:  # absent when empty: older snapshots stay canonical
-            snapshot["retired"] = [[n, self._retired[n]] for n in sorted(self._retired)]
-        return json.dumps(snapshot, sort_keys=True, separators=(",", ":")).encode()
+        """A canonical snapshot of the whole state (for log compaction).
+
+        The same state gives the same bytes on every replica; the layout is
+        in :mod:`arbiter.core.tally_snapshot`.
+        """
+        return tally_snapshot.encode(self._image())
 
     @classmethod
     def from_bytes(cls, data: bytes) -> MembershipState:
@@ -451,51 +401,40 @@ class MembershipState:
                 could have written (its encoding is canonical, so anything
                 unsorted, duplicated or mistyped is refused).
         """
+        image = tally_snapshot.decode(data)
         try:
-            state = cls._restore(json.loads(bytes(data).decode("utf-8")))
-        except SnapshotDecodeError:
-            raise
-        except (ValueError, TypeError, KeyError) as e:
+            state = cls(image.arbiters)
+        except ValueError as e:
             raise SnapshotDecodeError(f"invalid snapshot: {e!r}") from None
+        state._load(image)
         if state.to_bytes() != bytes(data):
             raise SnapshotDecodeError("snapshot is not canonical (unsorted or duplicate records)")
         return state
 
-    @classmethod
-    def _restore(cls, snap: Any) -> MembershipState:
-        if not isinstance(snap, dict) or snap.get("v") != _SNAPSHOT_VERSION:
-            raise SnapshotDecodeError("not a version 1 membership snapshot")
-        state = cls(snap["arbiters"])
-        state._epoch, state._applied = _int(snap["epoch"]), _int(snap["applied_index"])
-        for node, inc, st, epoch, labels in snap["members"]:
-            member = Member(
-                node_id=_str(node, empty=False),
-                incarnation=_int(inc),
-                state=MemberState(st),
-                labels=dict(_pairs(labels)),
-                epoch=_int(epoch),
-            )
-            if member.state is MemberState.JOINING or not 0 < member.epoch <= state._epoch:
-                raise SnapshotDecodeError(f"bad member record {member!r}")
-            state._members[node] = member
-        for row in snap["obs"]:
-            node, replica, inc, op, seq, labels = row[:6]
-            if replica not in state._arbiters:
-                raise SnapshotDecodeError(f"observation from unknown replica {replica!r}")
-            silence, suspicion, detector = _evidence(row[6:])
-            state._obs.setdefault(_str(node, empty=False), {})[replica] = ObservationRecord(
-                incarnation=_int(inc),
-                opinion=Opinion(op),
-                seq=_int(seq),
-                labels=_pairs(labels),
-                silence=silence,
-                suspicion=suspicion,
-                detector=detector,
-            )
-        for node, inc in snap.get("retired", ()):
-            state._retired[_str(node, empty=False)] = _int(inc)
-        state._view = None
-        return state
+    def _image(self) -> TallyImage:
+        """This state as plain records, in canonical order."""
+        return TallyImage(
+            arbiters=self._arbiters,
+            epoch=self._epoch,
+            applied_index=self._applied,
+            members=tuple(self._members[n] for n in sorted(self._members)),
+            observations=tuple(
+                (n, r, o) for n in sorted(self._obs) for r, o in sorted(self._obs[n].items())
+            ),
+            retired=tuple((n, self._retired[n]) for n in sorted(self._retired)),
+        )
+
+    def _load(self, image: TallyImage) -> None:
+        """Fills this empty state with ``image``'s records (a later duplicate wins;
+        :meth:`from_bytes` then refuses the snapshot as not canonical)."""
+        self._epoch, self._applied = image.epoch, image.applied_index
+        for m in image.members:
+            self._members[m.node_id] = m
+        for node, replica, record in image.observations:
+            self._obs.setdefault(node, {})[replica] = record
+        for node, incarnation in image.retired:
+            self._retired[node] = incarnation
+        self._view = None
 
 
 def _change(
@@ -508,35 +447,3 @@ def _change(
     if isinstance(labels, Member):
         labels = labels.labels
     return MemberChange(node_id=node_id, incarnation=incarnation, state=state, labels=labels or {})
-
-
-def _evidence(rest: list[Any]) -> tuple[float | None, float | None, str]:
-    """The optional 7th column of an observation row: [silence, suspicion, detector]."""
-    if not rest:
-        return None, None, ""
-    if len(rest) != 1 or not isinstance(rest[0], list) or len(rest[0]) != 3:
-        raise SnapshotDecodeError(f"bad observation evidence {rest!r}")
-    silence, suspicion, detector = rest[0]
-    for v in (silence, suspicion):
-        if v is not None and (type(v) is not float or not v >= 0):
-            raise SnapshotDecodeError(f"bad evidence value {v!r}")
-    return silence, suspicion, _str(detector)
-
-
-def _int(value: Any) -> int:
-    if type(value) is not int or value < 0:  # exact: a bool is not an int
-        raise SnapshotDecodeError(f"expected an int >= 0, got {value!r}")
-    return value
-
-
-def _str(value: Any, *, empty: bool = True) -> str:
-    if not isinstance(value, str) or not (empty or value):
-        raise SnapshotDecodeError(f"expected a string, got {value!r}")
-    return value
-
-
-def _pairs(value: Any) -> tuple[tuple[str, str], ...]:
-    pairs = tuple((_str(k), _str(v)) for k, v in value)
-    if any(a[0] >= b[0] for a, b in itertools.pairwise(pairs)):
-        raise SnapshotDecodeError(f"labels must be sorted by unique key, got {value!r}")
-    return pairs

@@ -1,4 +1,4 @@
-"""Unit tests of arbiter.core.state: the tally, epochs, leaves, determinism, snapshots."""
+"""Unit tests of arbiter.core.tally: the tally, epochs, leaves, determinism, snapshots."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arbiter.core.commands import Leave, Observation, ObserveBatch, Opinion, encode
-from arbiter.core.state import (
+from arbiter.core.tally import (
     ApplyResult,
     LeaveOutcome,
     MembershipState,
@@ -204,7 +204,7 @@ JOIN_N1 = (obs("r1", a("n", 1, 1)), obs("r2", a("n", 1, 1)), obs("r3", a("n", 1,
         ),
     ],
 )
-def test_state_tally(
+def test_tally_rules(
     arbiters: tuple[str, ...],
     entries: list[bytes],
     expected: list[tuple[str, int, MemberState]],
@@ -216,7 +216,7 @@ def test_state_tally(
     assert state.view().epoch == epoch
 
 
-def test_state_single_suspicion_never_kills_even_repeated() -> None:
+def test_tally_single_suspicion_never_kills_even_repeated() -> None:
     feed = log(R3, *JOIN_N1)
     for seq in range(2, 50):
         (result,) = feed(obs("r2", s("n", 1, seq)))
@@ -225,7 +225,7 @@ def test_state_single_suspicion_never_kills_even_repeated() -> None:
     assert feed.state.suspected_by("n") == ("r2",)
 
 
-def test_state_join_result_and_labels_from_lowest_replica() -> None:
+def test_tally_join_result_and_labels_from_lowest_replica() -> None:
     feed = log(R3, obs("r3", a("n", 1, 1, zone="z3")))
     (result,) = feed(obs("r2", a("n", 1, 1, zone="z2")))
     assert result == ApplyResult(
@@ -239,7 +239,7 @@ def test_state_join_result_and_labels_from_lowest_replica() -> None:
     assert member is not None and dict(member.labels) == {"zone": "z2"} and member.epoch == 1
 
 
-def test_state_higher_incarnation_retires_old_one_in_same_epoch() -> None:
+def test_tally_higher_incarnation_retires_old_one_in_same_epoch() -> None:
     feed = log(R3, *JOIN_N1, obs("r1", a("n", 2, 2, v="2")))
     (result,) = feed(obs("r2", a("n", 2, 2, v="2")))
     assert result.change == ViewChange(
@@ -252,7 +252,7 @@ def test_state_higher_incarnation_retires_old_one_in_same_epoch() -> None:
     assert feed.state.epoch == 2
 
 
-def test_state_many_changes_in_one_entry_bump_epoch_once_sorted() -> None:
+def test_tally_many_changes_in_one_entry_bump_epoch_once_sorted() -> None:
     feed = log(R3, obs("r1", a("b", 1, 1), a("c", 1, 1), a("a", 1, 1)), obs("r2", a("b", 1, 1)))
     assert feed.state.epoch == 1
     feed(obs("r1", a("b", 2, 2)))
@@ -267,7 +267,7 @@ def test_state_many_changes_in_one_entry_bump_epoch_once_sorted() -> None:
     assert feed.state.epoch == 2
 
 
-def test_state_duplicate_application_is_idempotent() -> None:
+def test_tally_duplicate_application_is_idempotent() -> None:
     entry = obs("r2", a("n", 1, 1), a("m", 3, 2))
     feed = log(R3, obs("r1", a("n", 1, 1)), entry)
     before = MembershipState.from_bytes(feed.state.to_bytes())
@@ -278,14 +278,14 @@ def test_state_duplicate_application_is_idempotent() -> None:
     assert feed.state.observation("r2", "m") == before.observation("r2", "m")
 
 
-def test_state_same_seq_with_other_opinion_is_not_newer() -> None:
+def test_tally_same_seq_with_other_opinion_is_not_newer() -> None:
     feed = log(R3, *JOIN_N1, obs("r1", s("n", 1, 1)))  # (1, 1) again: ignored, first wins
     assert feed.state.observation("r1", "n") == ObservationRecord(
         incarnation=1, opinion=Opinion.ALIVE, seq=1
     )
 
 
-def test_state_labels_follow_view_with_changes() -> None:
+def test_tally_labels_follow_view_with_changes() -> None:
     # A rejoin without labels keeps the old ones, as View.with_changes does, so
     # a subscriber folding the changes ends with exactly the replicas' view.
     feed = log(R3, obs("r1", a("n", 1, 1, k="v")), obs("r2", a("n", 1, 1, k="v")))
@@ -347,7 +347,7 @@ def test_state_labels_follow_view_with_changes() -> None:
         ),
     ],
 )
-def test_state_leave(
+def test_tally_leave(
     setup: tuple[bytes, ...],
     command: bytes,
     accepted: bool,
@@ -376,7 +376,7 @@ def test_state_leave(
     assert feed.state.epoch == result.leave.epoch
 
 
-def test_state_left_incarnation_cannot_join_but_next_can() -> None:
+def test_tally_left_incarnation_cannot_join_but_next_can() -> None:
     feed = log(R3, leave("n", 1), *JOIN_N1)
     # Retired before it joined: no record, no epoch, and its late ALIVE
     # observations are ignored, not stored (rule 5).
@@ -388,7 +388,7 @@ def test_state_left_incarnation_cannot_join_but_next_can() -> None:
     assert feed.state.epoch == 1
 
 
-def test_state_leave_while_joining_drops_its_observations_and_blocks_admission() -> None:
+def test_tally_leave_while_joining_drops_its_observations_and_blocks_admission() -> None:
     # r1 heard n at 1 (one ALIVE of the two needed), then n left before r2's
     # ALIVE was committed: r2's late ALIVE must not admit a node that has gone.
     feed = log(R3, obs("r1", a("n", 1, 1)), leave("n", 1))
@@ -397,7 +397,7 @@ def test_state_leave_while_joining_drops_its_observations_and_blocks_admission()
     assert late.change is None and members(feed.state) == []
 
 
-def test_state_dead_and_left_changes_repeat_the_members_labels() -> None:
+def test_tally_dead_and_left_changes_repeat_the_members_labels() -> None:
     feed = log(R3, obs("r1", a("n", 1, 1, k="v")), obs("r2", a("n", 1, 1, k="v")))
     feed(obs("r1", a("m", 1, 2, k="w")), obs("r2", a("m", 1, 2, k="w")))
     (dead,) = feed(obs("r1", s("n", 1, 3)), obs("r2", s("n", 1, 3)))[-1:]
@@ -407,7 +407,7 @@ def test_state_dead_and_left_changes_repeat_the_members_labels() -> None:
     assert left.change is not None and dict(left.change.changes[0].labels) == {"k": "w"}
 
 
-def test_state_retired_incarnations_survive_a_snapshot() -> None:
+def test_tally_retired_incarnations_survive_a_snapshot() -> None:
     feed = log(R3, leave("n", 4), *JOIN_N1)
     restored = MembershipState.from_bytes(feed.state.to_bytes())
     assert restored.retired("n") == 4
@@ -424,7 +424,7 @@ def test_state_retired_incarnations_survive_a_snapshot() -> None:
         (obs("r9", a("n", 1, 1)), "unknown replica 'r9'"),
     ],
 )
-def test_state_rejects_garbage_deterministically(entry: bytes, error: str) -> None:
+def test_tally_rejects_garbage_deterministically(entry: bytes, error: str) -> None:
     one, two = log(R3, JOIN_N1[0]), log(R3, JOIN_N1[0])
     before = one.state.to_bytes()
     (r1,), (r2,) = one(entry), two(entry)
@@ -434,13 +434,13 @@ def test_state_rejects_garbage_deterministically(entry: bytes, error: str) -> No
     assert one.state.to_bytes() == before.replace(b'"applied_index":1', b'"applied_index":2')
 
 
-def test_state_noop_entry_only_advances_index() -> None:
+def test_tally_noop_entry_only_advances_index() -> None:
     feed = log(R3, JOIN_N1[0])
     assert feed(b"") == [ApplyResult(index=2)]
     assert feed.state.applied_index == 2
 
 
-def test_state_apply_index_must_grow() -> None:
+def test_tally_apply_index_must_grow() -> None:
     state = MembershipState(R3)
     state.apply(5, b"")
     with pytest.raises(AssertionError):
@@ -448,19 +448,19 @@ def test_state_apply_index_must_grow() -> None:
 
 
 @pytest.mark.parametrize("arbiters", [[], [""], ["r1", "r1"]])
-def test_state_rejects_bad_arbiters(arbiters: list[str]) -> None:
+def test_tally_rejects_bad_arbiters(arbiters: list[str]) -> None:
     with pytest.raises(ValueError):
         MembershipState(arbiters)
 
 
 @pytest.mark.parametrize(("n", "quorum"), [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (7, 4)])
-def test_state_quorum_is_strict_majority(n: int, quorum: int) -> None:
+def test_tally_quorum_is_strict_majority(n: int, quorum: int) -> None:
     state = MembershipState([f"r{i}" for i in range(n)])
     assert state.quorum == quorum
     assert quorum * 2 > n >= (quorum - 1) * 2  # the dumb cross-check
 
 
-def test_state_queries() -> None:
+def test_tally_queries() -> None:
     feed = log(R3, *JOIN_N1, obs("r3", s("n", 1, 4)), obs("r1", a("n", 7, 9, k="v")))
     state = feed.state
     assert state.arbiters == R3
@@ -478,7 +478,7 @@ def test_state_queries() -> None:
     assert state.view().get("n") == state.member("n")
 
 
-def test_state_snapshot_round_trip() -> None:
+def test_tally_snapshot_round_trip() -> None:
     feed = log(
         R3,
         *JOIN_N1,
@@ -512,7 +512,7 @@ def test_state_snapshot_round_trip() -> None:
         lambda b: b[:-5],
     ],
 )
-def test_state_snapshot_rejects_invalid(mutate: object) -> None:
+def test_tally_snapshot_rejects_invalid(mutate: object) -> None:
     data = log(R3, *JOIN_N1).state.to_bytes()
     assert callable(mutate)
     with pytest.raises(SnapshotDecodeError):
@@ -575,7 +575,7 @@ def _check_invariants(state: MembershipState, result: ApplyResult, folded: View)
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(_entry, max_size=40), st.integers(0, 40))
-def test_state_is_deterministic_and_keeps_invariants(entries: list[bytes], cut: int) -> None:
+def test_tally_is_deterministic_and_keeps_invariants(entries: list[bytes], cut: int) -> None:
     one, two = MembershipState(R3), MembershipState(list(reversed(R3)))
     folded = View()
     changed = 0
@@ -599,7 +599,7 @@ def test_state_is_deterministic_and_keeps_invariants(entries: list[bytes], cut: 
         assert restored.to_bytes() == one.to_bytes()
 
 
-def test_state_suspicion_of_a_later_incarnation_kills_the_recorded_one() -> None:
+def test_tally_suspicion_of_a_later_incarnation_kills_the_recorded_one() -> None:
     # Simulator seed 142: n1 ALIVE at 1 restarts as 2, is heard (never admitted),
     # then dies; every replica's latest observation is SUSPECT at 2.
     from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode

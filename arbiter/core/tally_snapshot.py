@@ -1,0 +1,234 @@
+"""The tally's snapshot: its canonical byte encoding, and the checks on the way back.
+
+Raft compacts the log by replacing its applied prefix with a snapshot of the
+state machine (Raft §7). A replica that restarts, or that a leader brings up
+to date, rebuilds :class:`arbiter.core.tally.MembershipState` from these
+bytes, so they must mean the same thing on every replica and for ever.
+
+Rules:
+
+1. The encoding is canonical: the same state always gives the same bytes
+   (JSON with sorted keys, no spaces, records sorted by node id then replica
+   id), so replicas can compare snapshots byte for byte.
+2. Layout, version 1: ``{"v": 1, "arbiters": [...], "epoch": e,
+   "applied_index": i, "members": [[node, incarnation, state, epoch,
+   [[key, value], ...]], ...], "obs": [[node, replica, incarnation, opinion,
+   seq, [[key, value], ...]], ...]}``. An observation row with suspicion
+   evidence has a 7th column ``[silence, suspicion, detector]``; one without
+   has six, as before evidence existed. ``"retired": [[node, incarnation],
+   ...]`` is present only when some incarnation was retired, so a state
+   without one encodes as it did before retirement existed.
+3. Decoding refuses, with :class:`SnapshotDecodeError`, anything this
+   module could not have written: another version, a wrong type (a bool is
+   not an int), a negative number, an empty id, unsorted or duplicate
+   labels, a JOINING member, a member epoch outside ``1..epoch``, an
+   observation from a replica that is not an arbiter. The state checks the
+   rest (distinct arbiters, no duplicate records) by encoding what it
+   restored and comparing with the input.
+
+This module knows the layout, not the tally's rules: it turns a
+:class:`TallyImage` (plain records) into bytes and back.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from arbiter.core.commands import Opinion
+from arbiter.errors import ArbiterError
+from membership.view import Evidence, Member, MemberState
+
+__all__ = [
+    "SNAPSHOT_VERSION",
+    "ObservationRecord",
+    "SnapshotDecodeError",
+    "TallyImage",
+    "decode",
+    "encode",
+]
+
+SNAPSHOT_VERSION = 1
+
+
+class SnapshotDecodeError(ArbiterError, ValueError):
+    """The bytes are not a valid snapshot of a :class:`~arbiter.core.tally.MembershipState`."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ObservationRecord:
+    """A replica's latest committed observation of a node (tally rule 1).
+
+    The tally stores one per (node, replica) and the snapshot holds them, so
+    the type lives here, below both; :mod:`arbiter.core.tally` re-exports it.
+    ``labels`` are those the observation carried (sorted pairs); ``silence``,
+    ``suspicion`` and ``detector`` its suspicion evidence (commands rule 2a).
+    """
+
+    incarnation: int
+    opinion: Opinion
+    seq: int
+    labels: tuple[tuple[str, str], ...] = ()
+    silence: float | None = None
+    suspicion: float | None = None
+    detector: str = ""
+
+    def evidence(self, replica_id: str) -> Evidence:
+        """This observation as the evidence of ``replica_id``'s suspicion."""
+        return Evidence(
+            arbiter_id=replica_id,
+            silence=self.silence,
+            suspicion=self.suspicion,
+            detector=self.detector,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TallyImage:
+    """Everything a tally holds, as plain records in canonical order.
+
+    Attributes:
+        arbiters: the configured arbiter ids, sorted.
+        epoch: the epoch of the view.
+        applied_index: log index of the last applied entry.
+        members: every member record, sorted by node id.
+        observations: (node id, replica id, its latest observation of the
+            node), sorted by node id, then replica id.
+        retired: (node id, highest retired incarnation), sorted by node id.
+    """
+
+    arbiters: tuple[str, ...]
+    epoch: int
+    applied_index: int
+    members: tuple[Member, ...] = ()
+    observations: tuple[tuple[str, str, ObservationRecord], ...] = ()
+    retired: tuple[tuple[str, int], ...] = ()
+
+
+def encode(image: TallyImage) -> bytes:
+    """The canonical bytes of ``image`` (rules 1 and 2)."""
+    members = [
+        [m.node_id, m.incarnation, m.state.value, m.epoch, sorted(map(list, m.labels.items()))]
+        for m in image.members
+    ]
+    obs = [
+        [n, r, o.incarnation, o.opinion.value, o.seq, [list(p) for p in o.labels], *_ev_row(o)]
+        for n, r, o in image.observations
+    ]
+    snapshot: dict[str, Any] = {
+        "v": SNAPSHOT_VERSION,
+        "arbiters": list(image.arbiters),
+        "epoch": image.epoch,
+        "applied_index": image.applied_index,
+        "members": members,
+        "obs": obs,
+    }
+    if image.retired:  # absent when empty: older snapshots stay canonical
+        snapshot["retired"] = [[n, i] for n, i in image.retired]
+    return json.dumps(snapshot, sort_keys=True, separators=(",", ":")).encode()
+
+
+def decode(data: bytes) -> TallyImage:
+    """The records in ``data``, checked value by value (rule 3).
+
+    Args:
+        data: bytes from :func:`encode`.
+
+    Returns:
+        The records, in the order the bytes list them; the caller checks
+        that order by encoding its state again.
+
+    Raises:
+        SnapshotDecodeError: the bytes are not JSON of the version 1 layout,
+            or a value is of the wrong type or out of range.
+    """
+    try:
+        return _image(json.loads(bytes(data).decode("utf-8")))
+    except SnapshotDecodeError:
+        raise
+    except (ValueError, TypeError, KeyError) as e:
+        raise SnapshotDecodeError(f"invalid snapshot: {e!r}") from None
+
+
+def _image(snap: Any) -> TallyImage:
+    if not isinstance(snap, dict) or snap.get("v") != SNAPSHOT_VERSION:
+        raise SnapshotDecodeError("not a version 1 membership snapshot")
+    arbiters = tuple(snap["arbiters"])
+    epoch, applied = _int(snap["epoch"]), _int(snap["applied_index"])
+    members = []
+    for node, inc, st, member_epoch, labels in snap["members"]:
+        member = Member(
+            node_id=_str(node, empty=False),
+            incarnation=_int(inc),
+            state=MemberState(st),
+            labels=dict(_pairs(labels)),
+            epoch=_int(member_epoch),
+        )
+        if member.state is MemberState.JOINING or not 0 < member.epoch <= epoch:
+            raise SnapshotDecodeError(f"bad member record {member!r}")
+        members.append(member)
+    observations = []
+    for row in snap["obs"]:
+        node, replica, inc, op, seq, labels = row[:6]
+        if replica not in arbiters:
+            raise SnapshotDecodeError(f"observation from unknown replica {replica!r}")
+        silence, suspicion, detector = _evidence(row[6:])
+        record = ObservationRecord(
+            incarnation=_int(inc),
+            opinion=Opinion(op),
+            seq=_int(seq),
+            labels=_pairs(labels),
+            silence=silence,
+            suspicion=suspicion,
+            detector=detector,
+        )
+        observations.append((_str(node, empty=False), replica, record))
+    retired = tuple((_str(node, empty=False), _int(inc)) for node, inc in snap.get("retired", ()))
+    return TallyImage(
+        arbiters=arbiters,
+        epoch=epoch,
+        applied_index=applied,
+        members=tuple(members),
+        observations=tuple(observations),
+        retired=retired,
+    )
+
+
+def _ev_row(o: ObservationRecord) -> list[Any]:
+    """The optional 7th column of an observation row (rule 2)."""
+    has = o.silence is not None or o.suspicion is not None or o.detector
+    return [[o.silence, o.suspicion, o.detector]] if has else []
+
+
+def _evidence(rest: list[Any]) -> tuple[float | None, float | None, str]:
+    """The optional 7th column of an observation row: [silence, suspicion, detector]."""
+    if not rest:
+        return None, None, ""
+    if len(rest) != 1 or not isinstance(rest[0], list) or len(rest[0]) != 3:
+        raise SnapshotDecodeError(f"bad observation evidence {rest!r}")
+    silence, suspicion, detector = rest[0]
+    for v in (silence, suspicion):
+        if v is not None and (type(v) is not float or not v >= 0):
+            raise SnapshotDecodeError(f"bad evidence value {v!r}")
+    return silence, suspicion, _str(detector)
+
+
+def _int(value: Any) -> int:
+    if type(value) is not int or value < 0:  # exact: a bool is not an int
+        raise SnapshotDecodeError(f"expected an int >= 0, got {value!r}")
+    return value
+
+
+def _str(value: Any, *, empty: bool = True) -> str:
+    if not isinstance(value, str) or not (empty or value):
+        raise SnapshotDecodeError(f"expected a string, got {value!r}")
+    return value
+
+
+def _pairs(value: Any) -> tuple[tuple[str, str], ...]:
+    pairs = tuple((_str(k), _str(v)) for k, v in value)
+    if any(a[0] >= b[0] for a, b in itertools.pairwise(pairs)):
+        raise SnapshotDecodeError(f"labels must be sorted by unique key, got {value!r}")
+    return pairs
