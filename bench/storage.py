@@ -24,7 +24,7 @@ from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
 from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.raft import Entry, HardState, RaftConfig, Ready
 from arbiter.core.replica import Replica, ReplicaSettings
-from arbiter.core.state import MembershipState
+from arbiter.core.tally import MembershipState
 from arbiter.server.storage import Storage
 
 IDS = ["a1", "a2", "a3"]

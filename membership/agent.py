@@ -42,7 +42,7 @@ from membership.session import (
 )
 from membership.transport import Channels
 from membership.v1 import membership_pb2 as pb
-from membership.view import MemberState
+from membership.view import Member, MemberState, View
 
 if TYPE_CHECKING:
     from membership.collector import StatusCollector
@@ -65,7 +65,9 @@ class NodeAgent:
         channels: where the links' connections come from.
         backoff: the links' reconnect backoff.
         check: the client's cluster identity check.
-        status: the collector whose snapshot every heartbeat carries.
+        status: the collector whose snapshot every heartbeat carries (None:
+            a new one probing load, CPU, memory and GPUs when
+            ``config.collect_status``, started and closed with the agent).
         on_event: the application's callback for session events, or None.
         fail: called when the agent must stop the client (a cluster mismatch).
         closed: returns True once the client is closed.
@@ -82,7 +84,7 @@ class NodeAgent:
         channels: Channels,
         backoff: Backoff,
         check: ClusterCheck,
-        status: StatusCollector,
+        status: StatusCollector | None,
         on_event: Callable[[SessionEvent], None] | None,
         fail: Callable[[MembershipError], None],
         closed: Callable[[], bool],
@@ -105,7 +107,13 @@ class NodeAgent:
         self._channels = channels
         self._backoff = backoff
         self._left_epoch = 0
-        self._status = status
+        from membership.collector import StatusCollector  # threads: only for nodes
+
+        self._own_status = status is None
+        self.status = status or StatusCollector(
+            providers=None if config.collect_status else [],
+            probe_interval=config.status_probe_interval,
+        )
         self._status_pb: tuple[NodeStatus, pb.NodeStatus] | None = None
         self._on_event = on_event
         self._fail = fail
@@ -118,7 +126,10 @@ class NodeAgent:
         self.fence_changed = asyncio.Event()
 
     def tasks(self, settled: asyncio.Event) -> list[asyncio.Task[None]]:
-        """Starts the links (once ``settled`` is set), the fence timer and the reachability log."""
+        """Starts the status probes (if its own), the links (once ``settled`` is set),
+        the fence timer and the reachability log."""
+        if self._own_status:
+            self.status.start()
         loop = asyncio.get_running_loop()
         tasks = [
             loop.create_task(self._run_link(link, settled), name=f"heartbeat-{addr}")
@@ -127,6 +138,11 @@ class NodeAgent:
         tasks.append(loop.create_task(self._fence_timer(), name="fence-timer"))
         tasks.append(loop.create_task(self._log_reachability(), name="reachability"))
         return tasks
+
+    def close_status(self) -> None:
+        """Stops the status probes if the agent started them."""
+        if self._own_status:
+            self.status.close()
 
     async def _run_link(self, link: HeartbeatLink, settled: asyncio.Event) -> None:
         await settled.wait()
@@ -170,7 +186,7 @@ class NodeAgent:
         )
 
     def _status_message(self) -> pb.NodeStatus:
-        snap = self._status.snapshot()
+        snap = self.status.snapshot()
         cached = self._status_pb
         if cached is None or cached[0] is not snap:
             cached = self._status_pb = (snap, convert.status_to_pb(snap))
@@ -334,6 +350,18 @@ class NodeAgent:
                 f"{self.node_id} not ALIVE within {timeout:g}s: it is "
                 f"{session.state.value} and {self.reachability()}"
             ) from None
+
+    def member(self, view: View) -> Member:
+        """This node as ``view`` has it, or as ALIVE at its incarnation when the view lags."""
+        found = view.get(self.node_id)
+        if found is not None and found.incarnation == self.session.incarnation:
+            return found
+        return Member(
+            node_id=self.node_id,
+            incarnation=self.session.incarnation,
+            state=MemberState.ALIVE,
+            labels=self.labels,
+        )
 
     async def wait_fenced(self, fenced: bool, timeout: float | None) -> None:
         """Waits until the node's fencing equals ``fenced`` (see MembershipClient.wait_fenced)."""

@@ -1,22 +1,11 @@
-"""MembershipClient: the SDK's facade over the session core, the heartbeat links and the watch.
+"""MembershipClient: the SDK's facade over the node agent, the watch and the unary calls.
 
-A node opens one heartbeat link to every arbiter at once
-(:mod:`membership.heartbeats`: supervised, hedged onto a fresh connection
-when an ack is late); acks feed the sans-I/O session core
-(:mod:`membership.session`: leases, fencing, rejoin). A watch
-(:mod:`membership.subscription` over the pure :mod:`membership.feed`)
-follows the committed view. A client without ``node_id`` only watches.
-
-Lifecycle: ``async with MembershipClient(...)`` starts the client and, on the
-way out (normally, by an exception, or by cancellation), leaves the cluster
-gracefully, so the node becomes LEFT and never DEAD; pass
-``leave_on_exit=False`` to keep the old behaviour (the cluster then declares
-the node DEAD after D). :meth:`close` stops without leaving.
-
-Before a node sends its first heartbeat it learns the cluster identity from
-the arbiters (a cheap ``GetView``); every request then names it, and
-arbiters of different clusters are refused with
-:class:`~membership.errors.ClusterMismatch`, naming them.
+A client with a ``node_id`` runs a :class:`membership.agent.NodeAgent` (its
+session, one hedged heartbeat link per arbiter, fencing); every client can
+watch (:mod:`membership.subscription` over the pure :mod:`membership.feed`)
+and ask for the view (:mod:`membership.calls`). Leaving ``async with``
+leaves the cluster gracefully unless ``leave_on_exit=False``. The layers and
+the data flow: docs/architecture.md.
 
 Example::
 
@@ -140,13 +129,6 @@ class MembershipClient:
             closed=lambda: self._closed,
         )
         self._agent: NodeAgent | None = None
-        from membership.collector import StatusCollector
-
-        self._own_status = status is None
-        self._status = status or StatusCollector(
-            providers=None if self.config.collect_status else [],
-            probe_interval=self.config.status_probe_interval,
-        )
         if self.node_id is not None:
             self._agent = NodeAgent(
                 node_id=self.node_id,
@@ -157,7 +139,7 @@ class MembershipClient:
                 channels=self._channels,
                 backoff=self._backoff,
                 check=self._check,
-                status=self._status,
+                status=status,
                 on_event=on_event,
                 fail=self._fail,
                 closed=lambda: self._closed or self.error is not None,
@@ -201,8 +183,6 @@ class MembershipClient:
         self._started = True
         self._ensure_discovery()
         if self._agent is not None:
-            if self._own_status:
-                self._status.start()
             self._tasks += self._agent.tasks(self._discovery.settled)
         if self.config.follow_view:
             loop = asyncio.get_running_loop()
@@ -216,8 +196,8 @@ class MembershipClient:
             if t is not current:
                 await reap(t)
         self._tasks.clear()
-        if self._own_status:
-            self._status.close()
+        if self._agent is not None:
+            self._agent.close_status()
         await self._channels.close()
         self._discovery.release()
         if self._agent is not None:
@@ -269,9 +249,11 @@ class MembershipClient:
 
     # --- node state ------------------------------------------------------------------
 
-    def _need_node(self, what: str) -> NodeAgent:
+    def _need_node(self, what: str, open_: bool = False) -> NodeAgent:
         if self._agent is None:
             raise InvalidArgument(f"{what} needs a node_id (this client only watches)")
+        if open_ and self._closed:
+            raise ClosedError(f"{what} on a closed client")
         return self._agent
 
     @property
@@ -306,10 +288,7 @@ class MembershipClient:
                 or the client has no node_id (it sends no heartbeats).
             ClosedError: the client is closed.
         """
-        self._need_node("report()")
-        if self._closed:
-            raise ClosedError("report() on a closed client")
-        self._status.report(
+        self._need_node("report()", open_=True).status.report(
             phase=phase, step=step, progress=progress, gpu_utilization=gpu_utilization, **gauges
         )
 
@@ -321,10 +300,7 @@ class MembershipClient:
             InvalidArgument: a name is not a string, or the client has no node_id.
             ClosedError: the client is closed.
         """
-        self._need_node("clear()")
-        if self._closed:
-            raise ClosedError("clear() on a closed client")
-        self._status.clear(*names)
+        self._need_node("clear()", open_=True).status.clear(*names)
 
     @property
     def state(self) -> MemberState:
@@ -349,7 +325,7 @@ class MembershipClient:
     @property
     def stream_healthy(self) -> dict[str, bool]:
         """Arbiter address -> whether its heartbeat link had an ack within the ack timeout."""
-        return {a: link.up for a, link in self._agent.links.items()} if self._agent else {}
+        return {a: ln.up for a, ln in self._agent.links.items()} if self._agent else {}
 
     @property
     def healthy(self) -> bool:
@@ -406,16 +382,7 @@ class MembershipClient:
         """
         agent = self._need_node("wait_alive")
         await agent.wait_alive(timeout, lambda: self.error, lambda: self._closed)
-        session = agent.session
-        member = self._view.get(session.node_id)
-        if member is None or member.incarnation != session.incarnation:
-            member = Member(
-                node_id=session.node_id,
-                incarnation=session.incarnation,
-                state=MemberState.ALIVE,
-                labels=self.labels,
-            )
-        return member
+        return agent.member(self._view)
 
     # --- leave and view --------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from arbiter.config import ArbiterConfig
 from arbiter.core.replica import RestoreError
-from arbiter.core.state import ViewChange
+from arbiter.core.tally import ViewChange
 from arbiter.server.driver import Driver, ReplicaStatus
 from arbiter.server.hub import Hub, HubStatus
 from arbiter.server.peers import PeerServicer, PeerTransport
@@ -51,7 +51,8 @@ def server_options(config: ArbiterConfig) -> list[tuple[str, int]]:
     accepts client pings as often as every ``min_ping_interval``, on
     connections with or without calls, which is never faster than any
     client pings (``MIN_KEEPALIVE_TIME``, checked on both sides), so no
-    too_many_pings (C05).
+    too_many_pings (failure class "keepalive policy mismatch",
+    docs/architecture.md).
     """
     keepalive_timeout_ms = int(config.keepalive_timeout * 1000)
     return [

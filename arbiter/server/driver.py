@@ -25,7 +25,7 @@ from arbiter.config import ArbiterConfig
 from arbiter.core.observer import HeartbeatVerdict
 from arbiter.core.raft import ConflictingState, Message, RaftError, Ready, Role
 from arbiter.core.replica import Replica
-from arbiter.core.state import LeaveOutcome, MembershipState, ViewChange
+from arbiter.core.tally import LeaveOutcome, MembershipState, ViewChange
 from arbiter.server.storage import DurableState, Storage
 
 __all__ = ["Driver", "ReplicaStatus"]
@@ -294,8 +294,9 @@ class Driver:
             try:
                 self._turn(now)
             except Exception:
-                # A bug in one turn must not stop detection for everyone (C22):
-                # log it loudly and go on with the next turn.
+                # A bug in one turn must not stop detection for everyone (failure
+                # class "death never declared", docs/architecture.md): log it
+                # loudly and go on with the next turn.
                 log.exception("driver turn failed; continuing")
             deadline = min(self.replica.next_deadline(), now + 0.05)
             self._wake.clear()
@@ -316,7 +317,8 @@ class Driver:
         self._check_quorum(now)
 
     def _handle_ready(self, rd: Ready) -> None:
-        # 1. persist (fsync) before any message that depends on it leaves (DESIGN.md 5.6).
+        # 1. persist (fsync) before any message that depends on it leaves
+        # (arbiter/server/storage.py, rule 1).
         if rd.snapshot is not None or rd.hard_state is not None or rd.entries:
             t0 = time.perf_counter()
             self._storage.save(rd)

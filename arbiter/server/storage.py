@@ -1,9 +1,9 @@
 """Durable Raft state of one replica: hard state, log entries and snapshot in SQLite.
 
-DESIGN.md section 5, rule 6: term, vote and log are on disk before a message
-that depends on them leaves. The driver calls :meth:`Storage.save` with each
-Ready before it sends the Ready's messages (etcd raft's contract: persist,
-send, apply, advance).
+The durability rule (docs/architecture.md, "Correctness rules"): term, vote
+and log are on disk before a message that depends on them leaves. The driver
+calls :meth:`Storage.save` with each Ready before it sends the Ready's
+messages (etcd raft's contract: persist, send, apply, advance).
 
 Rules:
 

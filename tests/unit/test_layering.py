@@ -109,7 +109,6 @@ def _long_modules() -> dict[str, int]:
     return {path: n for path, n in sorted(lengths.items()) if n > MAX_LINES}
 
 
-@pytest.mark.xfail(reason="files being split in issue 9", strict=False)
 def test_layering_no_module_over_500_lines() -> None:
     # One concept per module; past about 400-500 lines, split by concept.
     assert not _long_modules(), f"modules over {MAX_LINES} lines: {_long_modules()}"
