@@ -144,6 +144,11 @@ class ArbiterConfig:
     max_ping_strikes: int = 2
     # Seconds given to open streams on shutdown before they are cancelled.
     shutdown_grace: float = 1.0
+    # The event loop running later than this (seconds) is logged at WARNING
+    # with what the loop thread was doing (arbiter/server/looplag.py). A
+    # stall is deafness: no ack leaves while it lasts, and nodes give up a
+    # stream after their ack_timeout (0.6 s by default).
+    loop_lag_warning: float = 0.2
 
     @classmethod
     def lan(cls, **overrides: object) -> ArbiterConfig:
@@ -248,6 +253,7 @@ class ArbiterConfig:
             "keepalive_time",
             "keepalive_timeout",
             "min_ping_interval",
+            "loop_lag_warning",
         )
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)

@@ -26,6 +26,7 @@ from arbiter.core.observer import HeartbeatVerdict
 from arbiter.core.raft import Message, RaftError, Ready, Role
 from arbiter.core.replica import Replica
 from arbiter.core.state import LeaveOutcome, MembershipState, ViewChange
+from arbiter.server.looplag import LoopLagMonitor
 from arbiter.server.storage import DurableState, Storage
 
 __all__ = ["Driver", "ReplicaStatus"]
@@ -119,6 +120,7 @@ class Driver:
         self._task: asyncio.Task[None] | None = None
         self._last_status: tuple[bool, str | None] | None = None
         self.loop_lag = 0.0
+        self.lag_monitor = LoopLagMonitor(name=replica_id, warn_after=config.loop_lag_warning)
         self._last_interval = config.heartbeat_interval
         # Time spent persisting Readies (seconds) and how many needed a write.
         self.persist_seconds = 0.0
@@ -275,11 +277,26 @@ class Driver:
     # --- the loop -------------------------------------------------------------------
 
     def start(self) -> None:
-        """Starts the loop task on the running event loop."""
+        """Starts the loop task, and the loop-lag monitor, on the running event loop."""
         self._task = asyncio.get_running_loop().create_task(self._run(), name="arbiter-driver")
+        self.lag_monitor.start()
 
     async def stop(self) -> None:
-        """Stops the loop task and waits for it."""
+        """Stops the loop task and waits for it; logs the loop lag measured."""
+        st = self.lag_monitor.statistics()
+        if st.samples:
+            log.info(
+                "%s: event loop lag over %d wake-ups: max %.3fs, p99 %.3fs, %d stall(s) over "
+                "%.2fs; longest GC %.3fs",
+                self.replica_id,
+                st.samples,
+                st.max,
+                st.p99,
+                st.stalls,
+                self.lag_monitor.warn_after,
+                st.gc_max,
+            )
+        await self.lag_monitor.stop()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -320,8 +337,18 @@ class Driver:
         if rd.snapshot is not None or rd.hard_state is not None or rd.entries:
             t0 = time.perf_counter()
             self._storage.save(rd)
-            self.persist_seconds += time.perf_counter() - t0
+            took = time.perf_counter() - t0
+            self.persist_seconds += took
             self.persists += 1
+            if took > self.config.loop_lag_warning:
+                log.warning(
+                    "%s: persisting one Ready took %.3fs (fsync; %d entries), on the event loop",
+                    self.replica_id,
+                    took,
+                    len(rd.entries),
+                )
+            elif took > 0.02:
+                log.debug("%s: persisting one Ready took %.3fs", self.replica_id, took)
         # 2. send
         for msg in rd.messages:
             self._send(msg)
