@@ -324,11 +324,25 @@ class Driver:
         self._writer.close()
 
     async def _run(self) -> None:
+        interval = self.config.heartbeat_interval
+        listened = float("-inf")  # when this replica last listened after being deaf
         while True:
             # Cleared before the turn: an input that arrives while a Ready is
             # being written wakes the next wait at once.
             self._wake.clear()
             now = time.monotonic()
+            since = max(now - interval, listened)
+            if max(self.loop_lag, self.lag_monitor.recent_lag(now, since)) > interval:
+                # This replica was deaf (its loop ran late, or the process did
+                # not run): heartbeats sent meanwhile are still queued in the
+                # sockets and in gRPC. Ticking the detectors now would blame
+                # the nodes for our own silence; one more interval of listening
+                # is all it takes to hear them (Lifeguard's local health,
+                # Dadgar et al. 2018: a member that is itself late slows its
+                # suspicions). A node that is really dead is suspected that
+                # much later.
+                await asyncio.sleep(interval)
+                now = listened = time.monotonic()
             try:
                 await self._turn(now)
             except Exception:

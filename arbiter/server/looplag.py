@@ -165,22 +165,22 @@ class LoopLagMonitor:
         with contextlib.suppress(ValueError):
             gc.callbacks.remove(self._on_gc)
 
-    def recent_lag(self, now: float, within: float) -> float:
+    def recent_lag(self, now: float, since: float) -> float:
         """How late the loop is, or just was, at ``now`` (rule 5); 0.0 before :meth:`start`.
 
         Args:
             now: monotonic seconds.
-            within: a late wake-up counts for this many seconds after it.
+            since: a late wake-up counts if it came after this (monotonic seconds).
 
         Returns:
             Seconds: the lateness of a wake-up still awaited (a stall in
-            progress), or the lag of the latest late wake-up within ``within``.
+            progress), or the lag of the latest late wake-up after ``since``.
         """
         if self._task is None:
             return 0.0
         ongoing = max(0.0, now - self._beat - self.interval)
         lag, at = self._late
-        return max(ongoing, lag if now - at <= within else 0.0)
+        return max(ongoing, lag if at > since else 0.0)
 
     def statistics(self) -> LoopLagStatistics:
         """Lags measured so far (see :class:`LoopLagStatistics`)."""

@@ -99,20 +99,20 @@ async def test_looplag_warnings_are_rate_limited_and_count_what_they_skipped(
 
 async def test_looplag_recent_lag_reports_a_stall_in_progress_and_just_ended() -> None:
     m = LoopLagMonitor(name="a1", interval=0.05)
-    assert m.recent_lag(time.monotonic(), within=1.0) == 0.0  # not started
+    assert m.recent_lag(time.monotonic(), since=0.0) == 0.0  # not started
     m.start()
     try:
         await _until(lambda: m.statistics().samples >= 2)
         _stall_blocked(0.4)
         # The loop is back but the monitor has not run yet: a stall in progress.
-        assert m.recent_lag(time.monotonic(), within=0.15) >= 0.3
+        assert m.recent_lag(time.monotonic(), since=time.monotonic()) >= 0.3
         await _until(lambda: m.statistics().stalls >= 1)
-        # The monitor ran: the stall it measured counts for `within` seconds.
-        assert m.recent_lag(time.monotonic(), within=10.0) >= 0.3
-        assert m.recent_lag(time.monotonic(), within=0.0) < 0.3  # and no longer
+        # The monitor ran: the stall it measured counts if it came after `since`.
+        assert m.recent_lag(time.monotonic(), since=time.monotonic() - 10.0) >= 0.3
+        assert m.recent_lag(time.monotonic(), since=time.monotonic()) < 0.3
     finally:
         await m.stop()
-    assert m.recent_lag(time.monotonic(), within=10.0) == 0.0  # stopped
+    assert m.recent_lag(time.monotonic(), since=0.0) == 0.0  # stopped
 
 
 def test_looplag_rejects_bad_settings() -> None:
