@@ -74,6 +74,17 @@ class ArbiterConfig:
     detector_kind: str = "missed"
     # Lease granted with each ack, as a fraction of D. The replica promises
     # not to suspect the node before the lease runs out, so it must be <= 1.
+    # No margin on top for a node already cut from one replica (issue 9,
+    # item 8): such a node rests on the leases of the others, and one of them
+    # deaf for about a lease (0.6 to 0.75 s at the defaults: the lease less
+    # the heartbeat phase) fences it. That is the fence doing its job: the
+    # node cannot tell a late replica from one that is cut off and about to
+    # suspect it, and a node that believes it holds a quorum of leases must
+    # never be DEAD (the fencing rule, docs/architecture.md), so it may not count a late lease. A
+    # longer lease needs a longer D for every node. Replicas are kept from
+    # going deaf instead (fsync off the loop: arbiter/server/writer.py; stalls
+    # logged: arbiter/server/looplag.py); five replicas leave such a node a
+    # margin of one late replica.
     lease_fraction: float = 1.0
     # After a restart with durable state a replica casts no suspicion for this
     # long (seconds); a first start (empty data dir) has none.
@@ -153,6 +164,11 @@ class ArbiterConfig:
     max_ping_strikes: int = 2
     # Seconds given to open streams on shutdown before they are cancelled.
     shutdown_grace: float = 1.0
+    # The event loop running later than this (seconds) is logged at WARNING
+    # with what the loop thread was doing (arbiter/server/looplag.py). A
+    # stall is deafness: no ack leaves while it lasts, and nodes give up a
+    # stream after their ack_timeout (0.6 s by default).
+    loop_lag_warning: float = 0.2
 
     @classmethod
     def lan(cls, **overrides: object) -> ArbiterConfig:
@@ -257,6 +273,7 @@ class ArbiterConfig:
             "keepalive_time",
             "keepalive_timeout",
             "min_ping_interval",
+            "loop_lag_warning",
         )
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)

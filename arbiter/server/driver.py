@@ -4,10 +4,13 @@ Everything runs on one asyncio event loop, so the cores are only ever touched
 from one thread. Servicers call the ``on_*`` methods directly (they are
 synchronous and fast); the loop task ticks the cores, proposes owed
 observations, and handles Raft's Ready in the documented order: persist
-(fsync, in :mod:`arbiter.server.storage`), send, apply, advance. The replica
-starts from what the storage recovered and replays the committed log before
-it serves anything; it snapshots its state machine every
-``config.snapshot_every`` applied entries.
+(fsync, in :mod:`arbiter.server.storage`), send, apply, advance. The write
+runs on the thread of :mod:`arbiter.server.writer`, so heartbeats are acked
+and Raft messages stepped while the disk is slow; the Ready's messages leave
+only once it is done. The replica starts from what the storage recovered and
+replays the committed log before it serves anything; it snapshots its state
+machine every ``config.snapshot_every`` applied entries. The loop's own lag
+is watched by :mod:`arbiter.server.looplag`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from arbiter.core.observer import HeartbeatVerdict
 from arbiter.core.raft import ConflictingState, Message, RaftError, Ready, Role
 from arbiter.core.replica import Replica
 from arbiter.core.tally import LeaveOutcome, MembershipState, ViewChange
+from arbiter.server.looplag import LoopLagMonitor
 from arbiter.server.storage import DurableState, Storage
+from arbiter.server.writer import DiskWriter
 
 __all__ = ["Driver", "ReplicaStatus"]
 
@@ -43,6 +48,11 @@ class ReplicaStatus:
     term: int
     role: str
     epoch: int
+
+
+def _must_persist(rd: Ready) -> bool:
+    """True when a Ready carries anything for the disk (a snapshot, hard state or entries)."""
+    return rd.snapshot is not None or rd.hard_state is not None or bool(rd.entries)
 
 
 def _has_state(durable: DurableState) -> bool:
@@ -90,6 +100,7 @@ class Driver:
         self._on_quorum = on_quorum
         self._on_reset = on_reset
         self._storage = storage
+        self._writer = DiskWriter(storage, name=replica_id)
         t0 = time.monotonic()
         durable = storage.load()
         now = time.monotonic()
@@ -119,6 +130,7 @@ class Driver:
         self._task: asyncio.Task[None] | None = None
         self._last_status: tuple[bool, str | None] | None = None
         self.loop_lag = 0.0
+        self.lag_monitor = LoopLagMonitor(name=replica_id, warn_after=config.loop_lag_warning)
         self._last_interval = config.heartbeat_interval
         # Time spent persisting Readies (seconds) and how many needed a write.
         self.persist_seconds = 0.0
@@ -137,8 +149,12 @@ class Driver:
         snapshot_epoch = self.state.epoch
         self._replaying = True
         try:
+            # Before the loop serves anything: written here, on the loop thread.
             while self.replica.has_ready():
-                self._handle_ready(self.replica.ready())
+                rd = self.replica.ready()
+                if _must_persist(rd):
+                    self._storage.save(rd)
+                self._send_and_apply(rd)
         finally:
             self._replaying = False
         end = self.raft.status()
@@ -275,11 +291,26 @@ class Driver:
     # --- the loop -------------------------------------------------------------------
 
     def start(self) -> None:
-        """Starts the loop task on the running event loop."""
+        """Starts the loop task, and the loop-lag monitor, on the running event loop."""
         self._task = asyncio.get_running_loop().create_task(self._run(), name="arbiter-driver")
+        self.lag_monitor.start()
 
     async def stop(self) -> None:
-        """Stops the loop task and waits for it."""
+        """Stops the loop task, waits for it and for the write in flight; logs the loop lag."""
+        st = self.lag_monitor.statistics()
+        if st.samples:
+            log.info(
+                "%s: event loop lag over %d wake-ups: max %.3fs, p99 %.3fs, %d stall(s) over "
+                "%.2fs; longest GC %.3fs",
+                self.replica_id,
+                st.samples,
+                st.max,
+                st.p99,
+                st.stalls,
+                self.lag_monitor.warn_after,
+                st.gc_max,
+            )
+        await self.lag_monitor.stop()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -287,47 +318,82 @@ class Driver:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        # A Ready being written when the task was cancelled is still written
+        # (never sent): the storage must not be closed under it.
+        await self._writer.drain()
+        self._writer.close()
 
     async def _run(self) -> None:
+        interval = self.config.heartbeat_interval
+        listened = float("-inf")  # when this replica last listened after being deaf
         while True:
+            # Cleared before the turn: an input that arrives while a Ready is
+            # being written wakes the next wait at once.
+            self._wake.clear()
             now = time.monotonic()
+            since = max(now - interval, listened)
+            if max(self.loop_lag, self.lag_monitor.recent_lag(now, since)) > interval:
+                # This replica was deaf (its loop ran late, or the process did
+                # not run): heartbeats sent meanwhile are still queued in the
+                # sockets and in gRPC. Ticking the detectors now would blame
+                # the nodes for our own silence; one more interval of listening
+                # is all it takes to hear them (Lifeguard's local health,
+                # Dadgar et al. 2018: a member that is itself late slows its
+                # suspicions). A node that is really dead is suspected that
+                # much later.
+                await asyncio.sleep(interval)
+                now = listened = time.monotonic()
             try:
-                self._turn(now)
+                await self._turn(now)
             except Exception:
                 # A bug in one turn must not stop detection for everyone (failure
                 # class "death never declared", docs/architecture.md): log it
                 # loudly and go on with the next turn.
                 log.exception("driver turn failed; continuing")
-            deadline = min(self.replica.next_deadline(), now + 0.05)
-            self._wake.clear()
-            timeout = max(0.0, deadline - time.monotonic())
-            if timeout > 0:
+            t = time.monotonic()
+            timeout = max(0.0, min(self.replica.next_deadline(), now + 0.05) - t)
+            if timeout > 0 and not self._wake.is_set():
                 try:
                     async with asyncio.timeout(timeout):
                         await self._wake.wait()
                 except TimeoutError:
                     pass
-            self.loop_lag = max(0.0, time.monotonic() - deadline)
+            # How much later than asked the loop came back (0 when woken early).
+            self.loop_lag = max(0.0, time.monotonic() - (t + timeout))
 
-    def _turn(self, now: float) -> None:
+    async def _turn(self, now: float) -> None:
         self.replica.tick(now)
         while self.replica.has_ready():
-            self._handle_ready(self.replica.ready())
-        self._maybe_compact()
-        self._check_quorum(now)
+            rd = self.replica.ready()
+            if _must_persist(rd):
+                # 1. persist (fsync) before any message that depends on it
+                # leaves (arbiter/server/storage.py, rule 1), on the writer
+                # thread: the loop keeps acking heartbeats and stepping Raft
+                # messages into the core meanwhile (they wait for the next
+                # Ready; arbiter/server/writer.py).
+                self._persisted(rd, await self._writer.save(rd))
+            self._send_and_apply(rd)
+        await self._maybe_compact()
+        self._check_quorum(time.monotonic())  # the writes above may have taken a while
 
-    def _handle_ready(self, rd: Ready) -> None:
-        # 1. persist (fsync) before any message that depends on it leaves
-        # (arbiter/server/storage.py, rule 1).
-        if rd.snapshot is not None or rd.hard_state is not None or rd.entries:
-            t0 = time.perf_counter()
-            self._storage.save(rd)
-            self.persist_seconds += time.perf_counter() - t0
-            self.persists += 1
-        # 2. send
+    def _persisted(self, rd: Ready, took: float) -> None:
+        """Accounts for one Ready's write of ``took`` seconds; warns when the disk was slow."""
+        self.persist_seconds += took
+        self.persists += 1
+        if took > self.config.loop_lag_warning:
+            log.warning(
+                "%s: persisting one Ready took %.3fs (fsync; %d entries); its messages waited",
+                self.replica_id,
+                took,
+                len(rd.entries),
+            )
+        elif took > 0.02:
+            log.debug("%s: persisting one Ready took %.3fs", self.replica_id, took)
+
+    def _send_and_apply(self, rd: Ready) -> None:
+        """Steps 2 to 4 of a persisted Ready: send, apply (a leader's snapshot first), advance."""
         for msg in rd.messages:
             self._send(msg)
-        # 3. apply (a leader's snapshot first), 4. advance
         results = self.replica.advance(rd)
         if rd.snapshot is not None:
             log.info(
@@ -356,19 +422,18 @@ class Driver:
                 if fut is not None and not fut.done():
                     fut.set_result(result.leave)
 
-    def _maybe_compact(self) -> None:
+    async def _maybe_compact(self) -> None:
         """Snapshots the state machine every ``config.snapshot_every`` applied entries."""
         snap = self.replica.maybe_compact()
         if snap is None:
             return
-        t0 = time.perf_counter()
-        self._storage.compact(snap)
+        took = await self._writer.compact(snap)
         log.info(
             "%s: log compacted up to index %d (snapshot of %d bytes, %.1f ms)",
             self.replica_id,
             snap.index,
             len(snap.data),
-            (time.perf_counter() - t0) * 1000,
+            took * 1000,
         )
 
     def _check_quorum(self, now: float) -> None:

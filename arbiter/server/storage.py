@@ -30,6 +30,10 @@ Rules:
    Raft membership is static here, and a log written by one group of
    replicas must never vote or count in another.
 
+6. Threads. The driver writes from a thread of its own
+   (:mod:`arbiter.server.writer`) and reads on the event loop; every public
+   method holds one lock, so the connection is used by one thread at a time.
+
 SQLite's own journal already detects torn writes; the checksums catch what
 it cannot (bit rot, a file edited or copied in part).
 """
@@ -42,6 +46,7 @@ import logging
 import os
 import sqlite3
 import struct
+import threading
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -113,13 +118,14 @@ class Storage:
     """The durable Raft state of one replica (see the module rules).
 
     Use :meth:`open`; close with :meth:`close` (or as a context manager).
-    Not thread-safe: the driver's loop is its only user.
+    Safe to call from several threads (rule 6).
     """
 
     def __init__(self, conn: sqlite3.Connection, path: Path | None, lock: IO[str] | None) -> None:
         self._conn = conn
         self.path = path
         self._lock = lock
+        self._mutex = threading.Lock()  # rule 6
 
     @classmethod
     def open(
@@ -150,7 +156,7 @@ class Storage:
         target = str(data_dir / DB_NAME) if data_dir is not None else ":memory:"
         conn: sqlite3.Connection | None = None
         try:
-            conn = sqlite3.connect(target, isolation_level=None)
+            conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False)
             if data_dir is not None:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=FULL")
@@ -218,10 +224,11 @@ class Storage:
 
     def close(self) -> None:
         """Closes the database and releases the lock (idempotent)."""
-        self._conn.close()
-        if self._lock is not None:
-            self._lock.close()  # releases the flock
-            self._lock = None
+        with self._mutex:
+            self._conn.close()
+            if self._lock is not None:
+                self._lock.close()  # releases the flock
+                self._lock = None
 
     def __enter__(self) -> Storage:
         return self
@@ -247,11 +254,12 @@ class Storage:
         """Persists a Ready's snapshot, hard state and entries in one transaction (rules 1, 2).
 
         Call before sending any of the Ready's messages. Does nothing (no
-        fsync) when the Ready has nothing to persist.
+        fsync) when the Ready has nothing to persist. May block for as long
+        as the disk takes: the driver calls it on its writer thread.
         """
         if ready.snapshot is None and ready.hard_state is None and not ready.entries:
             return
-        with self._tx() as conn:
+        with self._mutex, self._tx() as conn:
             if ready.snapshot is not None:
                 self._put_snapshot(conn, ready.snapshot)
                 conn.execute("DELETE FROM entries")
@@ -266,7 +274,7 @@ class Storage:
 
     def compact(self, snapshot: Snapshot) -> None:
         """Stores a snapshot this replica took and deletes the entries it covers (rule 4)."""
-        with self._tx() as conn:
+        with self._mutex, self._tx() as conn:
             self._put_snapshot(conn, snapshot)
             conn.execute("DELETE FROM entries WHERE idx <= ?", (snapshot.index,))
 
@@ -293,6 +301,10 @@ class Storage:
         Raises:
             StorageError: the hard state or the snapshot fails its checksum.
         """
+        with self._mutex:
+            return self._load()
+
+    def _load(self) -> DurableState:
         conn = self._conn
         snapshot = None
         row = conn.execute("SELECT idx, term, data, crc FROM snapshot").fetchone()
@@ -366,9 +378,10 @@ class Storage:
     def statistics(self) -> dict[str, int]:
         """Row counts and the database size in bytes (for status and benchmarks)."""
         conn = self._conn
-        n = conn.execute("SELECT COUNT(*), COALESCE(MAX(idx), 0) FROM entries").fetchone()
-        pages = conn.execute("PRAGMA page_count").fetchone()[0]
-        size = conn.execute("PRAGMA page_size").fetchone()[0]
+        with self._mutex:
+            n = conn.execute("SELECT COUNT(*), COALESCE(MAX(idx), 0) FROM entries").fetchone()
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            size = conn.execute("PRAGMA page_size").fetchone()[0]
         return {"entries": n[0], "last_index": n[1], "bytes": pages * size}
 
 

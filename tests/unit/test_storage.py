@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,28 @@ def test_storage_empty_ready_writes_nothing(tmp_path: Path) -> None:
     with _open(tmp_path) as s:
         s.save(_ready())
         assert s.load().hard_state is None
+
+
+def test_storage_writer_thread_saves_while_the_loop_thread_reads(tmp_path: Path) -> None:
+    # The driver's shape (rule 6): a writer thread saves, the event loop reads statistics.
+    with _open(tmp_path) as s:
+        errors: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                for i in range(1, 101):
+                    s.save(_ready(HardState(term=1, vote="a1", commit=i - 1), _entries(i, i)))
+            except BaseException as e:  # reported below, not lost in the thread
+                errors.append(e)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        seen = []
+        while writer.is_alive():
+            seen.append(s.statistics()["last_index"])
+        writer.join()
+        assert errors == []
+        assert seen == sorted(seen)  # each read saw whole transactions, in order
+        assert s.load().entries == _entries(1, 100)
+    with _open(tmp_path) as s:
+        assert s.load().entries == _entries(1, 100)
