@@ -11,10 +11,13 @@ Rules:
    as one batch (the observer's rules 1 and 2). Without a leader the batch is
    dropped; the observer proposes it again after its retry interval.
 3. Output follows etcd's Ready: the caller takes ``ready()``, persists its
-   snapshot, hard state and entries, sends its messages, then calls
-   ``advance(ready)``, which restores the state machine from the Ready's
-   snapshot (a leader's, when this replica was too far behind), applies the
-   committed entries and returns the results in log order.
+   snapshot, hard state and entries (when :func:`must_persist` says there are
+   any), then hands it to ``deliver(ready, send)``, which sends its messages
+   and advances: restores the state machine from the Ready's snapshot (a
+   leader's, when this replica was too far behind), applies the committed
+   entries and returns what that did (:class:`Delivered`). The asyncio driver
+   and the simulator both take this one step; they differ only in how they
+   persist (a writer thread, a simulated disk) and send.
 4. Restart: a replica is built from its durable snapshot (the state machine
    is restored from it) and the log entries after it; the entries up to the
    restored commit index are applied again by the first Ready. A snapshot
@@ -28,7 +31,7 @@ Rules:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from arbiter.core.commands import Leave, ObserveBatch, encode
@@ -49,7 +52,33 @@ from arbiter.core.raft import (
 from arbiter.core.tally import ApplyResult, MembershipState, SnapshotDecodeError
 from arbiter.errors import ArbiterError
 
-__all__ = ["Replica", "ReplicaSettings", "RestoreError", "restore_state"]
+__all__ = [
+    "Delivered",
+    "Replica",
+    "ReplicaSettings",
+    "RestoreError",
+    "must_persist",
+    "restore_state",
+]
+
+
+def must_persist(ready: Ready) -> bool:
+    """True when ``ready`` carries anything for the disk: a snapshot, hard state or entries."""
+    return ready.snapshot is not None or ready.hard_state is not None or bool(ready.entries)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delivered:
+    """What delivering one persisted Ready did (rule 3).
+
+    Attributes:
+        restored: the leader's snapshot that replaced the state machine, if any
+            (its changes are in the new view, not in ``applied``).
+        applied: each committed entry with the result of applying it, in log order.
+    """
+
+    restored: Snapshot | None
+    applied: tuple[tuple[Entry, ApplyResult], ...]
 
 
 class RestoreError(ArbiterError, ValueError):
@@ -310,6 +339,27 @@ class Replica:
         results = [self.state.apply(e.index, e.data) for e in ready.committed_entries]
         self.raft.advance(ready)
         return results
+
+    def deliver(self, ready: Ready, send: Callable[[Message], None]) -> Delivered:
+        """Steps 2 to 4 of a persisted Ready: sends its messages, then :meth:`advance`.
+
+        Call only after ``ready``'s snapshot, hard state and entries are
+        durable (:func:`must_persist`), never twice for one Ready.
+
+        Args:
+            ready: the Ready from :meth:`ready`.
+            send: called with each message, in order (must not block).
+
+        Returns:
+            The restored snapshot, if any, and each committed entry with its result.
+        """
+        for msg in ready.messages:
+            send(msg)
+        results = self.advance(ready)
+        return Delivered(
+            restored=ready.snapshot,
+            applied=tuple(zip(ready.committed_entries, results, strict=True)),
+        )
 
     def maybe_compact(self, every: int | None = None) -> Snapshot | None:
         """Snapshots the state machine if enough entries were applied since the last one (rule 5).

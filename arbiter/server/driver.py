@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from arbiter.config import ArbiterConfig
 from arbiter.core.observer import HeartbeatVerdict
 from arbiter.core.raft import ConflictingState, Message, RaftError, Ready, Role
-from arbiter.core.replica import Replica
+from arbiter.core.replica import Replica, must_persist
 from arbiter.core.tally import LeaveOutcome, MembershipState, ViewChange
 from arbiter.server.looplag import LoopLagMonitor
 from arbiter.server.storage import DurableState, Storage
@@ -48,11 +48,6 @@ class ReplicaStatus:
     term: int
     role: str
     epoch: int
-
-
-def _must_persist(rd: Ready) -> bool:
-    """True when a Ready carries anything for the disk (a snapshot, hard state or entries)."""
-    return rd.snapshot is not None or rd.hard_state is not None or bool(rd.entries)
 
 
 def _has_state(durable: DurableState) -> bool:
@@ -152,7 +147,7 @@ class Driver:
             # Before the loop serves anything: written here, on the loop thread.
             while self.replica.has_ready():
                 rd = self.replica.ready()
-                if _must_persist(rd):
+                if must_persist(rd):
                     self._storage.save(rd)
                 self._send_and_apply(rd)
         finally:
@@ -365,7 +360,7 @@ class Driver:
         self.replica.tick(now)
         while self.replica.has_ready():
             rd = self.replica.ready()
-            if _must_persist(rd):
+            if must_persist(rd):
                 # 1. persist (fsync) before any message that depends on it
                 # leaves (arbiter/server/storage.py, rule 1), on the writer
                 # thread: the loop keeps acking heartbeats and stepping Raft
@@ -392,18 +387,16 @@ class Driver:
 
     def _send_and_apply(self, rd: Ready) -> None:
         """Steps 2 to 4 of a persisted Ready: send, apply (a leader's snapshot first), advance."""
-        for msg in rd.messages:
-            self._send(msg)
-        results = self.replica.advance(rd)
-        if rd.snapshot is not None:
+        done = self.replica.deliver(rd, self._send)
+        if done.restored is not None:
             log.info(
                 "%s: state machine restored from the leader's snapshot at index %d (epoch %d)",
                 self.replica_id,
-                rd.snapshot.index,
+                done.restored.index,
                 self.state.epoch,
             )
             self._on_reset()
-        for result in results:
+        for _, result in done.applied:
             if result.error:
                 log.error("log entry %d not applied: %s", result.index, result.error)
             if result.change is not None:

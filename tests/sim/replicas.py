@@ -259,10 +259,12 @@ class SimReplica:
                 disk.persist(rd, hard_state=False)
             else:
                 disk.persist(rd)
-            for msg in rd.messages:
+
+            def out(msg: Message) -> None:
                 check.sent(self.id, disk, msg)
                 send(self.id, msg.dst, deliver, msg)
-            results = core.advance(rd)
+
+            done = core.deliver(rd, out)
             if snap is not None:
                 view = core.state.view()
                 w.trace(
@@ -272,7 +274,7 @@ class SimReplica:
                 self._view_moved = True
                 assert self.feed is not None
                 self.feed.reset(view)
-            for entry, result in zip(rd.committed_entries, results, strict=True):
+            for entry, result in done.applied:
                 check.applied(self, entry, result)
                 change = result.change
                 if change is not None:
