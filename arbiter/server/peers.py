@@ -5,8 +5,9 @@ reordering, so the transport is simple and never blocks the driver: each
 peer has a bounded outbox; when it is full the oldest message is dropped.
 Only the newest stream of a peer takes messages from its outbox.
 A sender task per peer keeps a client stream open and reconnects with
-jittered exponential backoff (tenacity); a failure is reported to Raft as a
-hint (``report_unreachable``), never as a verdict.
+jittered exponential backoff (tenacity's retry loop, waiting
+:class:`membership.backoff.Backoff`, the SDK's one formula); a failure is
+reported to Raft as a hint (``report_unreachable``), never as a verdict.
 
 A SNAPSHOT travels as consecutive chunks of at most ``SNAPSHOT_CHUNK`` bytes
 on one stream (the server's receive limit is the public API's, 64 KiB by
@@ -26,10 +27,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
-from tenacity import AsyncRetrying, retry_if_exception_type, wait_random_exponential
+from tenacity import AsyncRetrying, retry_if_exception_type
 
 from arbiter.core.raft import Entry, Message, MessageType, Snapshot
 from arbiter.v1 import peer_pb2, peer_pb2_grpc
+from membership.backoff import Backoff
 
 __all__ = ["PeerServicer", "PeerTransport", "SnapshotAssembler", "from_proto", "to_protos"]
 
@@ -282,7 +284,7 @@ class PeerTransport:
 
     async def _stream(self, peer: _Peer) -> None:
         retrying = AsyncRetrying(
-            wait=wait_random_exponential(multiplier=0.05, max=1.0),
+            wait=Backoff(0.05, 1.0),
             retry=retry_if_exception_type((grpc.aio.AioRpcError, _StreamBroken)),
         )
         async for attempt in retrying:
