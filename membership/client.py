@@ -247,6 +247,11 @@ class MembershipClient:
             raise ClosedError("client closed before an arbiter answered")
         return self._check.expected or ""
 
+    @property
+    def unreachable(self) -> dict[str, str]:
+        """Arbiter address -> why it did not answer the client's identity question (so far)."""
+        return dict(self._discovery.unreachable)
+
     # --- node state ------------------------------------------------------------------
 
     def _need_node(self, what: str, open_: bool = False) -> NodeAgent:

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import signal
 import stat
@@ -161,30 +160,34 @@ def _print(line: str) -> None:
     print(line, flush=True)
 
 
-async def _wait_reachable(client: Any, timeout: float, what: str) -> Any:
-    """Polls ``get_view`` until an arbiter answers; says why it waits every 5 s.
+async def _wait_reachable(client: Any, timeout: float, what: str) -> str:
+    """Waits until an arbiter answers who it is (the cheap identity question, not a
+    whole view); says why it waits every 5 s.
+
+    Returns:
+        The cluster identity.
 
     Raises:
         CliError: none answered within ``timeout`` seconds.
+        ClusterMismatch: the arbiters belong to different clusters.
     """
     start = time.monotonic()
-    said = -math.inf
     while True:
+        left = timeout - (time.monotonic() - start)
         try:
-            return await client.get_view()
-        except UnavailableError as e:
-            now = time.monotonic()
-            if now - start >= timeout:
-                raise CliError(f"no arbiter reachable within {timeout:g}s ({e})") from None
-            if now - said >= 5.0:
-                log.warning(
-                    "%s: waiting for an arbiter to answer (%s); giving up %.0fs from now",
-                    what,
-                    e,
-                    timeout - (now - start),
-                )
-                said = now
-            await asyncio.sleep(min(0.5, max(0.0, timeout - (now - start))))
+            identity: str = await client.wait_connected(timeout=min(5.0, max(0.0, left)))
+            return identity
+        except TimeoutError:
+            reasons = "; ".join(f"{a}: {r}" for a, r in client.unreachable.items()) or "no answer"
+            left = timeout - (time.monotonic() - start)
+            if left <= 0:
+                raise CliError(f"no arbiter reachable within {timeout:g}s ({reasons})") from None
+            log.warning(
+                "%s: waiting for an arbiter to answer (%s); giving up %.0fs from now",
+                what,
+                reasons,
+                left,
+            )
 
 
 # Settings each command depends on, of ClientConfig (rule: print only those).

@@ -225,7 +225,7 @@ class Demo:
     def abort(self) -> None:
         """Rule 1 at once, for a second signal: SIGKILL every child, remove the folder."""
         if self.cluster is not None:
-            self.cluster.kill_all()
+            self.cluster.kill_all(reap=False)  # the demo exits now: init reaps them
         if self.tmp is not None:
             with contextlib.suppress(OSError):
                 self._copy_logs()

@@ -313,11 +313,21 @@ class LocalCluster:
                     c.kill()
                 c.popen.wait()
 
-    def kill_all(self) -> None:
-        """SIGKILL to every child, then reap them all (rule 3)."""
+    def kill_all(self, reap: bool = True) -> None:
+        """SIGKILL to every child, then reap them all (rule 3).
+
+        Args:
+            reap: wait for each child to be gone (up to 10 s each). False
+                only sends the signals: for a process about to exit at once,
+                whose children are then reaped by init (a killed process runs
+                no more code; on a loaded machine the kernel may take seconds
+                to tear it down, which the exit need not wait for).
+        """
         for c in self.children.values():
             with contextlib.suppress(OSError):
                 c.signal(signal.SIGKILL)
+        if not reap:
+            return
         for c in self.children.values():
             with contextlib.suppress(OSError, subprocess.TimeoutExpired):
                 c.popen.wait(10)
