@@ -104,9 +104,10 @@ def _acks_flow(proxy: TcpProxy) -> Callable[[], bool]:
     return lambda: proxy.statistics().bytes_down > start + 200
 
 
-def test_half_open_one_frozen_link_is_no_death_two_are(
+def _node_behind_two_proxies(
     cluster: ProcCluster, proxies: list[TcpProxy]
-) -> None:
+) -> tuple[Proc, TcpProxy, TcpProxy]:
+    """Three replicas, and n1 reaching a1 and a2 through a proxy each, a3 directly."""
     cluster.start_arbiters(3)
     wait_until(cluster.leader, 20, "a leader")
     a = cluster.arbiters
@@ -117,14 +118,11 @@ def test_half_open_one_frozen_link_is_no_death_two_are(
     node = cluster.spawn(
         "n1", "node", "--id", "n1", "--arbiters", f"{p1.address},{p2.address},{a['a3']}"
     )
-    views = _Views(a)
-    try:
-        _run(cluster, node, views, p1, p2)
-    finally:
-        views.close()
+    return node, p1, p2
 
 
-def _run(cluster: ProcCluster, node: Proc, views: _Views, p1: TcpProxy, p2: TcpProxy) -> None:
+def _settled(node: Proc, views: _Views, p1: TcpProxy, p2: TcpProxy) -> int:
+    """Waits until n1 is ALIVE, unfenced and acked through both proxies; its incarnation."""
     wait_until(
         lambda: (m := views.member("a3", "n1")) is not None and m.state == ALIVE, 20, "n1 ALIVE"
     )
@@ -133,6 +131,22 @@ def _run(cluster: ProcCluster, node: Proc, views: _Views, p1: TcpProxy, p2: TcpP
     # a1 and a2 hear n1 through the proxies: their acks keep coming back.
     for p in (p1, p2):
         wait_until(_acks_flow(p), 10, f"acks through {p.address}")
+    return int(incarnation)
+
+
+def test_half_open_one_frozen_link_is_no_death_two_are(
+    cluster: ProcCluster, proxies: list[TcpProxy]
+) -> None:
+    node, p1, p2 = _node_behind_two_proxies(cluster, proxies)
+    views = _Views(cluster.arbiters)
+    try:
+        _run(cluster, node, views, p1, p2)
+    finally:
+        views.close()
+
+
+def _run(cluster: ProcCluster, node: Proc, views: _Views, p1: TcpProxy, p2: TcpProxy) -> None:
+    incarnation = _settled(node, views, p1, p2)
 
     def others_undisturbed() -> None:
         """a2 and a3 hear n1, and the committed view keeps it ALIVE at its incarnation."""
@@ -230,27 +244,10 @@ def test_half_open_wedged_connections_to_two_replicas_are_left_not_waited_on(
     # connections to a1 and a2 wedge (bytes stop both ways, no FIN or RST)
     # while new connections would work. n1 must open fresh ones in time: it
     # stays ALIVE at its incarnation and is never fenced.
-    cluster.start_arbiters(3)
-    wait_until(cluster.leader, 20, "a leader")
-    a = cluster.arbiters
-    p1 = TcpProxy(a["a1"]).start()
-    proxies.append(p1)
-    p2 = TcpProxy(a["a2"]).start()
-    proxies.append(p2)
-    node = cluster.spawn(
-        "n1", "node", "--id", "n1", "--arbiters", f"{p1.address},{p2.address},{a['a3']}"
-    )
-    views = _Views(a)
+    node, p1, p2 = _node_behind_two_proxies(cluster, proxies)
+    views = _Views(cluster.arbiters)
     try:
-        wait_until(
-            lambda: (m := views.member("a3", "n1")) is not None and m.state == ALIVE,
-            20,
-            "n1 ALIVE",
-        )
-        wait_until(lambda: any("unfenced" in line for line in node.lines()), 10, "n1 unfenced")
-        incarnation = views.member("a3", "n1").incarnation  # type: ignore[union-attr]
-        for p in (p1, p2):
-            wait_until(_acks_flow(p), 10, f"acks through {p.address}")
+        incarnation = _settled(node, views, p1, p2)
         accepted = {p.address: p.statistics().accepted for p in (p1, p2)}
 
         assert p1.wedge() >= 1 and p2.wedge() >= 1
