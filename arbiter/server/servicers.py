@@ -249,14 +249,8 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         loop = asyncio.get_running_loop()
         next_status = loop.time() if request.include_status else math.inf
         status = self._driver.status()
-        yield pb.MembershipEvent(
-            arbiter_id=me,
-            cluster=cluster,
-            quorum=pb.QuorumStatus(
-                in_quorum=status.in_quorum,
-                leader_id=status.leader_id or "",
-                epoch=status.epoch,
-            ),
+        yield self._quorum_event(
+            HubStatus(in_quorum=status.in_quorum, leader_id=status.leader_id, epoch=status.epoch)
         )
         if request.since_epoch > self._driver.state.epoch:
             await self._wait_for_epoch(request.since_epoch, context)
@@ -304,17 +298,21 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     )
                 else:
                     assert isinstance(item, HubStatus)
-                    yield pb.MembershipEvent(
-                        arbiter_id=me,
-                        cluster=cluster,
-                        quorum=pb.QuorumStatus(
-                            in_quorum=item.in_quorum,
-                            leader_id=item.leader_id or "",
-                            epoch=item.epoch,
-                        ),
-                    )
+                    yield self._quorum_event(item)
         finally:
             self._hub.unsubscribe(sub)
+
+    def _quorum_event(self, status: HubStatus) -> pb.MembershipEvent:
+        """A subscriber's quorum status event: this replica's standing now or at a change."""
+        return pb.MembershipEvent(
+            arbiter_id=self._driver.replica_id,
+            cluster=self.cluster,
+            quorum=pb.QuorumStatus(
+                in_quorum=status.in_quorum,
+                leader_id=status.leader_id or "",
+                epoch=status.epoch,
+            ),
+        )
 
     async def _wait_for_epoch(self, epoch: int, context: grpc.aio.ServicerContext) -> None:
         """Waits up to FUTURE_EPOCH_WAIT seconds for this replica to reach ``epoch``;
