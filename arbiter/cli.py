@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from arbiter.config import ArbiterConfig
-from membership.commands import EXIT_OK, Interrupt
+from membership.commands import EXIT_FAILURE, EXIT_OK, Interrupt
 from membership.errors import InvalidArgument
 
 __all__ = ["register"]
@@ -219,7 +219,10 @@ async def _serve(
     )
     started, _ = await interrupt.race(server.start())
     if started:
-        await interrupt.stop.wait()
+        await interrupt.race(server.wait_failed())
     await server.stop()
+    if server.failure is not None:
+        print(f"membership arbiter: error: {server.failure}", file=sys.stderr)
+        return EXIT_FAILURE
     print(f"arbiter {replica_id} stopped", file=sys.stderr)
     return EXIT_OK

@@ -281,6 +281,9 @@ class ArbiterServer:
         self._storage: Storage | None = None
         self._server: grpc.aio.Server | None = None
         self._stopped = asyncio.Event()
+        self._failed = asyncio.Event()
+        # Why this replica stopped taking part by itself (None while it is fit).
+        self.failure: str | None = None
         self.port = 0
 
     async def start(self) -> None:
@@ -339,6 +342,7 @@ class ArbiterServer:
                 on_quorum=self._on_quorum,
                 storage=storage,
                 on_reset=self.hub.reset,
+                on_fatal=self._fatal,
             )
         except RestoreError as e:
             raise StorageError(f"data dir {self.data_dir}: {e}") from None
@@ -382,6 +386,17 @@ class ArbiterServer:
             cfg.suspect_after * cfg.max_heartbeat_interval / cfg.heartbeat_interval,
             self.data_dir or "none (in memory)",
         )
+
+    def _fatal(self, reason: str) -> None:
+        """The driver found this replica unfit to take part: stop serving, say why."""
+        self.failure = reason
+        self._failed.set()
+
+    async def wait_failed(self) -> str:
+        """Returns the reason once this replica has found it must stop (see Driver on_fatal)."""
+        await self._failed.wait()
+        assert self.failure is not None
+        return self.failure
 
     def _on_change(self, change: ViewChange) -> None:
         self.hub.publish(change)

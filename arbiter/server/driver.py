@@ -70,6 +70,11 @@ class Driver:
             with every Ready (the driver does not close it).
         on_reset: called when the state machine was replaced by a leader's
             snapshot (its view jumped; changes in between are unknown).
+        on_fatal: called once, with the reason, when this replica must stop
+            taking part: a peer's message contradicts its durable Raft state
+            (its data dir was lost or replaced while the others kept running;
+            etcd stops such a member too). From then on it steps no Raft
+            message and reports no quorum.
 
     Raises:
         RestoreError: the stored snapshot is not of this group's arbiters.
@@ -87,8 +92,11 @@ class Driver:
         on_quorum: Callable[[ReplicaStatus], None],
         storage: Storage,
         on_reset: Callable[[], None] = lambda: None,
+        on_fatal: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self.replica_id = replica_id
+        self._on_fatal = on_fatal
+        self.fatal: str | None = None
         self.config = config
         self._send = send
         self._on_change = on_change
@@ -203,19 +211,24 @@ class Driver:
         if msg.dst != self.replica_id:
             log.warning("dropping raft message for %s (this is %s)", msg.dst, self.replica_id)
             return
+        if self.fatal is not None:
+            return
         try:
             self.replica.step(msg, time.monotonic())
-        except ConflictingState:
+        except ConflictingState as e:
             # The peer's message contradicts this replica's Raft state: its
             # durable state was lost or damaged (data dir wiped or replaced
-            # while the others kept running). It must not take part.
-            log.critical(
-                "raft message %s from %s contradicts this replica's raft state "
-                "(data dir lost or replaced?); message dropped",
-                msg.type.value,
-                msg.src,
-                exc_info=True,
+            # while the others kept running). It must not take part: with its
+            # votes forgotten it could vote twice in one term.
+            self.fatal = (
+                f"raft message {msg.type.value} from {msg.src} contradicts this replica's raft "
+                f"state ({e}): its data dir was lost or replaced while the other replicas kept "
+                "running. A replica must not take part with lost state (it could vote twice in "
+                "a term). Put its data dir back, or restart every replica on fresh data dirs "
+                "(a new cluster)"
             )
+            log.critical("%s: %s", self.replica_id, self.fatal)
+            self._on_fatal(self.fatal)
         except RaftError as e:
             # A malformed message must not end the peer's stream (and with it
             # every message queued behind it): drop this one, say so.
@@ -252,7 +265,7 @@ class Driver:
         return ReplicaStatus(
             arbiter_id=self.replica_id,
             leader_id=st.leader,
-            in_quorum=self.raft.in_quorum(time.monotonic()),
+            in_quorum=self.fatal is None and self.raft.in_quorum(time.monotonic()),
             term=st.term,
             role=st.role.name.lower(),
             epoch=self.state.epoch,

@@ -269,3 +269,37 @@ def test_durability_all_replicas_stopped_gracefully_declare_nobody_dead(
     assert after["epoch"] == before["epoch"], "a view change was committed during the stop"
     assert _members(after) == _members(before)
     assert not any(c["state"] == "DEAD" for c in changes(w))
+
+
+def test_durability_replica_whose_data_dir_was_lost_stops_with_one_error(
+    cluster: ProcCluster,
+) -> None:
+    # A replica restarted on an empty data dir while the others kept its old
+    # log: the leader's first message contradicts its (empty) state. It must
+    # not take part (its votes are forgotten) nor serve an empty view as
+    # current: it says why, once, and exits 1. The others go on deciding.
+    cluster.start_arbiters(3, *EXTRA)
+    leader = wait_until(cluster.leader, 20, "a leader")
+    victim = next(r for r in IDS if r != leader)
+    cluster.start_node("n1")
+    wait_until(lambda: _agreed(_views(cluster), 1), 20, "n1 ALIVE everywhere")
+    cluster.procs[victim].signal(signal.SIGTERM)
+    cluster.procs[victim].popen.wait(15)
+    data = cluster.workdir / f"{victim}.data"
+    data.rename(data.with_name(f"{victim}.data.lost"))
+
+    proc = _restart(cluster, victim)
+    assert proc.popen.wait(20) == 1, proc.stderr()[-3000:]
+    err = proc.stderr()
+    assert "data dir was lost or replaced" in err, err[-3000:]
+    assert err.count("CRITICAL") == 1, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    # The two others still decide: n1 killed is DEAD on them.
+    others = tuple(r for r in IDS if r != victim)
+    cluster.procs["n1"].kill()
+    wait_until(
+        lambda: (v := _agreed(_views(cluster, others), 0))
+        and any(m[0] == "n1" and m[2] == "DEAD" for m in _members(v)),
+        15,
+        "n1 DEAD on the two others",
+    )
