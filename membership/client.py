@@ -443,15 +443,12 @@ class MembershipClient:
         status: bool = False,
         status_interval: float = 0.0,
         reset_if_ahead: bool = False,
+        instance: str = "",
     ) -> AsyncIterator[ViewEvent]:
         """Yields the view as a stream: a snapshot (or the changes after
         ``since_epoch``), then every change, quorum transitions, and loss and
-        return of contact.
-
-        Fails over between arbiters and resumes from the last epoch it
-        yielded, so epochs are contiguous (or a fresh snapshot is yielded):
-        no gap, no duplicate (rules in :mod:`membership.feed`). Also updates
-        :attr:`view`.
+        return of contact; fails over between arbiters without gap or
+        duplicate (rules in :mod:`membership.feed`). Also updates :attr:`view`.
 
         Args:
             since_epoch: the last epoch the caller holds (0: start with a snapshot).
@@ -460,8 +457,11 @@ class MembershipClient:
             status_interval: seconds between status events (0: the arbiter's
                 default; an arbiter never sends them more often than its own).
             reset_if_ahead: when ``since_epoch`` is beyond the cluster's epoch,
-                yield :class:`ViewReset` and start again from a fresh snapshot
+                or of another instance of it (it was reset), yield
+                :class:`ViewReset` and start again from a fresh snapshot
                 instead of raising.
+            instance: the cluster instance ``since_epoch`` belongs to
+                (:attr:`ViewSnapshot.instance`); "" unknown.
 
         Yields:
             ViewSnapshot, ViewChanged, QuorumChanged, Disconnected,
@@ -488,6 +488,7 @@ class MembershipClient:
             closed=lambda: self._closed or self.error is not None,
             on_view=self._set_view,
             backoff=self._backoff,
+            instance=instance,
         )
         try:
             async for ev in watcher.events():

@@ -179,7 +179,9 @@ def event_from_pb(ev: pb.MembershipEvent) -> ViewEvent | ProgressMarker | None:
     """Wire event -> SDK event (a progress marker too); None for an empty or unknown one."""
     kind = ev.WhichOneof("event")
     if kind == "snapshot":
-        return ViewSnapshot(view=view_from_pb(ev.snapshot.view), arbiter_id=ev.arbiter_id)
+        return ViewSnapshot(
+            view=view_from_pb(ev.snapshot.view), arbiter_id=ev.arbiter_id, instance=ev.instance
+        )
     if kind == "change":
         return ViewChanged(
             epoch=ev.change.epoch,

@@ -39,6 +39,12 @@ Rules:
    real epoch). Then :class:`~membership.errors.EpochOutOfRange` is raised,
    or, with ``reset_if_ahead``, :class:`~membership.view.ViewReset` is
    passed on and the watcher starts again from a fresh snapshot.
+7. Instances. Every subscription names the cluster's instance id (drawn by
+   its first leader; a cluster started again on fresh data dirs has
+   another). The watcher keeps the first it was served from (or the one it
+   was given with its epoch); a subscription of another instance means the
+   cluster was reset: its epochs are another history, so it is handled as a
+   confirmed future epoch (rule 6), at once.
 """
 
 from __future__ import annotations
@@ -102,6 +108,7 @@ class FeedState:
         reset_if_ahead: on a confirmed future epoch, start again from a
             snapshot instead of raising (rule 6).
         arbiters: how many arbiters the watcher was given.
+        instance: the cluster instance ``since_epoch`` belongs to ("" unknown).
         now: monotonic seconds at the start.
 
     Raises:
@@ -118,6 +125,7 @@ class FeedState:
         probe_interval: float,
         reset_if_ahead: bool = False,
         arbiters: int = 1,
+        instance: str = "",
         now: float,
     ) -> None:
         if since_epoch < 0:
@@ -125,6 +133,7 @@ class FeedState:
         if min(idle_timeout, disconnect_after, probe_interval) <= 0:
             raise ValueError("timeouts must be > 0")
         self.last_epoch = since_epoch
+        self.instance = instance if since_epoch > 0 else ""
         self.view = View()
         self._status = include_status
         self._idle_timeout = idle_timeout
@@ -152,14 +161,35 @@ class FeedState:
 
     # --- inputs ---------------------------------------------------------------------
 
-    def opened(self, address: str, arbiter_id: str, now: float) -> None:
-        """A subscription to ``address`` is serving now (the first answer the shell took)."""
+    def opened(
+        self, address: str, arbiter_id: str, now: float, instance: str = "", epoch: int = 0
+    ) -> list[ViewEvent]:
+        """A subscription to ``address`` is serving now (the first answer the shell took),
+        from the cluster instance ``instance`` ("" when the cluster has none yet), whose
+        epoch is ``epoch`` (from its first message).
+
+        Returns:
+            ``[ViewReset]`` when that is another instance than the watcher's
+            (rule 7) and ``reset_if_ahead`` is on.
+
+        Raises:
+            EpochOutOfRange: another instance, and ``reset_if_ahead`` is off.
+        """
+        if instance and self.instance and instance != self.instance:
+            self._cluster_epoch = epoch
+            return self._reset(
+                f"the cluster was reset: the watcher's epochs are of instance {self.instance}, "
+                f"{arbiter_id or address} serves instance {instance}"
+            )
+        if instance:
+            self.instance = instance
         self.serving = address
         self._serving_id = arbiter_id
         self._last_message = now
         self._serving_in_quorum = None
         self._probe_at = None
         self._announced_interval = 0.0
+        return []
 
     def on_event(self, address: str, event: Incoming, now: float) -> list[ViewEvent]:
         """Takes one message from the serving subscription; returns what to pass on.
@@ -229,19 +259,27 @@ class FeedState:
                 avoid=address,
             )
             return []
+        return self._reset(
+            f"since_epoch {self.last_epoch} is beyond the cluster's epoch "
+            f"{self._cluster_epoch} (was the cluster reset, or is the epoch another "
+            "cluster's?)"
+        )
+
+    def _reset(self, why: str) -> list[ViewEvent]:
+        """Rules 6 and 7: the epochs held are not this cluster's; raise, or start afresh."""
         since, cluster = self.last_epoch, self._cluster_epoch
         self._out_of_range.clear()
         self._out_of_range_answers = 0
         if not self._reset_if_ahead:
             raise EpochOutOfRange(
-                f"since_epoch {since} is beyond the cluster's epoch {cluster} (was the "
-                "cluster reset, or is the epoch another cluster's?); resume from 0 for a "
-                "fresh snapshot",
+                f"{why}; resume from 0 for a fresh snapshot",
                 since_epoch=since,
                 cluster_epoch=cluster,
             )
         self.last_epoch = 0
+        self.instance = ""
         self.view = View()
+        self.serving = None
         self._pending = Resubscribe(reason="reset to a fresh snapshot", since_epoch=0)
         return [ViewReset(since_epoch=since, cluster_epoch=cluster)]
 

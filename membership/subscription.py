@@ -84,6 +84,7 @@ class Watcher:
         closed: returns True once the client is closed (the watch ends).
         on_view: called with the view after every event that changed it.
         backoff: the backoff between failed rounds.
+        instance: the cluster instance ``since_epoch`` belongs to ("" unknown).
 
     Raises:
         InvalidArgument: for a negative or non-integer epoch, or a bad status interval.
@@ -103,6 +104,7 @@ class Watcher:
         closed: Callable[[], bool],
         on_view: Callable[[View], None],
         backoff: Backoff,
+        instance: str = "",
     ) -> None:
         if (
             isinstance(status_interval, bool)
@@ -132,11 +134,12 @@ class Watcher:
             probe_interval=config.failover_probe_interval,
             reset_if_ahead=reset_if_ahead,
             arbiters=len(self._addresses),
+            instance=instance,
             now=time.monotonic(),
         )
         self._serving: _Call | None = None
         self._attempts: dict[str, _Call] = {}
-        self._fallback: tuple[_Call, Any] | None = None
+        self._fallback: tuple[_Call, Any, Any] | None = None  # (call, first message, event)
         self._queue: list[str] = []  # addresses still to try in this round
         self._hedge_at: float | None = None
         self._retry_at = 0.0
@@ -235,6 +238,7 @@ class Watcher:
             include_status=self._status,
             status_interval_seconds=self._status_interval,
             cluster=self._check.expected or "",
+            instance=self.feed.instance,
         )
         self._attempts[address] = _Call(address, self._channels.stub(address).Subscribe(request))
 
@@ -257,7 +261,7 @@ class Watcher:
             return await self._serve(attempt, msg, ev, now)
         # Not in a quorum: keep it in case no arbiter is, and ask the others now.
         if self._fallback is None:
-            self._fallback = (attempt, ev)
+            self._fallback = (attempt, msg, ev)
         else:
             await attempt.cancel()
         self._hedge_at = now
@@ -285,9 +289,9 @@ class Watcher:
             self._maybe_hedge(now)
             return []
         if self._fallback is not None:
-            attempt, ev = self._fallback
+            attempt, msg, ev = self._fallback
             self._fallback = None
-            return await self._serve(attempt, None, ev, now)
+            return await self._serve(attempt, msg, ev, now)
         self._failures += 1
         self._retry_at = now + self._backoff.delay(self._failures)
         return []
@@ -305,9 +309,15 @@ class Watcher:
         self._last_index = self._addresses.index(attempt.address)
         self._serving = attempt
         attempt.next_read()
-        arbiter_id = getattr(ev, "arbiter_id", "") if msg is None else msg.arbiter_id
-        self.feed.opened(attempt.address, arbiter_id, now)
-        log.debug("subscribed to %s (%s)", attempt.address, arbiter_id)
+        epoch = msg.quorum.epoch if msg.WhichOneof("event") == "quorum" else 0
+        reset = self.feed.opened(
+            attempt.address, msg.arbiter_id, now, instance=msg.instance, epoch=epoch
+        )
+        if reset:  # another instance of the cluster: start again from a snapshot
+            self._serving = None
+            await attempt.cancel()
+            return self._passed_on(reset)
+        log.debug("subscribed to %s (%s)", attempt.address, msg.arbiter_id)
         return self._passed_on(self.feed.on_event(attempt.address, ev, now))
 
     async def _serving_done(self, now: float) -> list[ViewEvent]:

@@ -181,10 +181,15 @@ class ViewSnapshot:
 
     Also sent after a resume point that is no longer retained, or after the
     subscriber fell behind: the snapshot replaces whatever the subscriber had.
+    ``instance`` is the cluster's instance id the view belongs to ("" before
+    the cluster has one): pass it with the epoch to resume later
+    (``watch(since_epoch=..., instance=...)``), so that a cluster reset since
+    is noticed even where the epoch exists again.
     """
 
     view: View
     arbiter_id: str = ""
+    instance: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

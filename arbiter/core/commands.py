@@ -19,6 +19,11 @@ Rule 2a. A SUSPECT observation may carry its evidence: seconds since the
     Informational: the tally never reads it, a DEAD change reports it.
 Rule 3. A :class:`Leave` is a node's graceful departure at an incarnation;
     ``request_id`` lets the shell answer the RPC waiting for it.
+Rule 3a. A :class:`Bootstrap` names the cluster's *instance*: a random id
+    that a leader proposes while the applied state has none. The first one
+    applied wins; later ones change nothing. A cluster started again on fresh
+    data dirs (a reset) draws a new one, so a subscriber can tell that its
+    epochs belong to another history, even at the same name and replicas.
 Rule 4. The encoding is JSON from the standard library, compact
     (no spaces) and canonical (sorted keys, ASCII only), with a version
     field ``"v": 1``: encoding the same command gives the same bytes on
@@ -42,6 +47,7 @@ from arbiter.errors import ArbiterError
 
 __all__ = [
     "VERSION",
+    "Bootstrap",
     "Command",
     "CommandDecodeError",
     "Leave",
@@ -190,7 +196,26 @@ class Leave:
             raise ValueError(f"request_id must be a string, got {self.request_id!r}")
 
 
-Command = ObserveBatch | Leave
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bootstrap:
+    """The cluster's instance id (rule 3a).
+
+    Attributes:
+        instance: 1 to 64 characters of lowercase hex digits.
+    """
+
+    instance: str
+
+    def __post_init__(self) -> None:
+        if (
+            not isinstance(self.instance, str)
+            or not 0 < len(self.instance) <= 64
+            or any(c not in "0123456789abcdef" for c in self.instance)
+        ):
+            raise ValueError(f"instance must be 1 to 64 hex digits, got {self.instance!r}")
+
+
+Command = ObserveBatch | Leave | Bootstrap
 
 
 def encode(command: Command) -> bytes:
@@ -218,6 +243,8 @@ def encode(command: Command) -> bytes:
             "inc": command.incarnation,
             "request_id": command.request_id,
         }
+    elif isinstance(command, Bootstrap):
+        obj = {"v": VERSION, "type": "bootstrap", "instance": command.instance}
     else:
         raise TypeError(f"not a command: {command!r}")
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
@@ -319,6 +346,9 @@ def _decode_obj(obj: Any) -> Command:
             incarnation=_get(f, "inc", int, "leave"),
             request_id=_get(f, "request_id", str, "leave"),
         )
+    if kind == "bootstrap":
+        f = _fields(obj, "bootstrap", {"v", "type", "instance"})
+        return Bootstrap(instance=_get(f, "instance", str, "bootstrap"))
     raise CommandDecodeError(f"command: unknown type {kind!r}")
 
 

@@ -26,6 +26,9 @@ Rules:
 5. Compaction: ``maybe_compact`` snapshots the state machine once
    ``settings.snapshot_every`` entries were applied since the last snapshot
    and returns the snapshot for the caller to persist (Raft §7).
+6. Instance: a leader whose applied state has no instance id yet proposes a
+   Bootstrap with a random one (drawn from the injected random source), once
+   per term; the tally keeps the first applied (its rule 10).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from arbiter.core.commands import Leave, ObserveBatch, encode
+from arbiter.core.commands import Bootstrap, Leave, ObserveBatch, encode
 from arbiter.core.detection import FailureDetector, suggest_interval
 from arbiter.core.observer import HeartbeatVerdict, Observer
 from arbiter.core.raft import (
@@ -47,6 +50,7 @@ from arbiter.core.raft import (
     RaftStatus,
     Ready,
     Rng,
+    Role,
     Snapshot,
 )
 from arbiter.core.tally import ApplyResult, MembershipState, SnapshotDecodeError
@@ -195,6 +199,8 @@ class Replica:
             self.state = restore_state(snapshot, replica_ids)
         else:
             self.state = MembershipState(list(replica_ids))
+        self._rng = rng
+        self._bootstrap_term = -1
         self.raft = RaftNode(
             node_id=replica_id,
             peers=list(replica_ids),
@@ -280,8 +286,10 @@ class Replica:
             self.proposals_dropped += 1
 
     def tick(self, now: float) -> None:
-        """Lets time pass: Raft timers, detector suspicions, owed observations (rule 2)."""
+        """Lets time pass: Raft timers, detector suspicions, owed observations (rule 2),
+        and, on a leader of a cluster without an instance id, its Bootstrap (rule 6)."""
         self.raft.tick(now)
+        self._bootstrap(now)
         self.observer.tick(now, self.state)
         owed = self.observer.observations(now, self.state)
         if owed:
@@ -291,6 +299,21 @@ class Replica:
                 )
             except ProposalDropped:
                 self.proposals_dropped += 1
+
+    def _bootstrap(self, now: float) -> None:
+        """Rule 6: a leader proposes an instance id while the applied state has none,
+        once per term (a second one applied changes nothing)."""
+        st = self.raft.status()
+        if st.role is not Role.LEADER or self.state.instance or self._bootstrap_term == st.term:
+            return
+        self._bootstrap_term = st.term
+        # 104 random bits from the injected source, as hex (the simulator's
+        # runs stay reproducible).
+        instance = "".join(f"{int(self._rng.random() * 2**52):013x}" for _ in range(2))
+        try:
+            self.raft.propose(encode(Bootstrap(instance=instance)), now)
+        except ProposalDropped:
+            self.proposals_dropped += 1
 
     def propose_leave(self, node_id: str, incarnation: int, request_id: str, now: float) -> None:
         """Proposes a graceful leave.

@@ -55,6 +55,9 @@ Rule 8. The tally runs once per entry, after all the entry's observations are
 Rule 9. Raft no-ops (empty data), undecodable entries and batches from a
     replica that is not a configured arbiter change nothing but the applied
     index; the last two return an error, the same on every replica.
+Rule 10. A Bootstrap (commands rule 3a) sets the cluster's instance id if it
+    has none; later ones change nothing. It never changes the view or the
+    epoch.
 Records stay after DEAD and LEFT (they stop old incarnations from coming back),
 as do observations and retired incarnations: O(nodes x arbiters) memory until
 a later issue prunes them. The whole state is snapshotted for log compaction
@@ -70,7 +73,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from arbiter.core import tally_snapshot
-from arbiter.core.commands import CommandDecodeError, Leave, ObserveBatch, Opinion, decode
+from arbiter.core.commands import (
+    Bootstrap,
+    CommandDecodeError,
+    Leave,
+    ObserveBatch,
+    Opinion,
+    decode,
+)
 from arbiter.core.tally_snapshot import ObservationRecord, SnapshotDecodeError, TallyImage
 from membership.view import Member, MemberChange, MemberState, View
 
@@ -152,6 +162,7 @@ class MembershipState:
         self._obs: dict[str, dict[str, ObservationRecord]] = {}  # node -> replica -> latest
         # node -> highest incarnation retired by a leave before it joined (rule 5)
         self._retired: dict[str, int] = {}
+        self._instance = ""  # rule 10
         self._view: View | None = View()
 
     @property
@@ -193,6 +204,11 @@ class MembershipState:
             command = decode(data)
         except CommandDecodeError as e:
             return ApplyResult(index=index, error=f"undecodable entry: {e}")
+        if isinstance(command, Bootstrap):
+            # Rule 10: the first instance id applied names this cluster for good.
+            if not self._instance:
+                self._instance = command.instance
+            return ApplyResult(index=index)
         if isinstance(command, ObserveBatch):
             if command.replica_id not in self._arbiters:
                 return ApplyResult(
@@ -227,6 +243,11 @@ class MembershipState:
     def member(self, node_id: str) -> Member | None:
         """The node's record in the view, or None if it has none."""
         return self._members.get(node_id)
+
+    @property
+    def instance(self) -> str:
+        """The cluster's instance id (rule 10); "" until a leader's Bootstrap is applied."""
+        return self._instance
 
     def retired(self, node_id: str) -> int:
         """The highest incarnation of the node retired by a leave before it joined
@@ -422,6 +443,7 @@ class MembershipState:
                 (n, r, o) for n in sorted(self._obs) for r, o in sorted(self._obs[n].items())
             ),
             retired=tuple((n, self._retired[n]) for n in sorted(self._retired)),
+            instance=self._instance,
         )
 
     def _load(self, image: TallyImage) -> None:
@@ -434,6 +456,7 @@ class MembershipState:
             self._obs.setdefault(node, {})[replica] = record
         for node, incarnation in image.retired:
             self._retired[node] = incarnation
+        self._instance = image.instance
         self._view = None
 
 

@@ -16,8 +16,9 @@ Rules:
    seq, [[key, value], ...]], ...]}``. An observation row with suspicion
    evidence has a 7th column ``[silence, suspicion, detector]``; one without
    has six, as before evidence existed. ``"retired": [[node, incarnation],
-   ...]`` is present only when some incarnation was retired, so a state
-   without one encodes as it did before retirement existed.
+   ...]`` is present only when some incarnation was retired, and
+   ``"instance": id`` only once the cluster has one, so a state without them
+   encodes as it did before they existed.
 3. Decoding refuses, with :class:`SnapshotDecodeError`, anything this
    module could not have written: another version, a wrong type (a bool is
    not an int), a negative number, an empty id, unsorted or duplicate
@@ -97,6 +98,7 @@ class TallyImage:
         observations: (node id, replica id, its latest observation of the
             node), sorted by node id, then replica id.
         retired: (node id, highest retired incarnation), sorted by node id.
+        instance: the cluster's instance id ("" before its Bootstrap).
     """
 
     arbiters: tuple[str, ...]
@@ -105,6 +107,7 @@ class TallyImage:
     members: tuple[Member, ...] = ()
     observations: tuple[tuple[str, str, ObservationRecord], ...] = ()
     retired: tuple[tuple[str, int], ...] = ()
+    instance: str = ""
 
 
 def encode(image: TallyImage) -> bytes:
@@ -127,6 +130,8 @@ def encode(image: TallyImage) -> bytes:
     }
     if image.retired:  # absent when empty: older snapshots stay canonical
         snapshot["retired"] = [[n, i] for n, i in image.retired]
+    if image.instance:
+        snapshot["instance"] = image.instance
     return json.dumps(snapshot, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -193,6 +198,7 @@ def _image(snap: Any) -> TallyImage:
         members=tuple(members),
         observations=tuple(observations),
         retired=retired,
+        instance=_str(snap.get("instance", "")),
     )
 
 

@@ -10,9 +10,12 @@ is refused with FAILED_PRECONDITION before it is acted on, so a client given
 the replicas of two clusters joins neither by mistake. A subscription that
 resumes after an epoch this replica has not reached waits up to
 ``FUTURE_EPOCH_WAIT`` seconds for it (a follower may lag its leader by a Raft
-round); still behind then, and in a quorum, it ends with OUT_OF_RANGE: the
-subscriber holds an epoch the cluster never committed (it was reset, or the
-epoch is another cluster's).
+round); still behind after being in a quorum that long, it ends with
+OUT_OF_RANGE: the subscriber holds an epoch the cluster never committed (it
+was reset, or the epoch is another cluster's). Events and views also carry
+the cluster's instance id (tally rule 10); a resume that names another
+instance is refused with OUT_OF_RANGE at once: the cluster was reset since,
+and its epochs belong to another history, even where the numbers exist.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -230,8 +234,6 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         With ``include_status``, also StatusUpdate events: every node whose
         status or suspicions changed, at most once per status interval.
         """
-        me = self._driver.replica_id
-        cluster = self.cluster
         refusal = self._cluster_mismatch(request.cluster, "subscriber")
         if refusal is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
@@ -252,8 +254,12 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         yield self._quorum_event(
             HubStatus(in_quorum=status.in_quorum, leader_id=status.leader_id, epoch=status.epoch)
         )
-        if request.since_epoch > self._driver.state.epoch:
-            await self._wait_for_epoch(request.since_epoch, context)
+        state = self._driver.state
+        if request.since_epoch > 0 and (
+            request.since_epoch > state.epoch
+            or (request.instance and request.instance != state.instance)
+        ):
+            await self._wait_for_resume(request.since_epoch, request.instance, context)
         sub = self._hub.subscribe(request.since_epoch)
         try:
             next_progress = loop.time() + self._config.progress_interval
@@ -262,16 +268,14 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 # a status must never arrive before the view it refers to.
                 if loop.time() >= next_status and not sub.queue:
                     for update in self._status_updates(sent):
-                        yield pb.MembershipEvent(arbiter_id=me, cluster=cluster, status=update)
+                        yield self._event(status=update)
                     next_status = loop.time() + status_every
                 item = await sub.get(max(0.0, min(next_progress, next_status) - loop.time()))
                 if item is None:
                     if sub.closed:
                         break
                     if loop.time() >= next_progress:
-                        yield pb.MembershipEvent(
-                            arbiter_id=me,
-                            cluster=cluster,
+                        yield self._event(
                             progress=pb.Progress(
                                 epoch=self._driver.state.epoch,
                                 in_quorum=self._driver.status().in_quorum,
@@ -282,15 +286,9 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     continue
                 next_progress = loop.time() + self._config.progress_interval
                 if isinstance(item, View):
-                    yield pb.MembershipEvent(
-                        arbiter_id=me,
-                        cluster=cluster,
-                        snapshot=pb.ViewSnapshot(view=self._view_pb(item)),
-                    )
+                    yield self._event(snapshot=pb.ViewSnapshot(view=self._view_pb(item)))
                 elif isinstance(item, ViewChange):
-                    yield pb.MembershipEvent(
-                        arbiter_id=me,
-                        cluster=cluster,
+                    yield self._event(
                         change=pb.ViewChange(
                             epoch=item.epoch,
                             changes=[convert.change_to_pb(c) for c in item.changes],
@@ -302,11 +300,18 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         finally:
             self._hub.unsubscribe(sub)
 
-    def _quorum_event(self, status: HubStatus) -> pb.MembershipEvent:
-        """A subscriber's quorum status event: this replica's standing now or at a change."""
+    def _event(self, **event: Any) -> pb.MembershipEvent:
+        """An event to a subscriber, stamped with this replica, its cluster and instance."""
         return pb.MembershipEvent(
             arbiter_id=self._driver.replica_id,
             cluster=self.cluster,
+            instance=self._driver.state.instance,
+            **event,
+        )
+
+    def _quorum_event(self, status: HubStatus) -> pb.MembershipEvent:
+        """A subscriber's quorum status event: this replica's standing now or at a change."""
+        return self._event(
             quorum=pb.QuorumStatus(
                 in_quorum=status.in_quorum,
                 leader_id=status.leader_id or "",
@@ -314,24 +319,47 @@ class MembershipServicer(pb_grpc.MembershipServicer):
             ),
         )
 
-    async def _wait_for_epoch(self, epoch: int, context: grpc.aio.ServicerContext) -> None:
-        """Waits up to FUTURE_EPOCH_WAIT seconds for this replica to reach ``epoch``;
-        aborts with OUT_OF_RANGE if it is still behind then while in a quorum (a
-        replica without quorum cannot tell: the subscription then waits, and
-        the subscriber, told ``in_quorum = false``, goes elsewhere)."""
+    async def _wait_for_resume(
+        self, since: int, instance: str, context: grpc.aio.ServicerContext
+    ) -> None:
+        """Waits until this replica can serve a resume after epoch ``since`` of the
+        cluster instance ``instance`` ("" unknown), or refuses it (module docstring).
+
+        Another instance's epoch is refused with OUT_OF_RANGE at once. An epoch
+        beyond this replica's is waited for; once the replica has been in a
+        quorum for FUTURE_EPOCH_WAIT seconds and is still behind, it is refused
+        with OUT_OF_RANGE. A replica without quorum cannot tell, and never
+        serves another history: it keeps waiting (its subscriber, told
+        ``in_quorum = false``, goes elsewhere); so does a replica that does
+        not know its instance yet when the subscriber names one.
+        """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + FUTURE_EPOCH_WAIT
-        while self._driver.state.epoch < epoch and not self._closing.is_set():
-            if loop.time() >= deadline:
-                status = self._driver.status()
-                if status.in_quorum:
-                    await context.abort(
-                        grpc.StatusCode.OUT_OF_RANGE,
-                        f"since_epoch {epoch} is beyond the cluster's epoch {status.epoch} "
-                        "(was the cluster reset, or is that epoch another cluster's?); "
-                        "resume from 0 for a fresh snapshot",
-                    )
+        in_quorum_since: float | None = None
+        while not self._closing.is_set():
+            state = self._driver.state
+            if instance and state.instance and instance != state.instance:
+                await context.abort(
+                    grpc.StatusCode.OUT_OF_RANGE,
+                    f"since_epoch {since} is of another instance of this cluster ({instance}; "
+                    f"it is {state.instance} now): the cluster was reset since; resume from 0 "
+                    "for a fresh snapshot",
+                )
+            if state.epoch >= since and (not instance or state.instance):
                 return
+            now = loop.time()
+            if not self._driver.status().in_quorum:
+                in_quorum_since = None
+            elif in_quorum_since is None:
+                in_quorum_since = now
+            elif now - in_quorum_since >= FUTURE_EPOCH_WAIT and state.epoch < since:
+                await context.abort(
+                    grpc.StatusCode.OUT_OF_RANGE,
+                    f"since_epoch {since} is beyond the cluster's epoch {state.epoch} "
+                    "(was the cluster reset, or is that epoch another cluster's?); "
+                    "resume from 0 for a fresh snapshot",
+                )
+            # An instance named but not known here yet (a cluster just started:
+            # its leader's Bootstrap is on its way): wait for it.
             await asyncio.sleep(0.05)
 
     async def GetView(
@@ -352,6 +380,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
             term=status.term,
             local_suspects=[] if request.summary else self._driver.local_suspects(),
             cluster=self.cluster,
+            instance=self._driver.state.instance,
         )
 
     async def Leave(

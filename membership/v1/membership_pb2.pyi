@@ -308,6 +308,7 @@ class SubscribeRequest(_message.Message):
     INCLUDE_STATUS_FIELD_NUMBER: _builtins.int
     STATUS_INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
     CLUSTER_FIELD_NUMBER: _builtins.int
+    INSTANCE_FIELD_NUMBER: _builtins.int
     since_epoch: _builtins.int
     """Last epoch the subscriber holds; 0 = send a snapshot first. When that
     epoch is no longer retained, a snapshot is sent instead: never a gap.
@@ -325,6 +326,11 @@ class SubscribeRequest(_message.Message):
     status_interval_seconds: _builtins.float
     cluster: _builtins.str
     """The cluster identity the subscriber expects; empty = not checked."""
+    instance: _builtins.str
+    """The cluster instance since_epoch belongs to (MembershipEvent.instance of
+    the events it came from); empty = unknown. Another instance's epoch is
+    refused with OUT_OF_RANGE: the cluster was reset since.
+    """
     def __init__(
         self,
         *,
@@ -333,10 +339,11 @@ class SubscribeRequest(_message.Message):
         include_status: _builtins.bool = ...,
         status_interval_seconds: _builtins.float = ...,
         cluster: _builtins.str = ...,
+        instance: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "include_status", b"include_status", "since_epoch", b"since_epoch", "status_interval_seconds", b"status_interval_seconds", "subscriber_id", b"subscriber_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "include_status", b"include_status", "instance", b"instance", "since_epoch", b"since_epoch", "status_interval_seconds", b"status_interval_seconds", "subscriber_id", b"subscriber_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -686,6 +693,7 @@ class MembershipEvent(_message.Message):
 
     ARBITER_ID_FIELD_NUMBER: _builtins.int
     CLUSTER_FIELD_NUMBER: _builtins.int
+    INSTANCE_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
     CHANGE_FIELD_NUMBER: _builtins.int
     QUORUM_FIELD_NUMBER: _builtins.int
@@ -694,6 +702,12 @@ class MembershipEvent(_message.Message):
     arbiter_id: _builtins.str
     cluster: _builtins.str
     """the serving replica's cluster identity"""
+    instance: _builtins.str
+    """The cluster's instance id: drawn at random by its first leader and kept in
+    its log; a cluster started again on fresh data dirs (a reset) has another,
+    so epochs of two instances are never taken for one history. Empty until
+    the first leader's is committed.
+    """
     @_builtins.property
     def snapshot(self) -> Global___ViewSnapshot: ...
     @_builtins.property
@@ -711,6 +725,7 @@ class MembershipEvent(_message.Message):
         *,
         arbiter_id: _builtins.str = ...,
         cluster: _builtins.str = ...,
+        instance: _builtins.str = ...,
         snapshot: Global___ViewSnapshot | None = ...,
         change: Global___ViewChange | None = ...,
         quorum: Global___QuorumStatus | None = ...,
@@ -719,7 +734,7 @@ class MembershipEvent(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["change", b"change", "event", b"event", "progress", b"progress", "quorum", b"quorum", "snapshot", b"snapshot", "status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "change", b"change", "cluster", b"cluster", "event", b"event", "progress", b"progress", "quorum", b"quorum", "snapshot", b"snapshot", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "change", b"change", "cluster", b"cluster", "event", b"event", "instance", b"instance", "progress", b"progress", "quorum", b"quorum", "snapshot", b"snapshot", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["snapshot", "change", "quorum", "progress", "status"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
@@ -760,12 +775,15 @@ class GetViewResponse(_message.Message):
     TERM_FIELD_NUMBER: _builtins.int
     LOCAL_SUSPECTS_FIELD_NUMBER: _builtins.int
     CLUSTER_FIELD_NUMBER: _builtins.int
+    INSTANCE_FIELD_NUMBER: _builtins.int
     arbiter_id: _builtins.str
     leader_id: _builtins.str
     in_quorum: _builtins.bool
     term: _builtins.int
     cluster: _builtins.str
     """the replica's cluster identity"""
+    instance: _builtins.str
+    """the cluster's instance id (see MembershipEvent)"""
     @_builtins.property
     def view(self) -> Global___View: ...
     @_builtins.property
@@ -784,10 +802,11 @@ class GetViewResponse(_message.Message):
         term: _builtins.int = ...,
         local_suspects: _abc.Iterable[_builtins.str] | None = ...,
         cluster: _builtins.str = ...,
+        instance: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["view", b"view"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "cluster", b"cluster", "in_quorum", b"in_quorum", "leader_id", b"leader_id", "local_suspects", b"local_suspects", "term", b"term", "view", b"view"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "cluster", b"cluster", "in_quorum", b"in_quorum", "instance", b"instance", "leader_id", b"leader_id", "local_suspects", b"local_suspects", "term", b"term", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -21,6 +21,7 @@ from membership import (
     ClientConfig,
     MembershipClient,
     MemberState,
+    ViewChanged,
     ViewEvent,
     ViewSnapshot,
 )
@@ -309,3 +310,80 @@ async def test_sdk_watcher_reports_loss_and_return_of_contact(
     finally:
         await watcher.close()
     print(f"loss of contact reported {lost_after:.2f}s after the freeze")
+
+
+async def _three_replicas(peers: dict[str, str]) -> list[ArbiterServer]:
+    servers = [
+        ArbiterServer(replica_id=rid, peers=peers, listen=addr, config=ArbiterConfig.local())
+        for rid, addr in peers.items()
+    ]
+    for s in servers:
+        await s.start()
+    await wait_async(lambda: any(s.driver.is_leader for s in servers), 15, "a leader")
+    await wait_async(lambda: all(s.driver.state.instance for s in servers), 10, "an instance")
+    return servers
+
+
+@pytest.mark.parametrize("reset", [False, True], ids=["raises", "resets"])
+async def test_sdk_watcher_across_a_cluster_reset_never_merges_two_histories(
+    reset: bool,
+) -> None:
+    # The whole cluster is started again on fresh state (same name, same
+    # replicas: the same identity) while a watcher follows it. Its epochs are
+    # another history now: it raises EpochOutOfRange, or with reset_if_ahead
+    # starts again from a fresh snapshot, and never passes on a change of the
+    # new history as if it came after the old one.
+    peers = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(3))}
+    addrs = list(peers.values())
+    servers = await _three_replicas(peers)
+    old_instance = servers[0].driver.state.instance
+    watcher = MembershipClient(addrs, config=WATCH)
+    events: list[ViewEvent] = []
+    errors: list[BaseException] = []
+
+    async def pump() -> None:
+        try:
+            async for ev in watcher.watch(reset_if_ahead=reset):
+                events.append(ev)
+        except EpochOutOfRange as e:
+            errors.append(e)
+
+    task = asyncio.get_running_loop().create_task(pump())
+    try:
+        for n in ("n1", "n2"):
+            async with MembershipClient(addrs, node_id=n, config=WATCH) as node:
+                await node.wait_alive(timeout=10)
+        await wait_async(lambda: watcher.view.epoch >= 4, 10, "the watcher at epoch 4")
+        seen_before = len(events)
+        for s in servers:
+            await s.stop(grace=0)
+        servers = await _three_replicas(peers)
+        assert servers[0].driver.state.instance != old_instance
+        for n in ("m1", "m2", "m3"):  # the new history reaches the old epochs
+            async with MembershipClient(addrs, node_id=n, config=WATCH) as node:
+                await node.wait_alive(timeout=10)
+        if reset:
+            await wait_async(
+                lambda: any(isinstance(e, ViewSnapshot) for e in events[seen_before:]),
+                20,
+                "a fresh snapshot",
+            )
+            after = events[seen_before:]
+            resets = [e for e in after if isinstance(e, ViewReset)]
+            assert len(resets) == 1, after
+            first_snapshot = next(i for i, e in enumerate(after) if isinstance(e, ViewSnapshot))
+            assert after.index(resets[0]) < first_snapshot
+            # Nothing of the new history before the reset.
+            assert not any(isinstance(e, ViewChanged) for e in after[: after.index(resets[0])])
+        else:
+            await wait_async(lambda: errors, 20, "EpochOutOfRange")
+            after = events[seen_before:]
+            assert not any(isinstance(e, ViewChanged | ViewSnapshot) for e in after), after
+            assert "reset" in str(errors[0]) or "beyond" in str(errors[0])
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await watcher.close()
+        for s in servers:
+            await s.stop(grace=0)

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from arbiter.core.commands import (
+    Bootstrap,
     Command,
     CommandDecodeError,
     Leave,
@@ -40,6 +41,7 @@ _commands: st.SearchStrategy[Command] = st.one_of(
         observations=st.lists(_observations, max_size=5).map(tuple),
     ),
     st.builds(Leave, node_id=_ids, incarnation=_counts, request_id=st.text(max_size=12)),
+    st.builds(Bootstrap, instance=st.text("0123456789abcdef", min_size=1, max_size=64)),
 )
 
 
@@ -133,6 +135,10 @@ def _leave(**overrides: Any) -> bytes:
         (_obs(labels=[["a"]]), "expected [key, value] strings"),
         (_obs(labels=[["a", 1]]), "expected [key, value] strings"),
         (_obs(labels=_DROP), "missing fields ['labels']"),
+        (b'{"instance":"","type":"bootstrap","v":1}', "instance must be 1 to 64 hex digits"),
+        (b'{"instance":"XYZ","type":"bootstrap","v":1}', "instance must be 1 to 64 hex digits"),
+        (b'{"instance":7,"type":"bootstrap","v":1}', "bootstrap.instance: expected str"),
+        (b'{"instance":"ab","type":"bootstrap","v":1,"x":0}', "unknown fields ['x']"),
     ],
 )
 def test_commands_decode_rejects_malformed(data: bytes, message: str) -> None:

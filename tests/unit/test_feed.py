@@ -267,3 +267,48 @@ def test_feed_refuses_bad_arguments() -> None:
             probe_interval=1,
             now=0,
         )
+
+
+def test_feed_another_instance_of_the_cluster_is_a_reset() -> None:
+    # Rule 7: the watcher followed instance "aa"; a replica now serves "bb"
+    # (the cluster was started again on fresh data dirs): its epochs are another
+    # history, even where the numbers exist.
+    feed = _feed()
+    feed.take_resubscribe()
+    assert feed.opened(A1, "a1", 0.0, instance="aa", epoch=0) == []
+    feed.on_event(A1, ViewSnapshot(view=View(epoch=7)), 0.1)
+    assert feed.instance == "aa"
+    with pytest.raises(EpochOutOfRange, match="reset") as info:
+        feed.opened(A2, "a2", 1.0, instance="bb", epoch=9)
+    assert (info.value.since_epoch, info.value.cluster_epoch) == (7, 9)
+    reset = _feed(reset=True)
+    reset.take_resubscribe()
+    reset.opened(A1, "a1", 0.0, instance="aa")
+    reset.on_event(A1, ViewSnapshot(view=View(epoch=7)), 0.1)
+    assert reset.opened(A2, "a2", 1.0, instance="bb", epoch=9) == [
+        ViewReset(since_epoch=7, cluster_epoch=9)
+    ]
+    decision = reset.take_resubscribe()
+    assert decision is not None and decision.since_epoch == 0 and reset.instance == ""
+    # A replica that has no instance yet (a cluster just started) is no evidence.
+    fresh = _feed()
+    fresh.take_resubscribe()
+    fresh.opened(A1, "a1", 0.0, instance="aa")
+    assert fresh.opened(A2, "a2", 1.0, instance="") == [] and fresh.instance == "aa"
+
+
+def test_feed_given_instance_is_kept_only_with_an_epoch() -> None:
+    assert _feed_with(since=5, instance="aa").instance == "aa"
+    assert _feed_with(since=0, instance="aa").instance == ""
+
+
+def _feed_with(*, since: int, instance: str) -> FeedState:
+    return FeedState(
+        since_epoch=since,
+        include_status=False,
+        idle_timeout=IDLE,
+        disconnect_after=DISCONNECT,
+        probe_interval=PROBE,
+        instance=instance,
+        now=0.0,
+    )

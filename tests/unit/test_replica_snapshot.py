@@ -23,7 +23,14 @@ class _Disk:
     snapshot: Snapshot | None = None
 
 
-def _replica(rid: str, disk: _Disk, now: float, every: int, ids: list[str] = IDS) -> Replica:
+def _replica(
+    rid: str,
+    disk: _Disk,
+    now: float,
+    every: int,
+    ids: list[str] = IDS,
+    rng: random.Random | None = None,
+) -> Replica:
     return Replica(
         replica_id=rid,
         replica_ids=ids,
@@ -36,7 +43,7 @@ def _replica(rid: str, disk: _Disk, now: float, every: int, ids: list[str] = IDS
             snapshot_every=every,
         ),
         detector=MissedHeartbeatDetector(interval=0.1, missed_limit=5),
-        rng=random.Random(rid),
+        rng=rng or random.Random(rid),
         now=now,
         seq_base=int(now * 1e6) + 1,
         hard_state=disk.hard_state,
@@ -196,3 +203,38 @@ def test_replica_restore_refuses_a_snapshot_that_does_not_fit(
     disk = _Disk(hard_state=HardState(term=1, vote=None, commit=3), snapshot=snap)
     with pytest.raises(RestoreError, match=match):
         _replica(ids[0], disk, 0.0, 0, ids=ids)
+
+
+def test_replica_cluster_gets_one_instance_id_that_survives_leaders_and_restarts() -> None:
+    # A leader of a cluster without an instance id proposes one (replica rule
+    # 6); every replica applies the first, later leaders propose nothing more,
+    # and it survives compaction and restarts (it is in the snapshot).
+    g = _Group(every=3)
+    g.run(3.0)
+    first = g.leader()
+    assert first is not None
+    instances = {r: g.reps[r].state.instance for r in IDS}
+    assert len(set(instances.values())) == 1 and instances[first], instances
+    instance = instances[first]
+    assert all(c in "0123456789abcdef" for c in instance) and len(instance) == 26
+    g.join(4, set(IDS))  # enough entries for a snapshot on every replica
+    g.down.add(first)
+    g.run(4.0)
+    second = g.leader()
+    assert second is not None and second != first
+    g.restart(first)
+    g.run(2.0)
+    assert {g.reps[r].state.instance for r in IDS} == {instance}
+    assert all(g.disks[r].snapshot is not None for r in IDS)
+    assert MembershipState.from_bytes(g.disks[first].snapshot.data).instance == instance  # type: ignore[union-attr]
+
+
+def test_replica_instance_ids_differ_between_two_fresh_clusters() -> None:
+    one = _Group(every=100)
+    two = _Group(every=100)
+    for r in IDS:  # another random source, as a cluster started again on fresh data dirs
+        two.reps[r] = _replica(r, two.disks[r], 0.0, 100, rng=random.Random(f"{r}-again"))
+    for g in (one, two):
+        g.run(3.0)
+    a, b = one.reps["a1"].state.instance, two.reps["a1"].state.instance
+    assert a and b and a != b

@@ -629,3 +629,19 @@ def test_tally_suspicion_of_a_later_incarnation_kills_the_recorded_one() -> None
     obs("a2", 2, Opinion.SUSPECT, 5)
     m = st.member("n1")
     assert m is not None and m.state is MS.DEAD and m.incarnation == 1
+
+
+def test_tally_first_instance_id_wins_and_changes_no_view() -> None:
+    from arbiter.core.commands import Bootstrap
+
+    feed = log(R3, *JOIN_N1)
+    epoch = feed.state.epoch
+    assert feed.state.instance == ""
+    (first,) = feed(encode(Bootstrap(instance="ab12")))
+    assert first.change is None and first.error is None
+    (second,) = feed(encode(Bootstrap(instance="cd34")))  # a later leader's: ignored
+    assert second.change is None and feed.state.instance == "ab12"
+    assert feed.state.epoch == epoch
+    restored = MembershipState.from_bytes(feed.state.to_bytes())
+    assert restored.instance == "ab12" and restored.to_bytes() == feed.state.to_bytes()
+    assert b"instance" not in log(R3, *JOIN_N1).state.to_bytes()  # older encoding kept
