@@ -71,6 +71,8 @@ class NodeAgent:
         on_event: the application's callback for session events, or None.
         fail: called when the agent must stop the client (a cluster mismatch).
         closed: returns True once the client is closed.
+        discovery: the client's identity question (for messages while the
+            first heartbeat waits for a majority's answers).
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class NodeAgent:
         on_event: Callable[[SessionEvent], None] | None,
         fail: Callable[[MembershipError], None],
         closed: Callable[[], bool],
+        discovery: calls.Discovery | None = None,
     ) -> None:
         self.node_id = node_id
         self.arbiters = list(arbiters)
@@ -104,6 +107,7 @@ class NodeAgent:
             for a in self.arbiters
         }
         self._check = check
+        self._discovery = discovery
         self._channels = channels
         self._backoff = backoff
         self._left_epoch = 0
@@ -148,10 +152,20 @@ class NodeAgent:
         await settled.wait()
         if self.finished():
             return
+        if link.address in self._check.refused:
+            return
         try:
             await link.run()
         except ClusterMismatch as e:
-            self._fail(e)
+            # Identity rule 3: a stranger found after the client settled is
+            # refused; the node keeps the cluster it has.
+            self._check.refuse(link.address, str(e))
+            log.error(
+                "%s: arbiter %s refused, no heartbeats to it any more: %s",
+                self.node_id,
+                link.address,
+                self._check.refused[link.address],
+            )
 
     # --- what the heartbeat links ask (membership.heartbeats.LinkOwner) -------------
 
@@ -206,7 +220,8 @@ class NodeAgent:
         Raises:
             ClusterMismatch: the ack names another cluster.
         """
-        self._check.record(address, ack.cluster)
+        if not self._check.record(address, ack.cluster, ack.arbiter_id):
+            raise ClusterMismatch(self._check.refused[address])
         if ack.cluster_size > len(self.arbiters) and not self._warned_size:
             self._warned_size = True
             log.warning(
@@ -248,6 +263,14 @@ class NodeAgent:
 
     def reachability(self) -> str:
         """Which arbiters the heartbeats reach, and why the others fail, in words."""
+        d = self._discovery
+        if d is not None and not d.settled.is_set():
+            waiting = "; ".join(f"{a}: {why}" for a, why in d.unreachable.items())
+            return (
+                f"waits for a majority of its {len(self.arbiters)} arbiters to say which "
+                f"cluster they are before its first heartbeat "
+                f"({len(self.arbiters) - len(d.unreachable)} answered); {waiting}"
+            )
         up = sum(link.up for link in self.links.values())
         down = [
             f"{a}: {link.last_error or 'no ack yet'}"
@@ -401,7 +424,7 @@ class NodeAgent:
             )
         if not session.heard:
             # Nothing can hold this incarnation: no arbiter ever answered it.
-            self.dispatch(session.leave(time.monotonic()))
+            self.dispatch(session.leave(time.monotonic(), joined=False))
             return epoch_now
         request = pb.LeaveRequest(
             node_id=session.node_id,
@@ -422,7 +445,7 @@ class NodeAgent:
             )
             if resp is not None:
                 self._left_epoch = int(resp.epoch)
-                self.dispatch(session.leave(time.monotonic()))
+                self.dispatch(session.leave(time.monotonic(), joined=resp.joined))
                 return self._left_epoch
             attempt += 1
             await asyncio.sleep(

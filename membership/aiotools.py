@@ -9,6 +9,10 @@ from typing import Any
 __all__ = ["reap"]
 
 log = logging.getLogger("membership")
+# A library leaves logging to the application: nothing of the SDK's reaches
+# stderr through logging's last-resort handler unless the application (or the
+# membership command) configures logging.
+log.addHandler(logging.NullHandler())
 
 
 async def reap(task: asyncio.Future[Any]) -> None:

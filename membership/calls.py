@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Discovery", "ViewInfo", "get_view", "leave_round"]
 
+log = logging.getLogger("membership.client")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ViewInfo:
@@ -54,26 +57,28 @@ class ViewInfo:
     local_suspects: tuple[str, ...] = ()
     # Latest live status of each member, as the answering arbiter heard it.
     statuses: Mapping[str, NodeStatus] = dataclasses.field(default_factory=dict)
-    # The answering arbiter's cluster identity, ``name@digest``.
+    # The answering arbiter's cluster identity, ``name@digest``, and instance id.
     cluster: str = ""
+    instance: str = ""
 
 
 class Discovery:
-    """Learns the cluster identity from the arbiters (see the module docstring).
+    """Learns the cluster identity from the arbiters (see the module docstring and
+    :mod:`membership.identity`).
 
     Args:
         arbiters: every arbiter's address.
         channels: the client's channels.
         check: the client's identity check (filled in here).
-        config: the client's configuration (call_timeout, subscribe_hedge).
-        backoff: the wait between rounds in which nobody answered.
-        fail: called with the mismatch when the arbiters disagree.
+        config: the client's configuration (call_timeout).
+        backoff: the wait between rounds that did not settle.
+        fail: called with the mismatch when the answers disagree.
         closed: returns True once the client is closed.
 
     Attributes:
-        connected: set once an arbiter answered.
-        settled: set once heartbeats may start (or the client stopped).
-        unreachable: address -> why it did not answer, for error messages.
+        settled: set once heartbeats and subscriptions may start (a majority
+            agreed), or the client stopped.
+        unreachable: address -> why it did not answer, for messages.
     """
 
     def __init__(
@@ -94,71 +99,88 @@ class Discovery:
         self._backoff = backoff
         self._fail = fail
         self._closed = closed
-        self.connected = asyncio.Event()
         self.settled = asyncio.Event()
-        self.unreachable: dict[str, str] = {}
+        self.unreachable: dict[str, str] = {address: "not asked yet" for address in arbiters}
 
     def release(self) -> None:
         """Wakes everyone waiting (the client closed or failed)."""
-        self.connected.set()
         self.settled.set()
 
-    def verify(self) -> bool:
-        """Checks the identities heard so far; fails the client on a mismatch."""
-        try:
-            self._check.verify()
-        except ClusterMismatch as e:
-            self._fail(e)
-            return False
-        return True
+    async def _ask(self, address: str) -> bool:
+        """Asks ``address`` who it is; returns False when it did not answer.
 
-    async def _ask(self, address: str) -> None:
+        Before the client settled the answer is only noted (the round judges
+        its answers together, so an error names every address); after, it is
+        judged at once (identity rule 3).
+        """
         try:
             resp = await self._channels.summary(address, self._config.call_timeout)
         except grpc.aio.AioRpcError as e:
             self.unreachable[address] = f"{e.code().name}: {e.details()}"
-            return
+            return False
         self.unreachable.pop(address, None)
-        self._check.note(address, resp.cluster)
-        if self.settled.is_set():
-            self.verify()  # a late answer: checked at once
-        self.connected.set()
+        if not self._check.settled:
+            self._check.note(address, resp.cluster, resp.arbiter_id)
+        elif not self._check.record(address, resp.cluster, resp.arbiter_id):
+            log.error("arbiter %s refused: %s", address, self._check.refused[address])
+        return True
+
+    def _majority_answered(self) -> bool:
+        return len(self._check.seen) * 2 > len(self._arbiters)
 
     async def run(self) -> None:
-        """Asks every arbiter until one answered; the others are still checked after."""
+        """Asks every arbiter in rounds until a majority agreed (identity rules 1, 2).
+
+        A round ends when every arbiter answered or failed, or once a
+        majority answered and ``subscribe_hedge`` seconds more have passed
+        (a frozen arbiter does not hold the start up); its answers are then
+        judged together. The arbiters that have not answered yet keep being
+        asked after that, and are refused if they turn out strangers.
+        """
+        pending = list(self._arbiters)
         attempt = 0
-        while not self._closed():
-            tasks = [asyncio.ensure_future(self._ask(a)) for a in self._arbiters]
+        while pending and not self._closed():
+            tasks = {a: asyncio.ensure_future(self._ask(a)) for a in pending}
             try:
-                pending = set(tasks)
-                while pending and not self.connected.is_set():
-                    _, pending = await asyncio.wait(pending, return_when="FIRST_COMPLETED")
-                if self.connected.is_set() and pending:
-                    # Heartbeats wait for the other answers a little: an arbiter
-                    # of another cluster is refused before anything registers
-                    # the node anywhere. A slower one is still checked (and
-                    # refuses heartbeats that name another cluster).
-                    _, pending = await asyncio.wait(pending, timeout=self._config.subscribe_hedge)
-                if self.connected.is_set() and self.verify():
-                    self.settled.set()
-                if pending:
-                    await asyncio.wait(pending)
+                waiting = set(tasks.values())
+                hedge_until: float | None = None
+                while waiting and not self._check.settled:
+                    timeout = None
+                    if hedge_until is not None:
+                        timeout = max(0.0, hedge_until - time.monotonic())
+                    done, waiting = await asyncio.wait(
+                        waiting, timeout=timeout, return_when="FIRST_COMPLETED"
+                    )
+                    if hedge_until is None and self._majority_answered():
+                        hedge_until = time.monotonic() + self._config.subscribe_hedge
+                    if not done or not waiting:
+                        self._judge()
+                if not self._check.settled:
+                    self._judge()
+                if waiting:
+                    await asyncio.wait(waiting)  # late answers: judged one by one
             finally:
-                for t in tasks:
+                for t in tasks.values():
                     await reap(t)
-            if self.connected.is_set():
-                return
+            pending = [
+                a for a, t in tasks.items() if t.cancelled() or t.exception() or not t.result()
+            ]
             attempt += 1
-            await asyncio.sleep(self._backoff.delay(attempt))
+            await asyncio.sleep(self._backoff.delay(min(attempt, 5)))
+
+    def _judge(self) -> None:
+        """The round's answers together: a mismatch fails the client, a majority settles it."""
+        if self._check.settled:
+            return
+        try:
+            if self._check.try_settle():
+                self.settled.set()
+        except ClusterMismatch as e:
+            self._fail(e)
 
 
-def view_info(address: str, resp: pb.GetViewResponse, check: ClusterCheck) -> ViewInfo:
-    """A GetView answer as a :class:`ViewInfo` (its identity checked first).
-
-    Raises:
-        ClusterMismatch: the answer names another cluster.
-    """
-    check.record(address, resp.cluster)
+def view_info(resp: pb.GetViewResponse) -> ViewInfo:
+    """A GetView answer as a :class:`ViewInfo`."""
     return ViewInfo(
         view=convert.view_from_pb(resp.view),
         arbiter_id=resp.arbiter_id,
@@ -174,21 +196,29 @@ def view_info(address: str, resp: pb.GetViewResponse, check: ClusterCheck) -> Vi
             if m.HasField("status")
         },
         cluster=resp.cluster,
+        instance=resp.instance,
     )
 
 
 async def get_view(
     arbiters: Sequence[str], channels: Channels, check: ClusterCheck, config: ClientConfig
 ) -> ViewInfo:
-    """The view of the first arbiter that answers in a quorum, else of the first that answers.
+    """The view of the first listed arbiter that answers in a quorum, else of the
+    first that answers.
+
+    Every arbiter is asked at once; the answers that came within
+    ``config.subscribe_hedge`` seconds of the first in a quorum (or all of
+    them) are checked against each other, so arbiters of two clusters are
+    refused even when the first one answers fast.
 
     Raises:
-        ClusterMismatch: the arbiters belong to different clusters.
+        ClusterMismatch: the arbiters belong to different clusters, or one is
+            listed twice under two addresses.
         UnavailableError: no arbiter answered within ``call_timeout`` seconds.
     """
     errors: dict[str, str] = {}
 
-    async def ask(addr: str) -> tuple[str, pb.GetViewResponse] | None:
+    async def ask(addr: str) -> pb.GetViewResponse | None:
         try:
             resp: pb.GetViewResponse = await channels.stub(addr).GetView(
                 pb.GetViewRequest(), timeout=config.call_timeout
@@ -198,32 +228,49 @@ async def get_view(
                 channels.discard(addr)
             errors[addr] = e.code().name
             return None
-        return addr, resp
+        return resp
 
-    first = asyncio.ensure_future(ask(arbiters[0]))
-    tasks = [first]
-    fallback: tuple[str, pb.GetViewResponse] | None = None
+    tasks = {a: asyncio.ensure_future(ask(a)) for a in arbiters if a not in check.refused}
+    answers: dict[str, pb.GetViewResponse] = {}
     try:
-        await asyncio.wait({first}, timeout=config.subscribe_hedge)
-        answer = first.result() if first.done() else None
-        if answer is not None and answer[1].in_quorum:
-            return view_info(*answer, check)
-        tasks += [asyncio.ensure_future(ask(a)) for a in arbiters[1:]]
-        for fut in asyncio.as_completed(tasks):
-            answer = await fut
-            if answer is None:
-                continue
-            if answer[1].in_quorum:
-                return view_info(*answer, check)
-            fallback = fallback or answer
+        pending = set(tasks.values())
+        deadline: float | None = None
+        while pending:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            done, pending = await asyncio.wait(
+                pending, timeout=timeout, return_when="FIRST_COMPLETED"
+            )
+            if not done:
+                break
+            for addr, t in tasks.items():
+                if t in done and t.result() is not None:
+                    answers[addr] = t.result()  # type: ignore[assignment]
+            if deadline is None and any(r.in_quorum for r in answers.values()):
+                deadline = time.monotonic() + config.subscribe_hedge
     finally:
-        for t in tasks:
+        for t in tasks.values():
             await reap(t)
-    if fallback is not None:
-        return view_info(*fallback, check)
-    raise UnavailableError(
-        "no arbiter answered: " + "; ".join(f"{a}: {e}" for a, e in errors.items())
+    usable = {}
+    for addr in arbiters:
+        resp = answers.get(addr)
+        if resp is None:
+            continue
+        if check.settled:
+            if check.record(addr, resp.cluster, resp.arbiter_id):
+                usable[addr] = resp
+        else:
+            check.note(addr, resp.cluster, resp.arbiter_id)
+            usable[addr] = resp
+    if not check.settled:
+        check.verify()
+    best = next((r for r in usable.values() if r.in_quorum), None) or next(
+        iter(usable.values()), None
     )
+    if best is None:
+        raise UnavailableError(
+            "no arbiter answered: " + "; ".join(f"{a}: {e}" for a, e in errors.items())
+        )
+    return view_info(best)
 
 
 async def leave_round(

@@ -238,6 +238,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="resume after this epoch (default 0: start with a snapshot)",
     )
     p.add_argument(
+        "--instance",
+        default="",
+        metavar="ID",
+        help='the cluster instance --since-epoch belongs to (the "instance" of a snapshot '
+        "line): a cluster reset since is refused even where the epoch exists again",
+    )
+    p.add_argument(
         "--status",
         action="store_true",
         help="also print the nodes' live status (load, CPU, memory, GPU, phase, step, gauges, "
@@ -312,6 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     Raises:
         SystemExit: for ``--help``, ``--version`` (0) and malformed flags (2).
     """
+    # gRPC core's own informational lines (GOAWAY received, ...) are not the
+    # command's output; its errors still show. Before grpc is first imported.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     interrupt = Interrupt()
     interrupt.install()
     args: argparse.Namespace | None = None

@@ -111,7 +111,7 @@ class MembershipClient:
             self.config.backoff_initial, self.config.backoff_max, random.Random()
         )
         self._channels = Channels(self.config.channel_options())
-        self._check = ClusterCheck(cluster)
+        self._check = ClusterCheck(cluster, listed=len(self.arbiters))
         self._tasks: list[asyncio.Task[None]] = []
         self._discovery_task: asyncio.Task[None] | None = None
         self._started = False
@@ -126,7 +126,7 @@ class MembershipClient:
             config=self.config,
             backoff=self._backoff,
             fail=self._fail,
-            closed=lambda: self._closed,
+            closed=lambda: self._closed or self.error is not None,
         )
         self._agent: NodeAgent | None = None
         if self.node_id is not None:
@@ -139,14 +139,14 @@ class MembershipClient:
                 channels=self._channels,
                 backoff=self._backoff,
                 check=self._check,
+                discovery=self._discovery,
                 status=status,
                 on_event=on_event,
                 fail=self._fail,
                 closed=lambda: self._closed or self.error is not None,
             )
         self.ended = self._agent.ended if self._agent is not None else asyncio.Event()
-        """Set when the session ends (it left, was removed, declared DEAD without
-        rejoin, superseded) or the client fails (:attr:`error`)."""
+        """Set when the session ends (see :attr:`end_reason`) or the client fails."""
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -215,7 +215,7 @@ class MembershipClient:
         """Stops the client for ``error`` (heartbeats end; waits and watches raise it)."""
         if self.error is None:
             self.error = error
-            log.error("%s: %s", self.node_id or "watcher", error)
+            log.info("%s stops: %s", self.node_id or "watcher", error)  # raised to waits too
         self.ended.set()
         self._discovery.release()
         if self._agent is not None:
@@ -414,9 +414,8 @@ class MembershipClient:
     async def get_view(self) -> ViewInfo:
         """Asks the arbiters for their view; prefers one that is in a quorum.
 
-        The first listed arbiter is asked first; if it has not answered in a
-        quorum within ``config.subscribe_hedge`` seconds, the others are asked
-        too (a frozen arbiter does not hold the answer up).
+        Every arbiter is asked at once (a frozen one does not hold the answer
+        up), and the answers are checked against each other.
 
         Returns:
             The view of the first in-quorum arbiter that answers, else of the
@@ -489,6 +488,7 @@ class MembershipClient:
             on_view=self._set_view,
             backoff=self._backoff,
             instance=instance,
+            settled=self._discovery.settled,
         )
         try:
             async for ev in watcher.events():

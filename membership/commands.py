@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
-from membership.errors import MembershipError, UnavailableError
+from membership.errors import InvalidArgument, MembershipError, UnavailableError
 from membership.output import event_lines, session_event_line, view_json, view_text
 from membership.session import SessionEvent, StateChanged, Superseded
 from membership.view import MemberState
@@ -260,6 +260,10 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
         elif isinstance(ev, StateChanged) and ev.state is MemberState.LEFT and not leaving:
             left_unasked.set()
 
+    keys = [k for k, _ in args.label]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise InvalidArgument(f"--label {', '.join(twice)} given twice")
     client = MembershipClient(
         args.arbiters,
         node_id=args.id,
@@ -313,7 +317,10 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
             epoch = await client.leave(timeout=args.leave_timeout)
         except MembershipError as e:
             raise CliError(f"leave failed: {e}") from None
-        _print(f"{args.id}: LEFT at epoch {epoch}")
+        if client.state is MemberState.LEFT:
+            _print(f"{args.id}: LEFT at epoch {epoch}")
+        else:  # it never joined: nothing was recorded in the view
+            _print(f"{args.id}: left before it joined the view (no record kept)")
         return EXIT_OK
     finally:
         await client.close()
@@ -349,6 +356,7 @@ async def watch(args: argparse.Namespace, interrupt: Interrupt) -> int:
             "arbiters": ",".join(client.arbiters),
             "json": args.json,
             "since_epoch": args.since_epoch,
+            "instance": args.instance or "any",
             "status": args.status,
             "status_interval": args.status_interval or "the arbiter's",
             "connect_timeout": args.connect_timeout,
@@ -357,7 +365,10 @@ async def watch(args: argparse.Namespace, interrupt: Interrupt) -> int:
 
     async def pump() -> None:
         async for ev in client.watch(
-            since_epoch=args.since_epoch, status=args.status, status_interval=args.status_interval
+            since_epoch=args.since_epoch,
+            status=args.status,
+            status_interval=args.status_interval,
+            instance=args.instance,
         ):
             for line in event_lines(ev, args.json):
                 _print(line)

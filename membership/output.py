@@ -7,7 +7,8 @@ chaos suite reuse them, so that what they parse is what users see.
 
 JSON shapes (``watch --json``, one object per line):
 
-- ``{"type": "snapshot", "epoch", "members": [member...], "arbiter"}``, a
+- ``{"type": "snapshot", "epoch", "members": [member...], "arbiter",
+  "instance"}`` (the cluster's instance id, for ``watch --instance``), a
   member being ``{"node_id", "incarnation", "state", "labels", "epoch"}``;
 - ``{"type": "change", "epoch", "node_id", "incarnation", "state", "labels",
   "arbiter"}``, plus ``"evidence": [{"arbiter", "silence_seconds",
@@ -258,6 +259,7 @@ def event_lines(ev: object, as_json: bool) -> list[str]:
                         "epoch": ev.view.epoch,
                         "members": [member_json(m) for m in ev.view.members],
                         "arbiter": ev.arbiter_id,
+                        "instance": ev.instance,
                     }
                 )
             ]
@@ -314,8 +316,8 @@ def view_json(info: Any) -> dict[str, Any]:
     """The ``view --json`` object of a :class:`membership.ViewInfo`.
 
     Returns:
-        ``{"epoch", "leader", "in_quorum", "arbiter", "local_suspects",
-        "members": [member + "suspected_by" (+ "status")]}``.
+        ``{"epoch", "leader", "in_quorum", "arbiter", "cluster", "instance",
+        "local_suspects", "members": [member + "suspected_by" (+ "status")]}``.
     """
     members = []
     for m in info.view.members:
@@ -330,6 +332,8 @@ def view_json(info: Any) -> dict[str, Any]:
         "leader": info.leader_id,
         "in_quorum": info.in_quorum,
         "arbiter": info.arbiter_id,
+        "cluster": info.cluster,
+        "instance": info.instance,
         "local_suspects": list(info.local_suspects),
         "members": members,
     }

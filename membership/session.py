@@ -168,16 +168,22 @@ class NodeSession:
         """True once another process took this node id over (rule 7)."""
         return self.end_reason is EndReason.SUPERSEDED
 
-    def leave(self, now: float) -> list[SessionEvent]:
+    def leave(self, now: float, joined: bool = True) -> list[SessionEvent]:
         """Records that the node left gracefully (its Leave was committed): rules 5, 8.
 
+        Args:
+            now: monotonic seconds.
+            joined: the incarnation had joined the view (False: it was retired
+                before it did; its state stays JOINING, as it never was a member).
+
         Returns:
-            The events: leases void (Fenced) and the state LEFT.
+            The events: leases void (Fenced) and, if it had joined, the state LEFT.
         """
         if self.ended:
             return []
         self.end_reason = EndReason.LEFT
-        return self._void_leases(now) + self._set_state(MemberState.LEFT)
+        events = self._void_leases(now)
+        return events + self._set_state(MemberState.LEFT) if joined else events
 
     def heartbeat(self, arbiter: str, now: float) -> tuple[int, int]:
         """Records a heartbeat about to be sent to ``arbiter`` at ``now`` (rule 1).

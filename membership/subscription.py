@@ -85,6 +85,8 @@ class Watcher:
         on_view: called with the view after every event that changed it.
         backoff: the backoff between failed rounds.
         instance: the cluster instance ``since_epoch`` belongs to ("" unknown).
+        settled: set once the client knows which cluster it talks to (no
+            subscription starts before; None: at once).
 
     Raises:
         InvalidArgument: for a negative or non-integer epoch, or a bad status interval.
@@ -105,6 +107,7 @@ class Watcher:
         on_view: Callable[[View], None],
         backoff: Backoff,
         instance: str = "",
+        settled: asyncio.Event | None = None,
     ) -> None:
         if (
             isinstance(status_interval, bool)
@@ -118,6 +121,8 @@ class Watcher:
         if isinstance(since_epoch, bool) or not isinstance(since_epoch, int) or since_epoch < 0:
             raise InvalidArgument(f"since_epoch must be an int >= 0, got {since_epoch!r}")
         self._addresses = list(addresses)
+        self._settled = settled
+        self._settling: asyncio.Future[Any] | None = None
         self._channels = channels
         self._config = config
         self._check = check
@@ -168,6 +173,10 @@ class Watcher:
                     waiting.append(self._serving.read)
                 if self._probe is not None:
                     waiting.append(self._probe)
+                if self._settled is not None and not self._settled.is_set():
+                    if self._settling is None:
+                        self._settling = asyncio.ensure_future(self._settled.wait())
+                    waiting.append(self._settling)
                 deadline = self.feed.next_deadline()
                 if self._hedge_at is not None:
                     deadline = min(deadline, self._hedge_at)
@@ -204,6 +213,7 @@ class Watcher:
     def _order(self, prefer: str | None, avoid: str | None) -> list[str]:
         n = len(self._addresses)
         order = [self._addresses[(self._last_index + i) % n] for i in range(n)]
+        order = [a for a in order if a not in self._check.refused] or order
         if avoid in order and len(order) > 1:
             order.remove(avoid)
             order.append(avoid)
@@ -215,6 +225,8 @@ class Watcher:
     def _maybe_start_round(self, now: float) -> None:
         if self._serving is not None or self._attempts or now < self._retry_at:
             return
+        if self._settled is not None and not self._settled.is_set():
+            return  # not before the client knows which cluster it talks to
         decision = self.feed.take_resubscribe()
         prefer = decision.prefer if decision else None
         avoid = decision.avoid if decision else None
@@ -255,7 +267,12 @@ class Watcher:
         if msg is grpc.aio.EOF:
             self.feed.on_failure(address, "ended the subscription", now)
             return await self._round_over(now)
-        self._check.record(address, msg.cluster)
+        if not self._check.record(address, msg.cluster, msg.arbiter_id):
+            # Identity rule 3: a stranger found after the client settled.
+            log.error("arbiter %s refused: %s", address, self._check.refused[address])
+            await attempt.cancel()
+            self.feed.on_failure(address, self._check.refused[address], now)
+            return await self._round_over(now)
         ev = convert.event_from_pb(msg)
         if isinstance(ev, QuorumChanged) and ev.in_quorum:
             return await self._serve(attempt, msg, ev, now)
@@ -417,3 +434,6 @@ class Watcher:
         if self._probe is not None:
             await reap(self._probe)
             self._probe = None
+        if self._settling is not None:
+            await reap(self._settling)
+            self._settling = None

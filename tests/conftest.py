@@ -12,6 +12,8 @@ import pytest
 # (grpc/grpc#43055). The children exec at once and need none of that. Must be
 # set before grpc is first imported.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+# gRPC core's informational lines (GOAWAY received...) are noise in test output.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

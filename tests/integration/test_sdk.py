@@ -110,19 +110,21 @@ async def test_sdk_leave_on_exit_false_only_stops(replicas: list[ArbiterServer])
 
 
 async def test_sdk_node_that_never_joined_leaves_no_record(replicas: list[ArbiterServer]) -> None:
-    # n1 reaches one replica of three (the other two addresses are closed):
-    # it can never join, and leaving retires its incarnation without a view change.
-    dead = [f"127.0.0.1:{p}" for p in free_ports(2)]
+    # n1 lists one replica of three: it is heard, but one opinion can never
+    # admit it (a quorum is 2). Leaving retires its incarnation: no record, no
+    # epoch, and its late heartbeats cannot admit it afterwards.
     epoch = replicas[0].driver.state.epoch
-    client = MembershipClient([_addrs(replicas)[0], *dead], node_id="n1", config=WATCH)
+    first = _addrs(replicas)[0]
+    client = MembershipClient([first], node_id="n1", config=WATCH)
     await client.start()
     try:
-        await wait_async(lambda: client.stream_healthy[_addrs(replicas)[0]], 10, "one ack")
+        await wait_async(lambda: client.stream_healthy[first], 10, "one ack")
         assert client.state is MemberState.JOINING
         left_at = await client.leave(timeout=5)
     finally:
         await client.close()
     assert client.end_reason is EndReason.LEFT
+    assert client.state is MemberState.JOINING  # it never was a member
     assert left_at == epoch
     for s in replicas:
         assert s.driver.state.member("n1") is None
@@ -133,6 +135,8 @@ async def test_sdk_node_that_never_joined_leaves_no_record(replicas: list[Arbite
 async def test_sdk_node_short_of_a_quorum_logs_why(
     replicas: list[ArbiterServer], caplog: pytest.LogCaptureFixture
 ) -> None:
+    # Two of the three arbiters it lists never answer: it logs, every few
+    # seconds, that it waits for a majority and why each of the others fails.
     dead = [f"127.0.0.1:{p}" for p in free_ports(2)]
     config = ClientConfig(follow_view=False, reachability_log_interval=0.3)
     caplog.set_level(logging.WARNING, logger="membership.client")
@@ -140,13 +144,15 @@ async def test_sdk_node_short_of_a_quorum_logs_why(
         [_addrs(replicas)[0], *dead], node_id="n1", config=config, leave_on_exit=False
     ):
         await wait_async(
-            lambda: sum("reaches 1 of 3 arbiters" in r.getMessage() for r in caplog.records) >= 2,
+            lambda: sum("waits for a majority" in r.getMessage() for r in caplog.records) >= 2,
             10,
             "two reachability warnings",
         )
     text = "\n".join(r.getMessage() for r in caplog.records)
-    assert "a quorum is 2" in text and all(d in text for d in dead), text
+    assert "1 answered" in text and all(f"{d}: UNAVAILABLE" in text for d in dead), text
     assert "cannot join" in text
+    for s in replicas:  # not a heartbeat anywhere before a majority answered
+        assert s.driver.observer.tracked() == 0
 
 
 # --- one cluster -------------------------------------------------------------------------
@@ -195,6 +201,69 @@ async def test_sdk_arbiters_of_two_clusters_are_refused_before_any_heartbeat(
                     pass
     finally:
         await watcher.close()
+
+
+async def test_sdk_one_replica_listed_under_two_addresses_is_refused(
+    replicas: list[ArbiterServer],
+) -> None:
+    # 127.0.0.1:P and localhost:P are one replica: counted twice it would give
+    # the node a quorum of leases it does not have (fresh-user trial).
+    port = replicas[0].port
+    twice = [f"127.0.0.1:{port}", f"localhost:{port}", _addrs(replicas)[1]]
+    client = MembershipClient(twice, node_id="n1", config=WATCH)
+    async with client:
+        with pytest.raises(ClusterMismatch) as info:
+            await client.wait_alive(timeout=10)
+    assert f"are one arbiter ({replicas[0].replica_id})" in str(info.value)
+    assert all(s.driver.observer.tracked() == 0 for s in replicas)
+
+
+async def test_sdk_stranger_coming_up_later_is_refused_and_the_node_keeps_its_cluster(
+    replicas: list[ArbiterServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The third address is down at the start; once the node has its cluster
+    # (a majority answered), it comes up as another cluster's replica. The
+    # node refuses that address, says so, and stays ALIVE and unfenced.
+    (port,) = free_ports(1)
+    stranger_addr = f"127.0.0.1:{port}"
+    listed = [*_addrs(replicas)[:2], stranger_addr]
+    caplog.set_level(logging.ERROR, logger="membership")
+    async with MembershipClient(listed, node_id="n1", config=WATCH) as node:
+        await node.wait_alive(timeout=10)
+        await node.wait_fenced(False, timeout=10)
+        stranger = ArbiterServer(
+            replica_id="b1",
+            peers={"b1": stranger_addr},
+            listen=stranger_addr,
+            config=ArbiterConfig.local(cluster="other"),
+        )
+        await stranger.start()
+        try:
+            await wait_async(
+                lambda: any("refused" in r.getMessage() for r in caplog.records), 15, "refused"
+            )
+            assert node.error is None and not node.ended.is_set()
+            assert node.is_member and node.state is MemberState.ALIVE
+            assert stranger.driver.observer.tracked() == 0  # it registered nothing there
+            text = "\n".join(r.getMessage() for r in caplog.records)
+            assert stranger_addr in text and "other@" in text, text
+        finally:
+            await stranger.stop(grace=0)
+    record = _state(replicas, "n1")
+    assert record is not None and record[1] is MemberState.LEFT  # left, never DEAD
+
+
+async def test_sdk_view_of_two_clusters_is_refused(
+    replicas: list[ArbiterServer], other_cluster: ArbiterServer
+) -> None:
+    # The first listed arbiter answers at once; the others are still checked.
+    mixed = [f"127.0.0.1:{other_cluster.port}", *_addrs(replicas)[:2]]
+    client = MembershipClient(mixed, config=WATCH)
+    try:
+        with pytest.raises(ClusterMismatch):
+            await client.get_view()
+    finally:
+        await client.close()
 
 
 async def test_sdk_expected_cluster_name_is_checked(replicas: list[ArbiterServer]) -> None:

@@ -39,20 +39,25 @@ def test_backoff_refuses_bad_bounds(initial: float, maximum: float) -> None:
         Backoff(initial, maximum)
 
 
-def test_identity_same_cluster_everywhere_is_accepted() -> None:
-    check = ClusterCheck()
-    for addr in ("a:1", "b:1", "c:1"):
-        check.record(addr, "prod@0123456789ab")
-    check.record("d:1", "")  # a replica that states none is not held against it
-    assert check.expected == "prod@0123456789ab"
+def test_identity_settles_on_a_majority_of_the_addresses_given() -> None:
+    check = ClusterCheck(listed=3)
+    check.note("a:1", "prod@0123456789ab", "a1")
+    assert not check.try_settle() and not check.settled  # one of three is no majority
+    check.note("d:1", "")  # a replica that states none is not held against it
+    assert not check.try_settle()
+    check.note("b:1", "prod@0123456789ab", "a2")
+    assert check.try_settle() and check.expected == "prod@0123456789ab"
+    assert check.record("c:1", "prod@0123456789ab", "a3")
+    assert check.refused == {}
 
 
 def test_identity_two_clusters_are_refused_naming_both_sides() -> None:
-    check = ClusterCheck()
-    check.record("a:1", "prod@0123456789ab")
-    check.record("b:1", "prod@0123456789ab")
+    check = ClusterCheck(listed=3)
+    check.note("a:1", "prod@0123456789ab")
+    check.note("b:1", "prod@0123456789ab")
+    check.note("x:9", "other@ba9876543210")
     with pytest.raises(ClusterMismatch) as info:
-        check.record("x:9", "other@ba9876543210")
+        check.try_settle()
     text = str(info.value)
     assert "a:1, b:1 in cluster prod@0123456789ab" in text
     assert "x:9 in cluster other@ba9876543210" in text
@@ -65,14 +70,41 @@ def test_identity_two_clusters_are_refused_naming_both_sides() -> None:
 
 
 def test_identity_same_name_other_arbiter_set_is_another_cluster() -> None:
-    check = ClusterCheck()
+    check = ClusterCheck(listed=2)
     check.record("a:1", "default@0123456789ab")
     with pytest.raises(ClusterMismatch):
         check.record("b:1", "default@ffffffffffff")
 
 
+def test_identity_one_replica_at_two_addresses_is_refused() -> None:
+    # 127.0.0.1:7001 and localhost:7001 are one arbiter: counted twice, it would
+    # give a node a quorum of leases it does not have.
+    check = ClusterCheck(listed=3)
+    check.note("127.0.0.1:7001", "prod@0123456789ab", "a1")
+    check.note("localhost:7001", "prod@0123456789ab", "a1")
+    with pytest.raises(ClusterMismatch) as info:
+        check.try_settle()
+    assert "127.0.0.1:7001 and localhost:7001 are one arbiter (a1)" in str(info.value)
+
+
+def test_identity_stranger_after_settling_is_refused_not_fatal() -> None:
+    check = ClusterCheck(listed=3)
+    for addr, rid in (("a:1", "a1"), ("b:1", "a2")):
+        check.note(addr, "prod@0123456789ab", rid)
+    assert check.try_settle()
+    # A listed address that was down at the start comes up as another
+    # cluster's replica, or as a replica already reached at another address.
+    assert not check.record("x:9", "other@ba9876543210", "b3")
+    assert "not prod@0123456789ab" in check.refused["x:9"]
+    assert not check.record("alias:1", "prod@0123456789ab", "a1")
+    assert "reached at a:1" in check.refused["alias:1"]
+    assert not check.record("x:9", "prod@0123456789ab", "a3")  # refused stays refused
+    assert check.record("c:1", "prod@0123456789ab", "a3")
+
+
 def test_identity_expected_name_is_enforced() -> None:
     check = ClusterCheck("prod")
+    check.note("a:1", "staging@0123456789ab")
     with pytest.raises(ClusterMismatch, match="not 'prod'"):
-        check.record("a:1", "staging@0123456789ab")
+        check.try_settle()
     assert cluster_name("prod@0123456789ab") == "prod"
