@@ -350,14 +350,12 @@ class ArbiterServer:
         self.health = health.aio.HealthServicer()
         server = grpc.aio.server(options=server_options(cfg))
         membership_pb2_grpc.add_MembershipServicer_to_server(self.api, server)
-        peer_pb2_grpc.add_PeerServicer_to_server(
-            PeerServicer(
-                cluster=identity,
-                deliver=lambda m: self.driver.on_raft_message(m),
-                known=set(self.peers),
-            ),
-            server,
+        self.peer_api = PeerServicer(
+            cluster=identity,
+            deliver=lambda m: self.driver.on_raft_message(m),
+            known=set(self.peers),
         )
+        peer_pb2_grpc.add_PeerServicer_to_server(self.peer_api, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         try:
             port = server.add_insecure_port(self.listen)
@@ -428,6 +426,7 @@ class ArbiterServer:
         # them would commit every healthy node DEAD on the way out.
         await self.driver.stop()
         self.api.close()
+        self.peer_api.close()
         await self._server.stop(self.config.shutdown_grace if grace is None else grace)
         await self.transport.close()
         d = self.driver

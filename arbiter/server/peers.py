@@ -340,6 +340,13 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self._deliver = deliver
         self._refused: set[str] = set()
         self._known = known
+        self._closing = False
+
+    def close(self) -> None:
+        """Shutdown: every Raft stream ends at its next message (peers send one every
+        Raft heartbeat interval), so none is still open when the server stops and
+        none has to be cancelled mid-call."""
+        self._closing = True
 
     def _refuse(self, src: str, why: str) -> None:
         if src not in self._refused:  # once per sender: it retries forever
@@ -353,6 +360,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     ) -> peer_pb2.RaftStreamClosed:
         assembler = SnapshotAssembler()
         async for pb in request_iterator:
+            if self._closing:
+                break
             if pb.cluster != self._cluster:
                 why = (
                     f"replica {pb.src!r} is in cluster {pb.cluster!r}, this one in "
