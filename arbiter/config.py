@@ -24,7 +24,7 @@ from arbiter.core.raft import RaftConfig
 from arbiter.core.replica import ReplicaSettings
 from membership.config import MIN_KEEPALIVE_TIME, MIN_KEEPALIVE_TIMEOUT
 from membership.errors import InvalidArgument
-from membership.validation import NAME_PATTERN
+from membership.validation import validate_cluster_name
 
 __all__ = ["ArbiterConfig"]
 
@@ -332,11 +332,7 @@ class ArbiterConfig:
             )
         if self.max_message_bytes < 4096:
             raise InvalidArgument("max_message_bytes must be >= 4096")
-        if not 0 < len(self.cluster) <= 64 or not NAME_PATTERN.fullmatch(self.cluster):
-            raise InvalidArgument(
-                f"cluster {self.cluster[:80]!r} must be 1 to 64 characters of letters, digits, "
-                "'.', '_', '/', '-', starting with a letter or digit"
-            )
+        validate_cluster_name(self.cluster)
         if self.min_ping_interval > MIN_KEEPALIVE_TIME:
             raise InvalidArgument(
                 f"min_ping_interval ({self.min_ping_interval}s) must be <= {MIN_KEEPALIVE_TIME}s: "

@@ -125,6 +125,8 @@ class NodeAgent:
         # Interval each arbiter suggested in its latest ack (seconds).
         self._suggested: dict[str, float] = {}
         self._warned_size = False
+        # The cluster instance the acks came from ("" until one said).
+        self.instance = ""
         self.ended = asyncio.Event()
         self.state_changed = asyncio.Event()
         self.fence_changed = asyncio.Event()
@@ -152,20 +154,31 @@ class NodeAgent:
         await settled.wait()
         if self.finished():
             return
-        if link.address in self._check.refused:
-            return
-        try:
-            await link.run()
-        except ClusterMismatch as e:
-            # Identity rule 3: a stranger found after the client settled is
-            # refused; the node keeps the cluster it has.
-            self._check.refuse(link.address, str(e))
-            log.error(
-                "%s: arbiter %s refused, no heartbeats to it any more: %s",
-                self.node_id,
-                link.address,
-                self._check.refused[link.address],
-            )
+        while not self.finished():
+            try:
+                await link.run()
+            except ClusterMismatch as e:
+                # Identity rule 3: a stranger found after the client settled
+                # is refused; the node keeps the cluster it has, and asks the
+                # address again later (the real replica may come back there).
+                if self._check.refuse(link.address, str(e)):
+                    log.error(
+                        "%s: arbiter %s refused (asked again every %gs): %s",
+                        self.node_id,
+                        link.address,
+                        self.config.reachability_log_interval,
+                        self._check.refused[link.address],
+                    )
+                link.last_error = f"refused: {self._check.refused[link.address]}"
+                if self._check.lost():
+                    self._fail(
+                        ClusterMismatch(
+                            "most of the arbiters given now belong to another cluster: "
+                            + "; ".join(self._check.refused.values())
+                        )
+                    )
+                    return
+                await asyncio.sleep(self.config.reachability_log_interval)
 
     # --- what the heartbeat links ask (membership.heartbeats.LinkOwner) -------------
 
@@ -222,6 +235,18 @@ class NodeAgent:
         """
         if not self._check.record(address, ack.cluster, ack.arbiter_id):
             raise ClusterMismatch(self._check.refused[address])
+        if ack.instance and ack.instance != self.instance:
+            if self.instance:
+                log.warning(
+                    "%s: the cluster was reset (instance %s, now %s): its leases and "
+                    "fencing epoch were the old cluster's; fencing tokens start again "
+                    "(compare them with the instance too)",
+                    self.node_id,
+                    self.instance,
+                    ack.instance,
+                )
+                self.dispatch(self.session.reset(now))
+            self.instance = ack.instance
         if ack.cluster_size > len(self.arbiters) and not self._warned_size:
             self._warned_size = True
             log.warning(
@@ -297,7 +322,8 @@ class NodeAgent:
                     ev.epoch,
                 )
             elif isinstance(ev, Superseded):
-                log.error(
+                # Also in end_reason, ended and on_event: said once, at info.
+                log.info(
                     "%s: incarnation %d was taken over by incarnation %d (another process "
                     "with the same node id?); this client stops heartbeating",
                     self.node_id,
@@ -426,6 +452,7 @@ class NodeAgent:
             # Nothing can hold this incarnation: no arbiter ever answered it.
             self.dispatch(session.leave(time.monotonic(), joined=False))
             return epoch_now
+        session.leaving = True  # an ack saying LEFT from now on is this leave's
         request = pb.LeaveRequest(
             node_id=session.node_id,
             incarnation=session.incarnation,

@@ -121,8 +121,20 @@ class Discovery:
         self.unreachable.pop(address, None)
         if not self._check.settled:
             self._check.note(address, resp.cluster, resp.arbiter_id)
-        elif not self._check.record(address, resp.cluster, resp.arbiter_id):
+            return True
+        was_refused = address in self._check.refused
+        if self._check.record(address, resp.cluster, resp.arbiter_id):
+            if was_refused:
+                log.info("arbiter %s is of this cluster again: refusal lifted", address)
+        elif not was_refused:
             log.error("arbiter %s refused: %s", address, self._check.refused[address])
+        if self._check.lost():
+            self._fail(
+                ClusterMismatch(
+                    "most of the arbiters given now belong to another cluster: "
+                    + "; ".join(self._check.refused.values())
+                )
+            )
         return True
 
     def _majority_answered(self) -> bool:
@@ -135,11 +147,18 @@ class Discovery:
         majority answered and ``subscribe_hedge`` seconds more have passed
         (a frozen arbiter does not hold the start up); its answers are then
         judged together. The arbiters that have not answered yet keep being
-        asked after that, and are refused if they turn out strangers.
+        asked after that, and are refused if they turn out strangers; refused
+        ones are asked again every ``reachability_log_interval`` seconds.
         """
         pending = list(self._arbiters)
         attempt = 0
-        while pending and not self._closed():
+        while not self._closed():
+            if not pending:
+                # Identity rule 3: refused addresses are asked again now and
+                # then; the real replica may be back there.
+                await asyncio.sleep(self._config.reachability_log_interval)
+                pending = list(self._check.refused)
+                continue
             tasks = {a: asyncio.ensure_future(self._ask(a)) for a in pending}
             try:
                 waiting = set(tasks.values())
@@ -165,7 +184,7 @@ class Discovery:
             pending = [
                 a for a, t in tasks.items() if t.cancelled() or t.exception() or not t.result()
             ]
-            attempt += 1
+            attempt = attempt + 1 if pending else 0
             await asyncio.sleep(self._backoff.delay(min(attempt, 5)))
 
     def _judge(self) -> None:

@@ -167,7 +167,8 @@ def _add_connect_timeout(p: argparse.ArgumentParser) -> None:
         "--connect-timeout",
         type=positive,
         default=10.0,
-        help="seconds to wait for a first arbiter to answer (default 10)",
+        help="seconds to wait for a majority of the arbiters to answer which cluster they "
+        "are, before the first heartbeat or subscription (default 10)",
     )
 
 

@@ -42,7 +42,12 @@ from membership.identity import ClusterCheck
 from membership.session import EndReason, SessionEvent
 from membership.subscription import Watcher
 from membership.transport import Channels
-from membership.validation import parse_arbiters, validate_labels, validate_node_id
+from membership.validation import (
+    parse_arbiters,
+    validate_cluster_name,
+    validate_labels,
+    validate_node_id,
+)
 from membership.view import Member, MemberState, View, ViewEvent
 
 if TYPE_CHECKING:
@@ -95,21 +100,16 @@ class MembershipClient:
         cluster: str | None = None,
     ) -> None:
         self.arbiters = parse_arbiters(arbiters)
-        if labels is not None and not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
-        ):
-            raise InvalidArgument("labels must map strings to strings")
         if incarnation is not None and not 1 <= incarnation <= MAX_INCARNATION:
             raise InvalidArgument(f"incarnation must be in 1..{MAX_INCARNATION}, got {incarnation}")
-        if cluster is not None and not (isinstance(cluster, str) and cluster):
-            raise InvalidArgument(f"cluster must be a non-empty name, got {cluster!r}")
+        if cluster is not None:
+            validate_cluster_name(cluster)
         self.config = (config or ClientConfig()).validate()
         self.labels = dict(validate_labels(dict(labels or {})))
         self.node_id = validate_node_id(node_id) if node_id is not None else None
         self.leave_on_exit = leave_on_exit
-        self._backoff = Backoff(
-            self.config.backoff_initial, self.config.backoff_max, random.Random()
-        )
+        c = self.config
+        self._backoff = Backoff(c.backoff_initial, c.backoff_max, random.Random())
         self._channels = Channels(self.config.channel_options())
         self._check = ClusterCheck(cluster, listed=len(self.arbiters))
         self._tasks: list[asyncio.Task[None]] = []

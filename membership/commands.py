@@ -181,9 +181,14 @@ async def _wait_reachable(client: Any, timeout: float, what: str) -> str:
             reasons = "; ".join(f"{a}: {r}" for a, r in client.unreachable.items()) or "no answer"
             left = timeout - (time.monotonic() - start)
             if left <= 0:
-                raise CliError(f"no arbiter reachable within {timeout:g}s ({reasons})") from None
+                answered = len(client.arbiters) - len(client.unreachable)
+                raise CliError(
+                    f"fewer than a majority of the arbiters answered within {timeout:g}s "
+                    f"({answered} of {len(client.arbiters)}; {reasons})"
+                ) from None
             log.warning(
-                "%s: waiting for an arbiter to answer (%s); giving up %.0fs from now",
+                "%s: waiting for an arbiter to answer, a majority of them (%s); "
+                "giving up %.0fs from now",
                 what,
                 reasons,
                 left,
@@ -350,6 +355,8 @@ async def watch(args: argparse.Namespace, interrupt: Interrupt) -> int:
     from membership.client import MembershipClient
     from membership.config import ClientConfig
 
+    if args.instance and not args.since_epoch:
+        raise InvalidArgument("--instance names the instance of --since-epoch: give both")
     client = MembershipClient(args.arbiters, config=ClientConfig(follow_view=False))
     if args.check_config:
         settings = {

@@ -81,7 +81,9 @@ class ClientConfig:
     # half-open connection sends no error). The arbiters send a marker every
     # progress_interval (1 s by default) on an idle stream; the watcher also
     # keeps a stream for at least 2.5 of the intervals the arbiter announces.
-    stream_idle_timeout: float = 3.0
+    # Below disconnect_after, so that a frozen serving replica is replaced
+    # (hedged to the others) before the watcher would report lost contact.
+    stream_idle_timeout: float = 2.5
     # A watcher that hears nothing from an arbiter in a quorum for this long
     # reports Disconnected (``watch`` prints {"type": "disconnected", ...})
     # and Reconnected once it hears one again: "no changes" and "lost

@@ -19,9 +19,13 @@ Rules:
    happens to answer first.
 3. After that, an address that turns out to answer for another cluster, or
    for an arbiter already reached at another address (a replica that was
-   down at the start and comes up), is *refused*: the client stops using
-   it, logs why, and keeps the cluster it has. A running node is never
-   stopped by a stranger coming up.
+   down at the start and comes up), is *refused*: the client does not use
+   it, logs why, and keeps the cluster it has; a running node is never
+   stopped by a stranger coming up. A refusal is not for ever: the address
+   is asked again now and then (requests name the cluster expected, so a
+   stranger registers nothing), and an answer of the right cluster and
+   arbiter lifts it. Once a majority of the addresses given are refused,
+   the cluster the client knew is gone from them: that is a mismatch again.
 4. A replica that does not state an identity (empty) is not held against it.
 
 Pure: no I/O, no clock.
@@ -135,8 +139,6 @@ class ClusterCheck:
         Raises:
             ClusterMismatch: before settling, as :meth:`verify`.
         """
-        if address in self.refused:
-            return False
         if self.expected is None:
             self.note(address, identity, arbiter_id)
             self.verify()
@@ -152,12 +154,19 @@ class ClusterCheck:
         if arbiter_id and twin is not None and twin not in self.refused:
             self.refused[address] = f"{address} is arbiter {arbiter_id}, reached at {twin} already"
             return False
+        self.refused.pop(address, None)  # the right cluster again: the refusal is lifted
         self.note(address, identity, arbiter_id)
         return True
 
-    def refuse(self, address: str, why: str) -> None:
-        """Stops using ``address`` (rule 3), for ``why``."""
+    def lost(self) -> bool:
+        """True once a strict majority of the addresses given are refused (rule 3)."""
+        return len(self.refused) * 2 > self.listed
+
+    def refuse(self, address: str, why: str) -> bool:
+        """Stops using ``address`` (rule 3), for ``why``; True if it was not refused yet."""
+        new = address not in self.refused
         self.refused.setdefault(address, why)
+        return new
 
     def _describe(self) -> str:
         groups: dict[str, list[str]] = {}

@@ -150,6 +150,8 @@ class NodeSession:
         self._fenced = True
         self.fencing_epoch = 0
         self.end_reason: EndReason | None = None
+        # Set by the shell once it asked the cluster to let this node leave.
+        self.leaving = False
         # Whether any arbiter ever answered (an ack at any incarnation).
         self.heard = False
 
@@ -167,6 +169,18 @@ class NodeSession:
     def superseded(self) -> bool:
         """True once another process took this node id over (rule 7)."""
         return self.end_reason is EndReason.SUPERSEDED
+
+    def reset(self, now: float) -> list[SessionEvent]:
+        """The cluster was started again on fresh state (a new instance id): the leases
+        and the fencing epoch were the old cluster's. Voids the leases (a Fenced event)
+        and starts the fencing epoch again from the new cluster's epochs.
+
+        Returns:
+            The events (Fenced, when the node held a quorum of leases).
+        """
+        events = self._void_leases(now)
+        self.fencing_epoch = 0
+        return events
 
     def leave(self, now: float, joined: bool = True) -> list[SessionEvent]:
         """Records that the node left gracefully (its Leave was committed): rules 5, 8.
@@ -244,7 +258,9 @@ class NodeSession:
             return []  # about an incarnation that is over (rule 2)
         events: list[SessionEvent] = []
         if state is MemberState.LEFT:
-            self.end_reason = EndReason.REMOVED
+            # Its own leave, committed before the call answered (an ack came
+            # first), or someone else's.
+            self.end_reason = EndReason.LEFT if self.leaving else EndReason.REMOVED
             return self._void_leases(now) + self._set_state(MemberState.LEFT)
         if recorded_incarnation > self.incarnation and self.state is not MemberState.JOINING:
             # Rule 7: a newer life of this id exists while this one was a

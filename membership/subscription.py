@@ -267,9 +267,16 @@ class Watcher:
         if msg is grpc.aio.EOF:
             self.feed.on_failure(address, "ended the subscription", now)
             return await self._round_over(now)
+        was_refused = address in self._check.refused
         if not self._check.record(address, msg.cluster, msg.arbiter_id):
             # Identity rule 3: a stranger found after the client settled.
-            log.error("arbiter %s refused: %s", address, self._check.refused[address])
+            if not was_refused:
+                log.error("arbiter %s refused: %s", address, self._check.refused[address])
+            if self._check.lost():
+                raise ClusterMismatch(
+                    "most of the arbiters given now belong to another cluster: "
+                    + "; ".join(self._check.refused.values())
+                )
             await attempt.cancel()
             self.feed.on_failure(address, self._check.refused[address], now)
             return await self._round_over(now)

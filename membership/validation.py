@@ -22,6 +22,7 @@ __all__ = [
     "STATUS_FRACTIONS",
     "parse_address",
     "parse_arbiters",
+    "validate_cluster_name",
     "validate_labels",
     "validate_node_id",
 ]
@@ -76,6 +77,8 @@ def validate_labels(labels: Mapping[str, str]) -> Mapping[str, str]:
         raise InvalidArgument(f"{len(labels)} labels, the limit is {MAX_LABELS}")
     total = 0
     for key, value in labels.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            raise InvalidArgument("labels must map strings to strings")
         if not key or len(key) > MAX_LABEL_KEY or not NAME_PATTERN.fullmatch(key):
             raise InvalidArgument(
                 f"label key {key[:80]!r} must be 1 to {MAX_LABEL_KEY} characters of "
@@ -139,6 +142,24 @@ def validate_status(
             raise InvalidArgument(f"status {name} is {value}, not a finite number >= 0")
         if name in STATUS_FRACTIONS and value > 1:
             raise InvalidArgument(f"status {name} is {value}, not a fraction in 0..1")
+
+
+def validate_cluster_name(name: str) -> str:
+    """Checks a cluster name: 1 to 64 characters of ``[A-Za-z0-9._/-]``, starting
+    with a letter or digit.
+
+    Returns:
+        The name unchanged.
+
+    Raises:
+        InvalidArgument: when it is not such a name.
+    """
+    if not isinstance(name, str) or not 0 < len(name) <= 64 or not NAME_PATTERN.fullmatch(name):
+        raise InvalidArgument(
+            f"cluster {str(name)[:80]!r} must be 1 to 64 characters of letters, digits, "
+            "'.', '_', '/', '-', starting with a letter or digit"
+        )
+    return name
 
 
 def parse_arbiters(arbiters: Sequence[str]) -> list[str]:

@@ -222,6 +222,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     leader_id=status.leader_id or "",
                     cluster_size=self._driver.cluster_size,
                     cluster=self.cluster,
+                    instance=self._driver.state.instance,
                 )
         finally:
             self.heartbeat_streams -= 1

@@ -255,6 +255,7 @@ class HeartbeatAck(_message.Message):
     LEADER_ID_FIELD_NUMBER: _builtins.int
     CLUSTER_SIZE_FIELD_NUMBER: _builtins.int
     CLUSTER_FIELD_NUMBER: _builtins.int
+    INSTANCE_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """the request this answers"""
     epoch: _builtins.int
@@ -276,6 +277,8 @@ class HeartbeatAck(_message.Message):
     """configured arbiters: the node's lease quorum is a majority of these"""
     cluster: _builtins.str
     """the replica's cluster identity"""
+    instance: _builtins.str
+    """the cluster's instance id (see MembershipEvent)"""
     def __init__(
         self,
         *,
@@ -290,10 +293,11 @@ class HeartbeatAck(_message.Message):
         leader_id: _builtins.str = ...,
         cluster_size: _builtins.int = ...,
         cluster: _builtins.str = ...,
+        instance: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "cluster", b"cluster", "cluster_size", b"cluster_size", "epoch", b"epoch", "in_quorum", b"in_quorum", "incarnation", b"incarnation", "leader_id", b"leader_id", "lease_seconds", b"lease_seconds", "next_interval_seconds", b"next_interval_seconds", "seq", b"seq", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "cluster", b"cluster", "cluster_size", b"cluster_size", "epoch", b"epoch", "in_quorum", b"in_quorum", "incarnation", b"incarnation", "instance", b"instance", "leader_id", b"leader_id", "lease_seconds", b"lease_seconds", "next_interval_seconds", b"next_interval_seconds", "seq", b"seq", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
@@ -27,7 +28,7 @@ from membership import (
 )
 from membership.errors import ClusterMismatch, EpochOutOfRange
 from membership.localcluster import free_ports
-from membership.session import EndReason
+from membership.session import EndReason, Fenced
 from membership.view import Disconnected, Reconnected, ViewReset
 from tests.integration.harness import wait_async
 from tests.support.netproxy import TcpProxy
@@ -454,5 +455,91 @@ async def test_sdk_watcher_across_a_cluster_reset_never_merges_two_histories(
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await watcher.close()
+        for s in servers:
+            await s.stop(grace=0)
+
+
+async def test_sdk_refused_address_is_used_again_once_the_real_replica_is_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a3 stops; another cluster's replica takes its port for a while (a typo
+    # during a rolling restart); a3 comes back on its data dir. The node refused
+    # the stranger, then heartbeats to a3 again: it is not left with two
+    # arbiters for the rest of its life.
+    peers = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(3))}
+
+    def replica(rid: str) -> ArbiterServer:
+        return ArbiterServer(
+            replica_id=rid,
+            peers=peers,
+            listen=peers[rid],
+            config=ArbiterConfig.local(),
+            data_dir=tmp_path / rid,
+        )
+
+    servers = {rid: replica(rid) for rid in peers}
+    for s in servers.values():
+        await s.start()
+    caplog.set_level(logging.INFO, logger="membership")
+    a3 = peers["a3"]
+    try:
+        await wait_async(lambda: any(s.driver.is_leader for s in servers.values()), 15, "leader")
+        config = ClientConfig(follow_view=False, reachability_log_interval=0.5)
+        async with MembershipClient(list(peers.values()), node_id="n1", config=config) as node:
+            await node.wait_alive(timeout=10)
+            await servers["a3"].stop(grace=0)
+            stranger = ArbiterServer(
+                replica_id="b1",
+                peers={"b1": a3},
+                listen=a3,
+                config=ArbiterConfig.local(cluster="other"),
+            )
+            await stranger.start()
+            await wait_async(
+                lambda: any("refused" in r.getMessage() for r in caplog.records), 15, "refused"
+            )
+            await stranger.stop(grace=0)
+            servers["a3"] = replica("a3")
+            await servers["a3"].start()
+            await wait_async(lambda: node.stream_healthy[a3], 15, "heartbeats to a3 again")
+            assert node.error is None and node.is_member
+            assert servers["a3"].driver.observer.tracked() >= 1
+    finally:
+        for s in servers.values():
+            await s.stop(grace=0)
+
+
+async def test_sdk_node_across_a_cluster_reset_is_fenced_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The whole cluster started again on fresh state under a running node: its
+    # leases and fencing epoch were the old cluster's. It says so, is fenced,
+    # and holds the new cluster's leases and epochs afterwards.
+    peers = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(3))}
+    addrs = list(peers.values())
+    servers = await _three_replicas(peers)
+    caplog.set_level(logging.WARNING, logger="membership")
+    fences: list[Fenced] = []
+    try:
+        async with MembershipClient(
+            addrs,
+            node_id="n1",
+            config=WATCH,
+            on_event=lambda e: isinstance(e, Fenced) and fences.append(e),
+        ) as node:
+            await node.wait_alive(timeout=10)
+            await node.wait_fenced(False, timeout=10)
+            for s in servers:
+                await s.stop(grace=0)
+            servers = await _three_replicas(peers)
+            await wait_async(
+                lambda: any("the cluster was reset" in r.getMessage() for r in caplog.records),
+                20,
+                "the reset noticed",
+            )
+            await node.wait_fenced(False, timeout=20)
+            assert node.fencing_epoch <= servers[0].driver.state.epoch
+            assert any(f.fenced for f in fences)
+    finally:
         for s in servers:
             await s.stop(grace=0)

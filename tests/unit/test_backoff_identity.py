@@ -98,8 +98,9 @@ def test_identity_stranger_after_settling_is_refused_not_fatal() -> None:
     assert "not prod@0123456789ab" in check.refused["x:9"]
     assert not check.record("alias:1", "prod@0123456789ab", "a1")
     assert "reached at a:1" in check.refused["alias:1"]
-    assert not check.record("x:9", "prod@0123456789ab", "a3")  # refused stays refused
     assert check.record("c:1", "prod@0123456789ab", "a3")
+    # The same stranger asked again is still refused.
+    assert not check.record("x:9", "other@ba9876543210", "b3") and "x:9" in check.refused
 
 
 def test_identity_expected_name_is_enforced() -> None:
@@ -108,3 +109,17 @@ def test_identity_expected_name_is_enforced() -> None:
     with pytest.raises(ClusterMismatch, match="not 'prod'"):
         check.try_settle()
     assert cluster_name("prod@0123456789ab") == "prod"
+
+
+def test_identity_refusal_is_lifted_by_an_answer_of_the_right_replica() -> None:
+    check = ClusterCheck(listed=3)
+    for addr, rid in (("a:1", "a1"), ("b:1", "a2"), ("c:1", "a3")):
+        check.note(addr, "prod@0123456789ab", rid)
+    assert check.try_settle()
+    assert not check.record("c:1", "other@ba9876543210", "x1")  # a stranger took c's port
+    assert not check.lost()  # one of three
+    assert check.record("c:1", "prod@0123456789ab", "a3")  # the real a3 is back
+    assert "c:1" not in check.refused
+    for addr in ("a:1", "b:1"):
+        check.record(addr, "other@ba9876543210", "x2")
+    assert check.lost()  # a majority of the addresses are another cluster's now

@@ -178,3 +178,18 @@ def test_session_quorum_follows_cluster_size_not_the_node_list() -> None:
     )
     assert s.quorum == 2
     assert s.fenced(0.1)
+
+
+def test_session_reset_voids_leases_and_restarts_the_fencing_epoch() -> None:
+    s = _session()
+    for arb in ("a1", "a2"):
+        seq, _ = s.heartbeat(arb, 0.0)
+        _ack(s, arb, seq, 0.0)
+    assert not s.fenced(0.1) and s.fencing_epoch == 5
+    assert s.reset(0.1) == [Fenced(fenced=True, epoch=5)]  # fenced, holding the old token
+    assert s.fenced(0.1) and s.fencing_epoch == 0
+    seq, _ = s.heartbeat("a1", 0.2)
+    _ack(s, "a1", seq, 0.2)
+    seq, _ = s.heartbeat("a2", 0.2)
+    events = _ack(s, "a2", seq, 0.2)
+    assert Fenced(fenced=False, epoch=5) in events  # the new cluster's epochs from here
