@@ -159,17 +159,21 @@ async def test_sdk_node_short_of_a_quorum_logs_why(
 # --- one cluster -------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def other_cluster() -> AsyncIterator[ArbiterServer]:
-    """A one-replica cluster named "other" (its own identity)."""
-    (port,) = free_ports(1)
-    addr = f"127.0.0.1:{port}"
-    server = ArbiterServer(
+def _stranger(addr: str) -> ArbiterServer:
+    """A one-replica cluster named "other" at ``addr`` (its own identity)."""
+    return ArbiterServer(
         replica_id="b1",
         peers={"b1": addr},
         listen=addr,
         config=ArbiterConfig.local(cluster="other"),
     )
+
+
+@pytest.fixture
+async def other_cluster() -> AsyncIterator[ArbiterServer]:
+    """A one-replica cluster named "other", started, leading."""
+    (port,) = free_ports(1)
+    server = _stranger(f"127.0.0.1:{port}")
     await server.start()
     try:
         await wait_async(lambda: server.driver.is_leader, 10, "b1 leads")
@@ -232,12 +236,7 @@ async def test_sdk_stranger_coming_up_later_is_refused_and_the_node_keeps_its_cl
     async with MembershipClient(listed, node_id="n1", config=WATCH) as node:
         await node.wait_alive(timeout=10)
         await node.wait_fenced(False, timeout=10)
-        stranger = ArbiterServer(
-            replica_id="b1",
-            peers={"b1": stranger_addr},
-            listen=stranger_addr,
-            config=ArbiterConfig.local(cluster="other"),
-        )
+        stranger = _stranger(stranger_addr)
         await stranger.start()
         try:
             await wait_async(
@@ -488,12 +487,7 @@ async def test_sdk_refused_address_is_used_again_once_the_real_replica_is_back(
         async with MembershipClient(list(peers.values()), node_id="n1", config=config) as node:
             await node.wait_alive(timeout=10)
             await servers["a3"].stop(grace=0)
-            stranger = ArbiterServer(
-                replica_id="b1",
-                peers={"b1": a3},
-                listen=a3,
-                config=ArbiterConfig.local(cluster="other"),
-            )
+            stranger = _stranger(a3)
             await stranger.start()
             await wait_async(
                 lambda: any("refused" in r.getMessage() for r in caplog.records), 15, "refused"

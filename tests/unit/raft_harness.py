@@ -16,6 +16,7 @@ messages depend on.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import math
@@ -366,3 +367,43 @@ def elected(ids: list[str], seed: int = 0, **kwargs: object) -> tuple[Network, s
 def all_applied(net: Network, data: list[bytes], ids: list[str] | None = None) -> bool:
     """True when every node (or those in ``ids``) applied exactly ``data``."""
     return all(net.data_applied(i) == data for i in (ids or list(net.nodes)))
+
+
+def random_faults(
+    net: Network, ids: list[str], seed: int, *, proposals: tuple[int, int] | None = None
+) -> Network:
+    """Twelve rounds of seeded faults on ``net`` (leader or replica isolated, links
+    cut, crashes), each healed at the next round, with proposals in between.
+
+    Args:
+        net: the network (or a subclass of it) to run.
+        ids: its replica ids.
+        seed: the seed of the fault schedule.
+        proposals: (least, most) proposals after each run step, drawn per step;
+            None: exactly one.
+
+    Returns:
+        ``net``, after the last round.
+    """
+    rng = random.Random(seed)
+    for r in range(12):
+        net.recover()
+        for i in sorted(net.down):
+            net.restart(i)
+        action = rng.choice(["isolate_leader", "isolate", "cuts", "crash", "none"])
+        lead = net.leader()
+        if action == "isolate_leader" and lead is not None:
+            net.isolate(lead)
+        elif action == "isolate":
+            net.isolate(rng.choice(ids))
+        elif action == "cuts":
+            for _ in range(3):
+                net.cut(*rng.sample(ids, 2))
+        elif action == "crash":
+            net.crash(rng.choice(ids))
+        for _ in range(3):
+            net.run_for(rng.uniform(0.3, 1.0))
+            for _ in range(1 if proposals is None else rng.randint(*proposals)):
+                with contextlib.suppress(ProposalDropped):
+                    net.propose(rng.choice(sorted(net.nodes)), f"{seed}-{r}".encode())
+    return net

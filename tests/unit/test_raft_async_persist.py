@@ -13,7 +13,6 @@ no message leaves before the term, vote and entries it depends on are on disk.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import math
 import random
@@ -21,8 +20,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from arbiter.core.raft import Message, MessageType, ProposalDropped, RaftConfig, Ready
-from tests.unit.raft_harness import Network
+from arbiter.core.raft import Message, MessageType, RaftConfig, Ready
+from tests.unit.raft_harness import Network, random_faults
 
 IDS5 = ["a", "b", "c", "d", "e"]
 
@@ -166,28 +165,8 @@ def _chaos(seed: int, *, send_early: bool = False) -> SlowDiskNetwork:
         compact_every=5 if seed % 4 == 1 else 0,
         send_early=send_early,
     )
-    rng = random.Random(seed)
-    for r in range(12):
-        net.recover()
-        for i in sorted(net.down):
-            net.restart(i)
-        action = rng.choice(["isolate_leader", "isolate", "cuts", "crash", "none"])
-        lead = net.leader()
-        if action == "isolate_leader" and lead is not None:
-            net.isolate(lead)
-        elif action == "isolate":
-            net.isolate(rng.choice(ids))
-        elif action == "cuts":
-            for _ in range(3):
-                net.cut(*rng.sample(ids, 2))
-        elif action == "crash":
-            net.crash(rng.choice(ids))
-        for _ in range(3):
-            net.run_for(rng.uniform(0.3, 1.0))
-            for _ in range(rng.randint(1, 3)):  # several proposals: some land mid-write
-                with contextlib.suppress(ProposalDropped):
-                    net.propose(rng.choice(sorted(net.nodes)), f"{seed}-{r}".encode())
-    return net
+    # Several proposals per step: some land while a write is in flight.
+    return random_faults(net, ids, seed, proposals=(1, 3))
 
 
 @pytest.mark.parametrize("seed", range(24))

@@ -9,13 +9,10 @@ entries it depends on are persisted.
 
 from __future__ import annotations
 
-import contextlib
-import random
-
 import pytest
 
-from arbiter.core.raft import ProposalDropped, RaftConfig
-from tests.unit.raft_harness import Network
+from arbiter.core.raft import RaftConfig
+from tests.unit.raft_harness import Network, random_faults
 
 IDS5 = ["a", "b", "c", "d", "e"]
 
@@ -24,27 +21,7 @@ def _chaos(seed: int) -> Network:
     ids = IDS5 if seed % 2 else IDS5[:3]
     config = RaftConfig(pre_vote=seed % 3 != 0, check_quorum=seed % 4 != 0)
     net = Network(ids, seed=seed, loss=0.1, jitter=0.2 if seed % 3 == 1 else 0.0, config=config)
-    rng = random.Random(seed)
-    for r in range(12):
-        net.recover()
-        for i in sorted(net.down):
-            net.restart(i)
-        action = rng.choice(["isolate_leader", "isolate", "cuts", "crash", "none"])
-        lead = net.leader()
-        if action == "isolate_leader" and lead is not None:
-            net.isolate(lead)
-        elif action == "isolate":
-            net.isolate(rng.choice(ids))
-        elif action == "cuts":
-            for _ in range(3):
-                net.cut(*rng.sample(ids, 2))
-        elif action == "crash":
-            net.crash(rng.choice(ids))
-        for _ in range(3):
-            net.run_for(rng.uniform(0.3, 1.0))
-            with contextlib.suppress(ProposalDropped):
-                net.propose(rng.choice(sorted(net.nodes)), f"{seed}-{r}".encode())
-    return net
+    return random_faults(net, ids, seed)
 
 
 @pytest.mark.parametrize("seed", range(16))
