@@ -101,6 +101,7 @@ class NodeAgent:
             incarnation=incarnation,
             arbiters=self.arbiters,
             auto_rejoin=config.auto_rejoin,
+            lease_guard=config.lease_guard,
         )
         self.links = {
             a: HeartbeatLink(a, owner=self, channels=channels, backoff=backoff)

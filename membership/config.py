@@ -53,6 +53,13 @@ class ClientConfig:
     # at 0.3 s a fresh connection has about 0.3 s to bring an ack before the
     # lease of the last acked heartbeat (D = 0.75 s from its send) runs out.
     hedge_after: float = 0.3
+    # Each lease the node holds ends this long before the arbiter's promise
+    # (session rule 2), so the node reports itself fenced at least this long
+    # before a quorum of arbiters can suspect it, even when its own process
+    # runs late (a loaded machine, a GC pause) by up to this much. Costs as
+    # much of every lease: a node must be acked within lease - lease_guard
+    # (0.65 s at the default interval), which the ack timeout (0.6 s) asks anyway.
+    lease_guard: float = 0.1
     # Reconnect backoff: jittered exponential between these bounds, so that a
     # fleet does not reconnect in step (a reconnect storm). The
     # maximum must stay below the arbiters' restart_grace minus their lease
@@ -145,6 +152,11 @@ class ClientConfig:
             raise InvalidArgument("backoff_max must be >= backoff_initial")
         if self.ack_timeout <= self.heartbeat_interval:
             raise InvalidArgument("ack_timeout must exceed heartbeat_interval")
+        if not 0 <= self.lease_guard < self.ack_timeout - self.heartbeat_interval:
+            raise InvalidArgument(
+                f"lease_guard ({self.lease_guard}s) must be >= 0 and below ack_timeout - "
+                f"heartbeat_interval ({self.ack_timeout - self.heartbeat_interval:.3g}s)"
+            )
         if not self.heartbeat_interval < self.hedge_after < self.ack_timeout:
             raise InvalidArgument(
                 f"hedge_after ({self.hedge_after}s) must be between heartbeat_interval "

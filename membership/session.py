@@ -11,9 +11,12 @@ Rules:
 1. Every heartbeat gets a new sequence number; the session remembers when
    (and at which incarnation) it sent each of the recent ones.
 2. A lease in an ack is counted from the *send* time of the heartbeat it
-   answers, which is no later than the arbiter's receipt: the node's lease
-   always ends before the arbiter's promise does (bounded clock-rate drift
-   aside). Acks for an older incarnation grant nothing.
+   answers, which is no later than the arbiter's receipt, and ends
+   ``lease_guard`` seconds early: the node's lease always ends before the
+   arbiter's promise does (bounded clock-rate drift aside), by at least the
+   guard, so that the node knows it is fenced before a quorum can even
+   suspect it, also when its own process runs late by up to the guard.
+   Acks for an older incarnation grant nothing.
 3. The node is *fenced* while fewer than a quorum of arbiters have granted
    it an unexpired lease. It starts fenced. A node that is fenced cannot be
    relied on to be a member, whatever the last view said.
@@ -123,6 +126,7 @@ class NodeSession:
         arbiters: every arbiter the node heartbeats to; quorum is a strict
             majority of them.
         auto_rejoin: continue at a higher incarnation when told DEAD.
+        lease_guard: seconds by which each lease ends early (rule 2), >= 0.
 
     Raises:
         ValueError: for an incarnation < 1 or no arbiters.
@@ -135,6 +139,7 @@ class NodeSession:
         incarnation: int,
         arbiters: Sequence[str],
         auto_rejoin: bool = True,
+        lease_guard: float = 0.0,
     ) -> None:
         if incarnation < 1:
             raise ValueError("incarnation must be >= 1")
@@ -143,6 +148,9 @@ class NodeSession:
         self.node_id = node_id
         self.incarnation = incarnation
         self.auto_rejoin = auto_rejoin
+        if lease_guard < 0:
+            raise ValueError("lease_guard must be >= 0")
+        self.lease_guard = lease_guard
         self.quorum = len(arbiters) // 2 + 1
         self.state = MemberState.JOINING
         self._arbiters = {a: _Arbiter(sent=collections.OrderedDict()) for a in arbiters}
@@ -293,7 +301,7 @@ class NodeSession:
                 self.end_reason = EndReason.DEAD
             return events
         if lease > 0:
-            a.lease_until = max(a.lease_until, send_time + lease)
+            a.lease_until = max(a.lease_until, send_time + lease - self.lease_guard)
         if not (state is MemberState.JOINING and self.state is MemberState.ALIVE):
             # A replica that has not applied the admission yet says JOINING:
             # committed states only move forward (rule 6).

@@ -193,3 +193,16 @@ def test_session_reset_voids_leases_and_restarts_the_fencing_epoch() -> None:
     seq, _ = s.heartbeat("a2", 0.2)
     events = _ack(s, "a2", seq, 0.2)
     assert Fenced(fenced=False, epoch=5) in events  # the new cluster's epochs from here
+
+
+def test_session_lease_guard_fences_that_much_before_the_arbiters_promise() -> None:
+    # Rule 2: the arbiter promises 1.0 s from its receipt (at or after the send
+    # at 0.0); the node counts 1.0 - 0.1 s from its send.
+    s = NodeSession(node_id="n1", incarnation=10, arbiters=ARBITERS, lease_guard=0.1)
+    for arb in ("a1", "a2"):
+        seq, _ = s.heartbeat(arb, 0.0)
+        _ack(s, arb, seq, 0.0, lease=1.0)
+    assert not s.fenced(0.89) and s.fenced(0.9)
+    assert s.next_deadline() == pytest.approx(0.9)
+    with pytest.raises(ValueError):
+        NodeSession(node_id="n1", incarnation=10, arbiters=ARBITERS, lease_guard=-0.1)
