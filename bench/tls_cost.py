@@ -248,7 +248,9 @@ async def cpu_per_heartbeat(
     gen: Generator | None = None
     try:
         await _wait(lambda: all(_port_open(a) for a in cluster.addresses), 30, "replicas")
-        gen = Generator([f"n{i}" for i in range(nodes)], cluster.addresses, interval, _creds(certs), rng)
+        gen = Generator(
+            [f"n{i}" for i in range(nodes)], cluster.addresses, interval, _creds(certs), rng
+        )
         gen.start()
         await asyncio.sleep(max(5.0, 3 * interval))  # warm-up: joins committed, streams steady
         pids = [c.pid for c in cluster.children.values() if c.name.startswith("a")]
@@ -334,7 +336,12 @@ async def main(args: argparse.Namespace) -> int:
                 work = tmp / f"cpu-{mode}-{rnd}"
                 work.mkdir()
                 r = await cpu_per_heartbeat(
-                    work, certs if mode == "tls" else None, args.nodes, args.interval, args.window, rng
+                    work,
+                    certs if mode == "tls" else None,
+                    args.nodes,
+                    args.interval,
+                    args.window,
+                    rng,
                 )
                 results[f"cpu {mode} {rnd}"] = r
                 print(f"cpu/heartbeat {mode} round {rnd}: " + json.dumps(r), flush=True)
@@ -386,7 +393,9 @@ def _table(results: dict[str, dict[str, float]], args: argparse.Namespace) -> No
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--nodes", type=int, default=300)
     ap.add_argument("--fleet", type=int, default=1000)
     ap.add_argument("--interval", type=float, default=0.6)
