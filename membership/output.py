@@ -12,7 +12,8 @@ JSON shapes (``watch --json``, one object per line):
   member being ``{"node_id", "incarnation", "state", "labels", "epoch"}``;
 - ``{"type": "change", "epoch", "node_id", "incarnation", "state", "labels",
   "arbiter"}``, plus ``"evidence": [{"arbiter", "silence_seconds",
-  "suspicion", "detector"}]`` for a DEAD decided by a quorum;
+  "suspicion", "detector"}]`` for a DEAD decided by a quorum, and
+  ``"removed_by"`` for a LEFT an administrator decided (``admin remove``);
 - ``{"type": "quorum", "in_quorum", "arbiter", "leader"}``;
 - ``{"type": "status", "node_id", "incarnation", "status": {...},
   "suspected_by", "silence_seconds", "arbiter"}``;
@@ -150,6 +151,8 @@ def _change_json(ev: ViewChanged, c: MemberChange) -> dict[str, Any]:
     }
     if c.evidence:
         d["evidence"] = [_evidence_json(e) for e in c.evidence]
+    if c.removed_by:
+        d["removed_by"] = c.removed_by
     return d
 
 
@@ -271,6 +274,7 @@ def event_lines(ev: object, as_json: bool) -> list[str]:
         return [
             f"epoch {ev.epoch}  {c.node_id} (incarnation {c.incarnation}) {c.state.value}"
             + _evidence_text(c.evidence)
+            + (f"; removed by {c.removed_by}" if c.removed_by else "")
             for c in ev.changes
         ]
     if isinstance(ev, QuorumChanged):

@@ -29,16 +29,38 @@ Rule 4. ALIVE at k becomes DEAD at k when a quorum of replicas' latest
     life: it refuses k's heartbeats once it heard k'. Without this, a node
     that restarted as k', was heard while nothing could commit, then died,
     would stay ALIVE at k for ever: found by the simulator, seed 142.)
-Rule 5. Leave(n, i): a record ALIVE at i becomes LEFT at i. A record above i,
-    or final at i, refuses the leave (no change, the outcome says why). No
-    record, or a record below i: incarnation i never joined the view, so the
-    view records nothing for it (no LEFT record, no epoch of its own), but
-    n's incarnations up to i are *retired*: no observation at or below i is
-    counted any more (rule 2), so an ALIVE observation still in flight can
-    never admit a node that has gone. If n was ALIVE at k < i, DEAD at k is
-    committed (the old life was replaced by i, which has now left), as in
-    rule 3. A second leave of a retired incarnation is accepted and changes
-    nothing. LEFT and DEAD are final for their incarnation.
+Rule 5. Leave(n, i) ends only a life the cluster knows: the incarnation it
+    records for n, or the one n is joining with. Judged in this order (the
+    proposing replica asks the same question first, :meth:`judge_leave`):
+    a. A record at i: ALIVE becomes LEFT at i; DEAD or LEFT refuses the leave
+       (FINAL). A record above i refuses it (STALE).
+    b. i at or below n's retired incarnation: accepted, changes nothing (a
+       second leave of a retired incarnation).
+    c. i above the record (or no record) and *joining*: the command says its
+       proposing replica's detector heard n at i (``heard_by``, a configured
+       arbiter), or a committed observation of n at exactly i exists.
+       Incarnation i never joined the view, so the view records nothing for
+       it (no LEFT record, no epoch of its own), but n's incarnations up to i
+       are *retired*: no observation at or below i is counted any more (rule
+       2), so an ALIVE observation still in flight can never admit a node
+       that has gone. If n was ALIVE at k < i, DEAD at k is committed (the
+       old life was replaced by i, which has now left), as in rule 3.
+    d. Anything else changes nothing at all (no record, no retirement, no
+       epoch): UNKNOWN when the cluster never heard of n (no record, no
+       observation, nothing retired: a "ghost"), NOT_JOINING when i is above
+       what it records and no replica heard i. In particular a Leave can
+       never kill a live member's life as a side effect.
+    LEFT and DEAD are final for their incarnation.
+Rule 5a. Remove(n, i, by), an administrator's removal (the Admin service):
+    n's record ALIVE at i (i = 0: at whatever incarnation it records)
+    becomes LEFT, the change carrying ``removed_by = by``. LEFT, not DEAD:
+    the node did not fail (a DEAD change would claim a quorum suspected it,
+    rule 4a), LEFT is final for the incarnation as DEAD is, and a node told
+    it is DEAD rejoins at a higher incarnation by itself, which would undo
+    the removal. No record refuses it (UNKNOWN: a node only joining has no
+    record to remove); a record at another incarnation than a non-zero i
+    (STALE) or a final one (FINAL) refuses it too. Observations of higher
+    incarnations are kept: a new process under the id joins as any would.
 Rule 6. An entry that changes the view bumps the epoch by exactly one, however
     many member changes it carries; an entry that changes nothing leaves the
     epoch alone. Changes of one entry are ordered by node_id (a DEAD-then-
@@ -69,6 +91,7 @@ in :mod:`arbiter.core.tally_snapshot`.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -79,6 +102,7 @@ from arbiter.core.commands import (
     Leave,
     ObserveBatch,
     Opinion,
+    Remove,
     decode,
 )
 from arbiter.core.tally_snapshot import ObservationRecord, SnapshotDecodeError, TallyImage
@@ -87,6 +111,7 @@ from membership.view import Member, MemberChange, MemberState, View
 __all__ = [
     "ApplyResult",
     "LeaveOutcome",
+    "LeaveRefusal",
     "MembershipState",
     "ObservationRecord",
     "SnapshotDecodeError",
@@ -102,18 +127,31 @@ class ViewChange:
     changes: tuple[MemberChange, ...]
 
 
+class LeaveRefusal(enum.Enum):
+    """Why a Leave or Remove changed nothing (rules 5, 5a); the API maps each to a status."""
+
+    UNKNOWN = "unknown"  # the cluster has no record of the id (NOT_FOUND)
+    STALE = "stale"  # the cluster records another incarnation (FAILED_PRECONDITION)
+    FINAL = "final"  # the incarnation is already DEAD or LEFT (FAILED_PRECONDITION)
+    NOT_JOINING = "not_joining"  # above the record, heard by no replica (FAILED_PRECONDITION)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeaveOutcome:
-    """What became of a Leave command (rule 5).
+    """What became of a Leave (rule 5) or Remove (rule 5a) command.
 
     Attributes:
         request_id: the command's request_id, to answer the waiting RPC.
-        node_id: the node that asked to leave.
-        accepted: True if the node is now LEFT at the incarnation it gave.
-        reason: why, in words.
+        node_id: the node that asked to leave, or was to be removed.
+        accepted: True if the node is now LEFT at the incarnation (or that
+            incarnation is retired: rule 5).
+        reason: why, in words: what the cluster records.
         epoch: the epoch after the entry was applied.
         joined: the incarnation had joined the view, so a LEFT record was
             committed (False for one retired before it joined: rule 5).
+        refusal: why it was refused; None when accepted.
+        incarnation: the incarnation that left or was removed (for a Remove
+            of incarnation 0, the one recorded); for a refusal, the one asked.
     """
 
     request_id: str
@@ -122,14 +160,16 @@ class LeaveOutcome:
     reason: str
     epoch: int
     joined: bool = False
+    refusal: LeaveRefusal | None = None
+    incarnation: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ApplyResult:
     """The outcome of applying the entry at log index ``index``.
 
-    ``change`` is set when the view changed, ``leave`` for Leave commands,
-    ``error`` when the entry was rejected (rule 9).
+    ``change`` is set when the view changed, ``leave`` for Leave and Remove
+    commands, ``error`` when the entry was rejected (rule 9).
     """
 
     index: int
@@ -216,20 +256,26 @@ class MembershipState:
                 )
             changes = [c for n in sorted(self._store(command)) for c in self._tally(n)]
             return ApplyResult(index=index, change=self._commit(changes))
-        changes, accepted, reason = self._leave(command)
+        if isinstance(command, Remove):
+            changes, refusal, reason, incarnation = self._remove(command)
+        else:
+            changes, refusal, reason = self._leave(command)
+            incarnation = command.incarnation
         change = self._commit(changes)
         leave = LeaveOutcome(
             request_id=command.request_id,
             node_id=command.node_id,
-            accepted=accepted,
+            accepted=refusal is None,
             reason=reason,
             epoch=self._epoch,
             joined=any(
                 c.node_id == command.node_id
-                and c.incarnation == command.incarnation
+                and c.incarnation == incarnation
                 and c.state is MemberState.LEFT
                 for c in changes
             ),
+            refusal=refusal,
+            incarnation=incarnation,
         )
         return ApplyResult(index=index, change=change, leave=leave)
 
@@ -355,19 +401,74 @@ class MembershipState:
                 return [dataclasses.replace(dead, evidence=evidence)]
         return []
 
-    def _leave(self, command: Leave) -> tuple[list[MemberChange], bool, str]:
-        """The changes a Leave calls for, whether it is accepted, and why (rule 5)."""
-        n, i = command.node_id, command.incarnation
+    def judge_leave(
+        self, node_id: str, incarnation: int, heard_by: str = ""
+    ) -> tuple[LeaveRefusal | None, str]:
+        """How rule 5 judges Leave(node_id, incarnation) now, without changing anything.
+
+        The API asks it before proposing a leave, so that a refused one
+        commits nothing; the tally asks it again when the entry is applied
+        (the state may have moved in between).
+
+        Args:
+            node_id: the node.
+            incarnation: the incarnation that would leave.
+            heard_by: the replica whose failure detector hears the node at
+                ``incarnation`` ("" if none): such an incarnation is joining.
+
+        Returns:
+            ``(None, what it would do)`` when the leave would be accepted,
+            else ``(refusal, what the cluster records)``.
+        """
+        n, i = node_id, incarnation
         record = self._members.get(n)
         if record is not None and record.incarnation > i:
             at = f"{record.incarnation} ({record.state.value})"
-            return [], False, f"stale incarnation {i}: {n} is at incarnation {at}"
+            return LeaveRefusal.STALE, f"stale incarnation {i}: {n} is at incarnation {at}"
         if record is not None and record.incarnation == i:
             if record.state.is_final:
-                return [], False, f"{n} is already {record.state.value} at incarnation {i}"
-            return [_change(n, i, MemberState.LEFT, record)], True, f"{n} left at incarnation {i}"
+                return LeaveRefusal.FINAL, f"{n} is already {record.state.value} at incarnation {i}"
+            return None, f"{n} left at incarnation {i}"
+        retired = self._retired.get(n, 0)
+        if retired >= i:
+            return None, f"{n} incarnation {i} was already retired"
+        heard = heard_by in self._arbiters or any(
+            o.incarnation == i for o in self._obs.get(n, {}).values()
+        )
+        if heard:
+            return None, f"{n} left at incarnation {i}, which had not joined the view"
+        if record is None and retired == 0 and n not in self._obs:
+            return (
+                LeaveRefusal.UNKNOWN,
+                f"{n} is unknown to the cluster: no record, and no arbiter heard it",
+            )
+        if record is not None:
+            records = f"records {n} {record.state.value} at incarnation {record.incarnation}"
+        else:
+            heard_at = sorted({o.incarnation for o in self._obs.get(n, {}).values()})
+            records = (
+                f"has no record of {n}"
+                + (f" (heard at incarnation {', '.join(map(str, heard_at))})" if heard_at else "")
+                + (f", incarnations up to {retired} retired" if retired else "")
+            )
+        return (
+            LeaveRefusal.NOT_JOINING,
+            f"incarnation {i} of {n} is neither recorded nor joining (no arbiter heard it): "
+            f"the cluster {records}",
+        )
+
+    def _leave(self, command: Leave) -> tuple[list[MemberChange], LeaveRefusal | None, str]:
+        """The changes a Leave calls for, why it is refused (None: accepted), and
+        what it did or what the cluster records (rule 5)."""
+        n, i = command.node_id, command.incarnation
+        refusal, reason = self.judge_leave(n, i, command.heard_by)
+        if refusal is not None:
+            return [], refusal, reason
+        record = self._members.get(n)
+        if record is not None and record.incarnation == i:
+            return [_change(n, i, MemberState.LEFT, record)], None, reason
         if self._retired.get(n, 0) >= i:
-            return [], True, f"{n} incarnation {i} was already retired"
+            return [], None, reason
         changes = []
         if record is not None and record.state is MemberState.ALIVE:
             changes.append(_change(n, record.incarnation, MemberState.DEAD, record))
@@ -378,7 +479,54 @@ class MembershipState:
             self._obs[n] = kept
         else:
             self._obs.pop(n, None)
-        return changes, True, f"{n} left at incarnation {i}, which had not joined the view"
+        return changes, None, reason
+
+    def judge_remove(self, node_id: str, incarnation: int = 0) -> tuple[LeaveRefusal | None, str]:
+        """How rule 5a judges Remove(node_id, incarnation) now, without changing anything.
+
+        Args:
+            node_id: the member to remove.
+            incarnation: the incarnation to remove; 0 for the recorded one.
+
+        Returns:
+            ``(None, what it would do)`` when the removal would be accepted,
+            else ``(refusal, what the cluster records)``.
+        """
+        n = node_id
+        record = self._members.get(n)
+        if record is None:
+            joining = sorted({o.incarnation for o in self._obs.get(n, {}).values()})
+            more = (
+                f" (heard at incarnation {', '.join(map(str, joining))}, not a member yet)"
+                if joining
+                else ""
+            )
+            return (
+                LeaveRefusal.UNKNOWN,
+                f"{n} is not a member: the cluster has no record of it{more}",
+            )
+        if incarnation and incarnation != record.incarnation:
+            return (
+                LeaveRefusal.STALE,
+                f"{n} is at incarnation {record.incarnation} ({record.state.value}), "
+                f"not {incarnation}",
+            )
+        if record.state.is_final:
+            return (
+                LeaveRefusal.FINAL,
+                f"{n} is already {record.state.value} at incarnation {record.incarnation}",
+            )
+        return None, f"{n} removed at incarnation {record.incarnation}"
+
+    def _remove(self, command: Remove) -> tuple[list[MemberChange], LeaveRefusal | None, str, int]:
+        """Rule 5a: the changes, the refusal (None: accepted), the reason and the
+        incarnation removed (the one asked when refused)."""
+        refusal, reason = self.judge_remove(command.node_id, command.incarnation)
+        record = self._members.get(command.node_id)
+        if refusal is not None or record is None:
+            return [], refusal, reason, command.incarnation
+        left = _change(command.node_id, record.incarnation, MemberState.LEFT, record)
+        return [dataclasses.replace(left, removed_by=command.by)], None, reason, record.incarnation
 
     def _commit(self, changes: list[MemberChange]) -> ViewChange | None:
         """Records the entry's changes under the next epoch (rule 6)."""
