@@ -29,38 +29,17 @@ Rule 4. ALIVE at k becomes DEAD at k when a quorum of replicas' latest
     life: it refuses k's heartbeats once it heard k'. Without this, a node
     that restarted as k', was heard while nothing could commit, then died,
     would stay ALIVE at k for ever: found by the simulator, seed 142.)
-Rule 5. Leave(n, i) ends only a life the cluster knows: the incarnation it
-    records for n, or the one n is joining with. Judged in this order (the
-    proposing replica asks the same question first, :meth:`judge_leave`):
-    a. A record at i: ALIVE becomes LEFT at i; DEAD or LEFT refuses the leave
-       (FINAL). A record above i refuses it (STALE).
-    b. i at or below n's retired incarnation: accepted, changes nothing (a
-       second leave of a retired incarnation).
-    c. i above the record (or no record) and *joining*: the command says its
-       proposing replica's detector heard n at i (``heard_by``, a configured
-       arbiter), or a committed observation of n at exactly i exists.
-       Incarnation i never joined the view, so the view records nothing for
-       it (no LEFT record, no epoch of its own), but n's incarnations up to i
-       are *retired*: no observation at or below i is counted any more (rule
-       2), so an ALIVE observation still in flight can never admit a node
-       that has gone. If n was ALIVE at k < i, DEAD at k is committed (the
-       old life was replaced by i, which has now left), as in rule 3.
-    d. Anything else changes nothing at all (no record, no retirement, no
-       epoch): UNKNOWN when the cluster never heard of n (no record, no
-       observation, nothing retired: a "ghost"), NOT_JOINING when i is above
-       what it records and no replica heard i. In particular a Leave can
-       never kill a live member's life as a side effect.
-    LEFT and DEAD are final for their incarnation.
-Rule 5a. Remove(n, i, by), an administrator's removal (the Admin service):
-    n's record ALIVE at i (i = 0: at whatever incarnation it records)
-    becomes LEFT, the change carrying ``removed_by = by``. LEFT, not DEAD:
-    the node did not fail (a DEAD change would claim a quorum suspected it,
-    rule 4a), LEFT is final for the incarnation as DEAD is, and a node told
-    it is DEAD rejoins at a higher incarnation by itself, which would undo
-    the removal. No record refuses it (UNKNOWN: a node only joining has no
-    record to remove); a record at another incarnation than a non-zero i
-    (STALE) or a final one (FINAL) refuses it too. Observations of higher
-    incarnations are kept: a new process under the id joins as any would.
+Rule 5. Leave(n, i) ends only a life the cluster knows: a record ALIVE at i
+    becomes LEFT at i; an incarnation above the record that is *joining*
+    (heard by the proposing replica's detector, or in a committed
+    observation at i) is *retired*: the view records nothing for it, and no
+    observation at or below i counts any more (rule 2), so an ALIVE still in
+    flight never admits a node that has gone (an ALIVE record below i is
+    DEAD, replaced). Anything else changes nothing: a ghost, an incarnation
+    nobody heard, a stale or final one (:mod:`arbiter.core.leaves`, rule 5).
+Rule 5a. Remove(n, i, by), an administrator's removal: a record ALIVE at i
+    (0: at whatever incarnation it records) becomes LEFT, the change
+    carrying ``removed_by``; LEFT, not DEAD (:mod:`arbiter.core.leaves`).
 Rule 6. An entry that changes the view bumps the epoch by exactly one, however
     many member changes it carries; an entry that changes nothing leaves the
     epoch alone. Changes of one entry are ordered by node_id (a DEAD-then-
@@ -91,11 +70,10 @@ in :mod:`arbiter.core.tally_snapshot`.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from arbiter.core import tally_snapshot
+from arbiter.core import leaves, tally_snapshot
 from arbiter.core.commands import (
     Bootstrap,
     CommandDecodeError,
@@ -105,6 +83,7 @@ from arbiter.core.commands import (
     Remove,
     decode,
 )
+from arbiter.core.leaves import LeaveOutcome, LeaveRefusal
 from arbiter.core.tally_snapshot import ObservationRecord, SnapshotDecodeError, TallyImage
 from membership.view import Member, MemberChange, MemberState, View
 
@@ -125,43 +104,6 @@ class ViewChange:
 
     epoch: int
     changes: tuple[MemberChange, ...]
-
-
-class LeaveRefusal(enum.Enum):
-    """Why a Leave or Remove changed nothing (rules 5, 5a); the API maps each to a status."""
-
-    UNKNOWN = "unknown"  # the cluster has no record of the id (NOT_FOUND)
-    STALE = "stale"  # the cluster records another incarnation (FAILED_PRECONDITION)
-    FINAL = "final"  # the incarnation is already DEAD or LEFT (FAILED_PRECONDITION)
-    NOT_JOINING = "not_joining"  # above the record, heard by no replica (FAILED_PRECONDITION)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LeaveOutcome:
-    """What became of a Leave (rule 5) or Remove (rule 5a) command.
-
-    Attributes:
-        request_id: the command's request_id, to answer the waiting RPC.
-        node_id: the node that asked to leave, or was to be removed.
-        accepted: True if the node is now LEFT at the incarnation (or that
-            incarnation is retired: rule 5).
-        reason: why, in words: what the cluster records.
-        epoch: the epoch after the entry was applied.
-        joined: the incarnation had joined the view, so a LEFT record was
-            committed (False for one retired before it joined: rule 5).
-        refusal: why it was refused; None when accepted.
-        incarnation: the incarnation that left or was removed (for a Remove
-            of incarnation 0, the one recorded); for a refusal, the one asked.
-    """
-
-    request_id: str
-    node_id: str
-    accepted: bool
-    reason: str
-    epoch: int
-    joined: bool = False
-    refusal: LeaveRefusal | None = None
-    incarnation: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -408,53 +350,16 @@ class MembershipState:
 
         The API asks it before proposing a leave, so that a refused one
         commits nothing; the tally asks it again when the entry is applied
-        (the state may have moved in between).
-
-        Args:
-            node_id: the node.
-            incarnation: the incarnation that would leave.
-            heard_by: the replica whose failure detector hears the node at
-                ``incarnation`` ("" if none): such an incarnation is joining.
-
-        Returns:
-            ``(None, what it would do)`` when the leave would be accepted,
-            else ``(refusal, what the cluster records)``.
+        (the state may have moved in between). See
+        :func:`arbiter.core.leaves.judge_leave`.
         """
-        n, i = node_id, incarnation
-        record = self._members.get(n)
-        if record is not None and record.incarnation > i:
-            at = f"{record.incarnation} ({record.state.value})"
-            return LeaveRefusal.STALE, f"stale incarnation {i}: {n} is at incarnation {at}"
-        if record is not None and record.incarnation == i:
-            if record.state.is_final:
-                return LeaveRefusal.FINAL, f"{n} is already {record.state.value} at incarnation {i}"
-            return None, f"{n} left at incarnation {i}"
-        retired = self._retired.get(n, 0)
-        if retired >= i:
-            return None, f"{n} incarnation {i} was already retired"
-        heard = heard_by in self._arbiters or any(
-            o.incarnation == i for o in self._obs.get(n, {}).values()
-        )
-        if heard:
-            return None, f"{n} left at incarnation {i}, which had not joined the view"
-        if record is None and retired == 0 and n not in self._obs:
-            return (
-                LeaveRefusal.UNKNOWN,
-                f"{n} is unknown to the cluster: no record, and no arbiter heard it",
-            )
-        if record is not None:
-            records = f"records {n} {record.state.value} at incarnation {record.incarnation}"
-        else:
-            heard_at = sorted({o.incarnation for o in self._obs.get(n, {}).values()})
-            records = (
-                f"has no record of {n}"
-                + (f" (heard at incarnation {', '.join(map(str, heard_at))})" if heard_at else "")
-                + (f", incarnations up to {retired} retired" if retired else "")
-            )
-        return (
-            LeaveRefusal.NOT_JOINING,
-            f"incarnation {i} of {n} is neither recorded nor joining (no arbiter heard it): "
-            f"the cluster {records}",
+        return leaves.judge_leave(
+            node_id,
+            incarnation,
+            heard_by in self._arbiters,
+            record=self._members.get(node_id),
+            observed=[o.incarnation for o in self._obs.get(node_id, {}).values()],
+            retired=self._retired.get(node_id, 0),
         )
 
     def _leave(self, command: Leave) -> tuple[list[MemberChange], LeaveRefusal | None, str]:
@@ -482,41 +387,14 @@ class MembershipState:
         return changes, None, reason
 
     def judge_remove(self, node_id: str, incarnation: int = 0) -> tuple[LeaveRefusal | None, str]:
-        """How rule 5a judges Remove(node_id, incarnation) now, without changing anything.
-
-        Args:
-            node_id: the member to remove.
-            incarnation: the incarnation to remove; 0 for the recorded one.
-
-        Returns:
-            ``(None, what it would do)`` when the removal would be accepted,
-            else ``(refusal, what the cluster records)``.
-        """
-        n = node_id
-        record = self._members.get(n)
-        if record is None:
-            joining = sorted({o.incarnation for o in self._obs.get(n, {}).values()})
-            more = (
-                f" (heard at incarnation {', '.join(map(str, joining))}, not a member yet)"
-                if joining
-                else ""
-            )
-            return (
-                LeaveRefusal.UNKNOWN,
-                f"{n} is not a member: the cluster has no record of it{more}",
-            )
-        if incarnation and incarnation != record.incarnation:
-            return (
-                LeaveRefusal.STALE,
-                f"{n} is at incarnation {record.incarnation} ({record.state.value}), "
-                f"not {incarnation}",
-            )
-        if record.state.is_final:
-            return (
-                LeaveRefusal.FINAL,
-                f"{n} is already {record.state.value} at incarnation {record.incarnation}",
-            )
-        return None, f"{n} removed at incarnation {record.incarnation}"
+        """How rule 5a judges Remove(node_id, incarnation) now, without changing anything
+        (:func:`arbiter.core.leaves.judge_remove`)."""
+        return leaves.judge_remove(
+            node_id,
+            incarnation,
+            record=self._members.get(node_id),
+            observed=[o.incarnation for o in self._obs.get(node_id, {}).values()],
+        )
 
     def _remove(self, command: Remove) -> tuple[list[MemberChange], LeaveRefusal | None, str, int]:
         """Rule 5a: the changes, the refusal (None: accepted), the reason and the
