@@ -33,12 +33,20 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from membership.session import Fenced, Rejoined, SessionEvent, StateChanged, Superseded
+from membership.session import (
+    Evicted,
+    Fenced,
+    Rejoined,
+    SessionEvent,
+    StateChanged,
+    Superseded,
+)
 from membership.view import (
     Disconnected,
     Evidence,
     Member,
     MemberChange,
+    MemberState,
     QuorumChanged,
     Reconnected,
     StatusUpdated,
@@ -299,8 +307,21 @@ def session_event_line(node_id: str, ev: SessionEvent) -> str | None:
 
     Lines: ``n1: incarnation 7 is ALIVE``, ``n1: fenced (fencing epoch 5)``,
     ``n1: unfenced (...)``, ``n1: incarnation 7 taken over by 8; stopping``,
-    ``n1: incarnation 7 over (DEAD); rejoining as 8``.
+    ``n1: incarnation 7 over (DEAD); rejoining as 8``,
+    ``n1: incarnation 7 declared DEAD by the cluster without asking; rejoining``,
+    ``n1: incarnation 7 removed from the cluster (LEFT without asking); stopping``.
     """
+    if isinstance(ev, Evicted):
+        if ev.state is MemberState.LEFT:
+            return (
+                f"{node_id}: incarnation {ev.incarnation} removed from the cluster "
+                "(LEFT without asking); stopping"
+            )
+        then = "rejoining" if ev.rejoining else "stopping (no rejoin)"
+        return (
+            f"{node_id}: incarnation {ev.incarnation} declared DEAD by the cluster "
+            f"without asking; {then}"
+        )
     if isinstance(ev, StateChanged):
         return f"{node_id}: incarnation {ev.incarnation} is {ev.state.value}"
     if isinstance(ev, Fenced):
