@@ -183,6 +183,9 @@ def test_cli_node_declared_dead_with_no_rejoin_exits_three(cluster: ProcCluster)
     assert "n1 was declared DEAD by the cluster and --no-rejoin is set" in (
         node.stderr().splitlines()[-1]
     )
+    # Said loudly before that: an ERROR line and the event's own line.
+    assert re.search(r"ERROR .*n1 incarnation \d+ was declared DEAD by the cluster", node.stderr())
+    assert any("declared DEAD by the cluster without asking; stopping" in x for x in node.lines())
 
 
 def test_cli_node_made_left_by_another_leave_exits_three(cluster: ProcCluster) -> None:
