@@ -18,6 +18,9 @@ from typing import Any
 import grpc
 import pytest
 
+from arbiter.server.admin import AdminServicer
+from arbiter.server.app import ArbiterServer
+from arbiter.server.authz import Refusal
 from membership import EndReason, Evicted, MembershipClient, MemberState, SessionEvent
 from membership.admin import remove_node
 from membership.config import ClientConfig
@@ -231,3 +234,46 @@ def test_admin_remove_gives_the_sdk_an_evicted_event(
         asyncio.run(run())
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert any("n3 incarnation" in r.getMessage() and "removed" in r.getMessage() for r in errors)
+
+
+class _NotAdmin:
+    """An authorizer that refuses every administrative call (as mutual TLS does for a
+    node certificate)."""
+
+    def node(self, context: Any, node_id: str) -> Refusal | None:
+        return None
+
+    def replica(self, context: Any, replica_id: str) -> Refusal | None:
+        return None
+
+    def reader(self, context: Any) -> Refusal | None:
+        return None
+
+    def admin(self, context: Any) -> Refusal | None:
+        return Refusal("spiffe://test/node/n1 may not administer: it may heartbeat as n1")
+
+
+async def test_admin_remove_refused_by_the_authorizer_is_permission_denied(
+    replicas: list[ArbiterServer],
+) -> None:
+    driver = replicas[0].driver
+    server = grpc.aio.server()
+    pb_grpc.add_AdminServicer_to_server(AdminServicer(driver, authz=_NotAdmin()), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        commit = driver.status()
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await pb_grpc.AdminStub(channel).RemoveNode(
+                    pb.RemoveNodeRequest(node_id="n1"), timeout=5
+                )
+        assert info.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert "may not administer" in (info.value.details() or "")
+        assert driver.status().epoch == commit.epoch  # nothing proposed
+        # Through the real service (AllowAll, --insecure): the same node is
+        # simply not a member.
+        with pytest.raises(RejectedError, match="NOT_FOUND: arbiter a1: n1 is not a member"):
+            await remove_node([replicas[0].listen], "n1", timeout=5)
+    finally:
+        await server.stop(grace=None)
