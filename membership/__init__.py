@@ -17,6 +17,7 @@ __all__ = [
     "Disconnected",
     "EndReason",
     "EpochOutOfRange",
+    "Evicted",
     "Evidence",
     "Fenced",
     "InvalidArgument",
@@ -56,6 +57,7 @@ _SOURCES = {
     "Disconnected": "membership.view",
     "EndReason": "membership.session",
     "EpochOutOfRange": "membership.errors",
+    "Evicted": "membership.session",
     "Evidence": "membership.view",
     "Fenced": "membership.session",
     "InvalidArgument": "membership.errors",
@@ -105,6 +107,7 @@ if TYPE_CHECKING:
     )
     from membership.session import (
         EndReason,
+        Evicted,
         Fenced,
         Rejoined,
         SessionEvent,

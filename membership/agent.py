@@ -33,12 +33,14 @@ from membership.heartbeats import HeartbeatLink, LinkTimings
 from membership.identity import ClusterCheck
 from membership.session import (
     EndReason,
+    Evicted,
     Fenced,
     NodeSession,
     Rejoined,
     SessionEvent,
     StateChanged,
     Superseded,
+    eviction_text,
 )
 from membership.transport import Channels
 from membership.v1 import membership_pb2 as pb
@@ -332,6 +334,9 @@ class NodeAgent:
                     ev.by,
                 )
                 self.state_changed.set()
+            elif isinstance(ev, Evicted):
+                # Never silent: the application may still believe it is a member.
+                log.error("%s", eviction_text(self.node_id, ev))
             elif isinstance(ev, Rejoined):
                 log.info(
                     "%s: incarnation %d is over (%s); rejoining as %d",
@@ -346,8 +351,6 @@ class NodeAgent:
                 except Exception:
                     log.exception("on_event callback failed")
         if self.session.ended and not self.ended.is_set():
-            if self.session.end_reason is EndReason.REMOVED:
-                log.warning("%s was made LEFT by the cluster without asking", self.node_id)
             self.ended.set()
             self.state_changed.set()
 
@@ -470,7 +473,13 @@ class NodeAgent:
                 deadline=deadline,
                 call_timeout=self.config.call_timeout,
                 errors=errors,
+                quorum=session.quorum,
             )
+            if resp is calls.NOTHING_TO_LEAVE:
+                # A majority never heard this incarnation: nothing can admit it.
+                log.info("%s: no majority of arbiters heard it; nothing to leave", self.node_id)
+                self.dispatch(session.leave(time.monotonic(), joined=False))
+                return epoch_now
             if resp is not None:
                 self._left_epoch = int(resp.epoch)
                 self.dispatch(session.leave(time.monotonic(), joined=resp.joined))

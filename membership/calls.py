@@ -11,7 +11,13 @@ wedged connection) never holds the answer up:
   answered in a quorum within ``subscribe_hedge`` seconds, the others
   (hedged requests: J. Dean and L. A. Barroso, "The Tail at Scale", 2013).
 - :func:`leave_round` asks every arbiter at once: a leave is idempotent
-  (a repeat is answered with the first one's outcome), the first answer wins.
+  (a repeat is answered with the first one's outcome), the first success
+  wins. An arbiter that never heard the incarnation answers NOT_FOUND
+  ("nothing to leave there"); a majority of those, and no success, means
+  nothing anywhere can admit the incarnation: there is nothing to leave.
+  A refusal (FAILED_PRECONDITION: a lagging arbiter may say so of an
+  incarnation another one just admitted) counts only when no arbiter
+  accepts the leave.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from membership.view import View
 if TYPE_CHECKING:
     from membership.status import NodeStatus
 
-__all__ = ["Discovery", "ViewInfo", "get_view", "leave_round"]
+__all__ = ["NOTHING_TO_LEAVE", "Discovery", "ViewInfo", "get_view", "leave_round"]
 
 log = logging.getLogger("membership.client")
 
@@ -292,6 +298,10 @@ async def get_view(
     return view_info(best)
 
 
+NOTHING_TO_LEAVE = pb.LeaveResponse(epoch=0, joined=False)
+"""What :func:`leave_round` returns when a majority never heard the incarnation."""
+
+
 async def leave_round(
     arbiters: Sequence[str],
     channels: Channels,
@@ -300,6 +310,7 @@ async def leave_round(
     deadline: float,
     call_timeout: float,
     errors: dict[str, str],
+    quorum: int = 0,
 ) -> pb.LeaveResponse | None:
     """Asks every arbiter at once to commit ``request``; the first success wins.
 
@@ -310,13 +321,21 @@ async def leave_round(
         deadline: monotonic seconds after which nothing more is asked.
         call_timeout: seconds per call at most.
         errors: filled with address -> why its call failed.
+        quorum: how many NOT_FOUND answers mean that nothing can hold the
+            incarnation (a majority of the cluster); 0: a majority of ``arbiters``.
 
     Returns:
-        The first successful answer, or None when every call failed.
+        The first successful answer; :data:`NOTHING_TO_LEAVE` when at least
+        ``quorum`` arbiters answered NOT_FOUND (they never heard the
+        incarnation) and none accepted; None when the calls failed otherwise
+        (try again).
 
     Raises:
-        RejectedError: an arbiter refused the leave (FAILED_PRECONDITION).
+        RejectedError: an arbiter refused the leave (FAILED_PRECONDITION) and
+            none accepted it.
     """
+    refused: list[str] = []
+    not_found: list[str] = []
 
     async def ask(addr: str) -> pb.LeaveResponse | None:
         left = deadline - time.monotonic()
@@ -328,8 +347,10 @@ async def leave_round(
             )
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                raise RejectedError(e.details() or "leave refused") from None
-            if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                refused.append(e.details() or "leave refused")
+            elif e.code() == grpc.StatusCode.NOT_FOUND:
+                not_found.append(addr)  # nothing to leave there
+            elif e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 channels.discard(addr)
             errors[addr] = f"{e.code().name} {e.details()}"
             return None
@@ -344,4 +365,8 @@ async def leave_round(
     finally:
         for t in tasks:
             await reap(t)
+    if refused:
+        raise RejectedError(refused[0])
+    if len(not_found) >= (quorum or len(arbiters) // 2 + 1):
+        return NOTHING_TO_LEAVE
     return None

@@ -7,9 +7,10 @@ sub-command is registered by the server package (entry point
 Rules:
 
 1. Exit codes (:data:`EXIT_CODES`, printed by ``membership --help``): 0 ok;
-   1 a runtime failure; 2 a usage error (any bad flag or value, whether
-   argparse or a configuration check finds it); 3 a node that the cluster
-   declared DEAD or LEFT without its asking and that does not rejoin; 128 +
+   1 a runtime failure (also a refused ``admin remove``); 2 a usage error (any
+   bad flag or value, whether argparse or a configuration check finds it); 3
+   a node that the cluster declared DEAD or removed (LEFT) without its asking
+   and that does not rejoin; 128 +
    the signal's number for a command cut short by SIGINT or SIGTERM.
    ``node``, ``watch`` and ``arbiter`` stop normally on SIGINT or SIGTERM (a
    node leaves first) and exit 0 then.
@@ -32,7 +33,7 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from membership import commands
 from membership.commands import (
@@ -64,10 +65,12 @@ exit status:
   0        success; node, watch and arbiter also exit 0 when stopped by SIGINT or
            SIGTERM (that is how they stop; a node leaves the cluster first)
   1        runtime failure: no arbiter reachable, leave not committed, data dir or
-           listen address unusable
+           listen address unusable; admin remove refused (no such member, already
+           DEAD or LEFT, not an administrator)
   2        usage: a bad flag or value (also --arbiters of two different clusters)
-  3        node: the cluster declared it DEAD (with --no-rejoin) or LEFT without its
-           asking, or another process took its id over
+  3        node: the cluster ended it without its asking and it does not rejoin:
+           declared DEAD (with --no-rejoin), removed (LEFT: admin remove, or another
+           process's leave), or another process took its id over
   128+N    cut short by signal N (130 SIGINT, 143 SIGTERM): view and demo on the
            first signal, every command on a second one (which exits at once)
 """
@@ -273,6 +276,39 @@ def build_parser() -> argparse.ArgumentParser:
     _add_check_config(p)
     p.set_defaults(func=commands.view)
 
+    admin = sub.add_parser(
+        "admin",
+        help="administer the cluster (remove a node)",
+        description="Administer the cluster. Under mutual TLS these commands need an admin "
+        "certificate.",
+    )
+    admin_sub = admin.add_subparsers(dest="admin_command", required=True, metavar="ACTION")
+    p = admin_sub.add_parser(
+        "remove",
+        help="remove a node: it becomes LEFT (not DEAD), stops, and does not rejoin",
+        description="Remove a node from the cluster: its recorded incarnation becomes LEFT "
+        "(committed like any view change, with who removed it), the node is told so on its "
+        "next heartbeat, logs an ERROR and stops without rejoining (a `membership node` exits "
+        "3). Exit 1 with one line when the cluster has no such member (NOT_FOUND), it is "
+        "already DEAD or LEFT (FAILED_PRECONDITION), the caller may not administer "
+        "(PERMISSION_DENIED), or no arbiter answered.",
+    )
+    p.add_argument("node", metavar="NODE", help="the node id to remove")
+    p.add_argument("--arbiters", required=True, type=_arbiters, help=arb_help)
+    p.add_argument(
+        "--incarnation",
+        type=_whole(0),
+        default=0,
+        help="remove only this incarnation (default 0: whichever one the cluster records)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=positive,
+        default=10.0,
+        help="seconds to wait for the removal to commit (default 10)",
+    )
+    p.set_defaults(func=_admin_remove)
+
     p = sub.add_parser(
         "demo",
         help="run a 3-replica, 5-node cluster on loopback and kill parts of it",
@@ -308,6 +344,12 @@ def build_parser() -> argparse.ArgumentParser:
         _add_global_flags(p, top=False)
         p.epilog = p.epilog or "exit status: see 'membership --help'"
     return parser
+
+
+def _admin_remove(args: argparse.Namespace, interrupt: Interrupt) -> Any:
+    from membership.admin import admin_remove
+
+    return admin_remove(args, interrupt)
 
 
 def _error(command: str | None, message: object) -> None:

@@ -310,12 +310,14 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
             )
         if client.ended.is_set() or left_unasked.is_set():
             state = client.state
-            why = (
-                "and --no-rejoin is set"
-                if state is MemberState.DEAD
-                else "by a leave it did not ask for"
-            )
-            raise CliError(f"{args.id} was declared {state.value} {why}", EXIT_ENDED)
+            if state is MemberState.DEAD:
+                why = "was declared DEAD by the cluster and --no-rejoin is set"
+            else:
+                why = (
+                    "was removed from the cluster: it is LEFT without having asked (by an "
+                    "administrator, or another process's leave); it does not rejoin"
+                )
+            raise CliError(f"{args.id} {why}", EXIT_ENDED)
         _print(f"{args.id}: leaving")
         leaving = True
         try:

@@ -109,6 +109,7 @@ def change_to_pb(change: MemberChange) -> pb.MemberChange:
             )
             for e in change.evidence
         ],
+        removed_by=change.removed_by,
     )
 
 
@@ -192,6 +193,7 @@ def event_from_pb(ev: pb.MembershipEvent) -> ViewEvent | ProgressMarker | None:
                     state=state_from_pb(c.state),
                     labels=dict(c.labels),
                     evidence=tuple(evidence_from_pb(e) for e in c.evidence),
+                    removed_by=c.removed_by,
                 )
                 for c in ev.change.changes
             ),

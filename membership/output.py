@@ -12,7 +12,8 @@ JSON shapes (``watch --json``, one object per line):
   member being ``{"node_id", "incarnation", "state", "labels", "epoch"}``;
 - ``{"type": "change", "epoch", "node_id", "incarnation", "state", "labels",
   "arbiter"}``, plus ``"evidence": [{"arbiter", "silence_seconds",
-  "suspicion", "detector"}]`` for a DEAD decided by a quorum;
+  "suspicion", "detector"}]`` for a DEAD decided by a quorum, and
+  ``"removed_by"`` for a LEFT an administrator decided (``admin remove``);
 - ``{"type": "quorum", "in_quorum", "arbiter", "leader"}``;
 - ``{"type": "status", "node_id", "incarnation", "status": {...},
   "suspected_by", "silence_seconds", "arbiter"}``;
@@ -32,12 +33,20 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from membership.session import Fenced, Rejoined, SessionEvent, StateChanged, Superseded
+from membership.session import (
+    Evicted,
+    Fenced,
+    Rejoined,
+    SessionEvent,
+    StateChanged,
+    Superseded,
+)
 from membership.view import (
     Disconnected,
     Evidence,
     Member,
     MemberChange,
+    MemberState,
     QuorumChanged,
     Reconnected,
     StatusUpdated,
@@ -150,6 +159,8 @@ def _change_json(ev: ViewChanged, c: MemberChange) -> dict[str, Any]:
     }
     if c.evidence:
         d["evidence"] = [_evidence_json(e) for e in c.evidence]
+    if c.removed_by:
+        d["removed_by"] = c.removed_by
     return d
 
 
@@ -271,6 +282,7 @@ def event_lines(ev: object, as_json: bool) -> list[str]:
         return [
             f"epoch {ev.epoch}  {c.node_id} (incarnation {c.incarnation}) {c.state.value}"
             + _evidence_text(c.evidence)
+            + (f"; removed by {c.removed_by}" if c.removed_by else "")
             for c in ev.changes
         ]
     if isinstance(ev, QuorumChanged):
@@ -295,8 +307,21 @@ def session_event_line(node_id: str, ev: SessionEvent) -> str | None:
 
     Lines: ``n1: incarnation 7 is ALIVE``, ``n1: fenced (fencing epoch 5)``,
     ``n1: unfenced (...)``, ``n1: incarnation 7 taken over by 8; stopping``,
-    ``n1: incarnation 7 over (DEAD); rejoining as 8``.
+    ``n1: incarnation 7 over (DEAD); rejoining as 8``,
+    ``n1: incarnation 7 declared DEAD by the cluster without asking; rejoining``,
+    ``n1: incarnation 7 removed from the cluster (LEFT without asking); stopping``.
     """
+    if isinstance(ev, Evicted):
+        if ev.state is MemberState.LEFT:
+            return (
+                f"{node_id}: incarnation {ev.incarnation} removed from the cluster "
+                "(LEFT without asking); stopping"
+            )
+        then = "rejoining" if ev.rejoining else "stopping (no rejoin)"
+        return (
+            f"{node_id}: incarnation {ev.incarnation} declared DEAD by the cluster "
+            f"without asking; {then}"
+        )
     if isinstance(ev, StateChanged):
         return f"{node_id}: incarnation {ev.incarnation} is {ev.state.value}"
     if isinstance(ev, Fenced):

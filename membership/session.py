@@ -23,9 +23,12 @@ Rules:
 4. An ack saying the node's incarnation is DEAD (or that the cluster records a
    higher incarnation) ends that incarnation: with ``auto_rejoin`` the
    session continues at ``max(recorded, own) + 1``; its old leases are void.
+   DEAD at its own incarnation is an eviction the node did not ask for: an
+   :class:`Evicted` event comes before the :class:`Rejoined` one.
 5. LEFT is final: after a graceful leave the session never rejoins. An ack
-   saying LEFT for an incarnation the node did not leave itself (someone
-   else's Leave) ends the session too: it was removed.
+   saying LEFT for an incarnation the node did not leave itself (an
+   administrator's removal, or someone else's Leave) ends the session too:
+   it was removed, and says so (an :class:`Evicted` event).
 6. Within one incarnation the state only moves forward (JOINING, ALIVE, then
    DEAD or LEFT): an ack from a replica that lags behind the commit cannot
    take an ALIVE node back to JOINING.
@@ -50,12 +53,14 @@ from membership.view import MemberState
 
 __all__ = [
     "EndReason",
+    "Evicted",
     "Fenced",
     "NodeSession",
     "Rejoined",
     "SessionEvent",
     "StateChanged",
     "Superseded",
+    "eviction_text",
 ]
 
 _SENT_MEMORY = 64
@@ -98,7 +103,40 @@ class Superseded:
     by: int
 
 
-SessionEvent = StateChanged | Fenced | Rejoined | Superseded
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Evicted:
+    """The cluster ended this incarnation without the node's asking (rules 4, 5).
+
+    Attributes:
+        incarnation: the incarnation that was ended.
+        state: DEAD (a quorum of arbiters suspected the node) or LEFT (an
+            administrator removed it, or someone else's Leave named it).
+        rejoining: the session goes on at a higher incarnation (DEAD with
+            ``auto_rejoin``; a :class:`Rejoined` event follows); False: the
+            session has ended.
+    """
+
+    incarnation: int
+    state: MemberState
+    rejoining: bool
+
+
+SessionEvent = StateChanged | Fenced | Rejoined | Superseded | Evicted
+
+
+def eviction_text(node_id: str, ev: Evicted) -> str:
+    """The node's ERROR line for an eviction: what happened, and what it does now."""
+    if ev.state is MemberState.LEFT:
+        return (
+            f"{node_id} incarnation {ev.incarnation} was removed from the cluster: it is LEFT "
+            "without having asked (an administrator removed it, or another process left in "
+            "its name); it stops heartbeating and does not rejoin"
+        )
+    then = "it rejoins at a higher incarnation" if ev.rejoining else "auto_rejoin is off: it stops"
+    return (
+        f"{node_id} incarnation {ev.incarnation} was declared DEAD by the cluster without "
+        f"having asked (a quorum of arbiters stopped hearing it); {then}"
+    )
 
 
 class EndReason(enum.Enum):
@@ -269,7 +307,12 @@ class NodeSession:
             # Its own leave, committed before the call answered (an ack came
             # first), or someone else's.
             self.end_reason = EndReason.LEFT if self.leaving else EndReason.REMOVED
-            return self._void_leases(now) + self._set_state(MemberState.LEFT)
+            events = self._void_leases(now) + self._set_state(MemberState.LEFT)
+            if not self.leaving:
+                events.append(
+                    Evicted(incarnation=self.incarnation, state=MemberState.LEFT, rejoining=False)
+                )
+            return events
         if recorded_incarnation > self.incarnation and self.state is not MemberState.JOINING:
             # Rule 7: a newer life of this id exists while this one was a
             # member. Fighting back with yet another incarnation would make
@@ -290,6 +333,14 @@ class NodeSession:
             events += self._void_leases(now)
             if state is MemberState.DEAD:
                 events += self._set_state(MemberState.DEAD)
+                if recorded_incarnation <= self.incarnation:  # its own life, not a newer one's
+                    events.append(
+                        Evicted(
+                            incarnation=self.incarnation,
+                            state=MemberState.DEAD,
+                            rejoining=self.auto_rejoin,
+                        )
+                    )
             if self.auto_rejoin:
                 old = self.incarnation
                 self.incarnation = max(recorded_incarnation, self.incarnation) + 1

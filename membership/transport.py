@@ -48,6 +48,11 @@ class Channels:
             self._cached[address] = ch
         return pb_grpc.MembershipStub(ch)
 
+    def admin(self, address: str) -> pb_grpc.AdminStub:
+        """An Admin service stub on the cached channel to ``address``."""
+        self.stub(address)
+        return pb_grpc.AdminStub(self._cached[address])
+
     def fresh(self, address: str) -> tuple[grpc.aio.Channel, pb_grpc.MembershipStub]:
         """A new channel to ``address`` with a connection of its own; the caller closes it."""
         ch = grpc.aio.insecure_channel(address, options=self._options)

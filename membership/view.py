@@ -158,7 +158,10 @@ class MemberChange:
     ``evidence`` is filled when the member becomes DEAD because a quorum of
     replicas suspected it: one :class:`Evidence` per suspecting replica of
     that quorum, sorted by replica id (empty for other changes, such as the
-    retirement of an incarnation replaced by a newer one).
+    retirement of an incarnation replaced by a newer one). ``removed_by`` is
+    set when the member became LEFT because an administrator removed it (the
+    Admin service): who asked; "" for a node that left by itself, and for
+    every other change.
     """
 
     node_id: str
@@ -166,6 +169,7 @@ class MemberChange:
     state: MemberState
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     evidence: tuple[Evidence, ...] = ()
+    removed_by: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.labels, MappingProxyType):

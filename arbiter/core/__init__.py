@@ -10,20 +10,22 @@ Modules, in the order a heartbeat reaches them:
 
 * ``replica.py``: ``Replica``, one replica as a whole, the only object a
   shell drives. ``heartbeat``, ``step`` (a Raft message), ``tick`` and
-  ``propose_leave`` go in; ``ready()`` and ``advance()`` come out, in etcd's
+  ``propose_leave`` / ``propose_remove`` go in; ``ready()`` and ``advance()`` come out, in etcd's
   Ready order.
 * ``observer.py``: this replica's opinion of each node (ALIVE or SUSPECT),
   the observations it owes the log and the leases it grants.
 * ``detection/``: the failure detectors (missed heartbeats, phi accrual), the
   timing wheel of their deadlines and the interval suggested to nodes.
-* ``commands.py``: the log entries (``ObserveBatch``, ``Leave``) and their
-  encoding. Raft carries them as opaque bytes.
+* ``commands.py``: the log entries (``ObserveBatch``, ``Leave``, ``Remove``,
+  ``Bootstrap``) and their encoding. Raft carries them as opaque bytes.
 * ``raft/``: Raft consensus (``RaftNode``: tick, step and propose in;
   ``Ready`` out).
 * ``tally.py``: ``MembershipState``, the replicated state machine. It applies
   committed entries, tallies the replicas' observations into the view (a
   quorum makes a node ALIVE or DEAD) and numbers each change with an epoch
   (``ViewChange``).
+* ``leaves.py``: how the tally judges a Leave and an administrator's Remove
+  (its rules 5 and 5a); the API asks the same question before proposing.
 * ``tally_snapshot.py``: the tally's canonical snapshot encoding (Raft
   compacts its log with it) and the checks that refuse anything else.
 * ``history.py``: the recent view changes kept for subscribers and the

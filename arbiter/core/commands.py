@@ -18,7 +18,13 @@ Rule 2a. A SUSPECT observation may carry its evidence: seconds since the
     then (``suspicion``: phi, or missed intervals) and the detector's kind.
     Informational: the tally never reads it, a DEAD change reports it.
 Rule 3. A :class:`Leave` is a node's graceful departure at an incarnation;
-    ``request_id`` lets the shell answer the RPC waiting for it.
+    ``request_id`` lets the shell answer the RPC waiting for it. ``heard_by``
+    names the proposing replica when its own failure detector hears the node
+    at that incarnation (the incarnation is *joining*, tally rule 5); it is
+    left out of the encoding when empty, so older entries decode unchanged.
+Rule 3b. A :class:`Remove` is an administrator's removal of another node
+    (the Admin service): the member becomes LEFT at its recorded incarnation,
+    ``by`` says who asked (tally rule 5a).
 Rule 3a. A :class:`Bootstrap` names the cluster's *instance*: a random id
     that a leader proposes while the applied state has none. The first one
     applied wins; later ones change nothing. A cluster started again on fresh
@@ -54,6 +60,7 @@ __all__ = [
     "Observation",
     "ObserveBatch",
     "Opinion",
+    "Remove",
     "decode",
     "encode",
 ]
@@ -183,15 +190,56 @@ class Leave:
         incarnation: the incarnation that leaves (>= 0).
         request_id: opaque id the shell uses to match the applied outcome to
             the RPC waiting for it.
+        heard_by: the id of the proposing replica when its failure detector
+            hears the node at ``incarnation`` (so the incarnation is joining:
+            tally rule 5); "" otherwise.
+
+    Raises:
+        ValueError: an empty node_id, a negative or non-int incarnation, or a
+            request_id or heard_by that is not a string.
     """
 
     node_id: str
     incarnation: int
     request_id: str
+    heard_by: str = ""
 
     def __post_init__(self) -> None:
         _check_id("node_id", self.node_id)
         _check_count("incarnation", self.incarnation)
+        if not isinstance(self.request_id, str):
+            raise ValueError(f"request_id must be a string, got {self.request_id!r}")
+        if not isinstance(self.heard_by, str):
+            raise ValueError(f"heard_by must be a string, got {self.heard_by!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Remove:
+    """An administrator's removal of a member (rule 3b; tally rule 5a).
+
+    Attributes:
+        node_id: the member to remove.
+        incarnation: the incarnation to remove; 0 for whichever one the
+            cluster records when the entry is applied.
+        by: who asked (the administrator's identity, or where an
+            unauthenticated request came from); non-empty.
+        request_id: opaque id the shell uses to match the applied outcome to
+            the RPC waiting for it.
+
+    Raises:
+        ValueError: an empty node_id or by, a negative or non-int
+            incarnation, or a request_id that is not a string.
+    """
+
+    node_id: str
+    incarnation: int
+    by: str
+    request_id: str
+
+    def __post_init__(self) -> None:
+        _check_id("node_id", self.node_id)
+        _check_count("incarnation", self.incarnation)
+        _check_id("by", self.by)
         if not isinstance(self.request_id, str):
             raise ValueError(f"request_id must be a string, got {self.request_id!r}")
 
@@ -215,7 +263,7 @@ class Bootstrap:
             raise ValueError(f"instance must be 1 to 64 hex digits, got {self.instance!r}")
 
 
-Command = ObserveBatch | Leave | Bootstrap
+Command = ObserveBatch | Leave | Remove | Bootstrap
 
 
 def encode(command: Command) -> bytes:
@@ -241,6 +289,17 @@ def encode(command: Command) -> bytes:
             "type": "leave",
             "node": command.node_id,
             "inc": command.incarnation,
+            "request_id": command.request_id,
+        }
+        if command.heard_by:
+            obj["heard"] = command.heard_by
+    elif isinstance(command, Remove):
+        obj = {
+            "v": VERSION,
+            "type": "remove",
+            "node": command.node_id,
+            "inc": command.incarnation,
+            "by": command.by,
             "request_id": command.request_id,
         }
     elif isinstance(command, Bootstrap):
@@ -340,11 +399,24 @@ def _decode_obj(obj: Any) -> Command:
             observations=tuple(_decode_observation(o, i) for i, o in enumerate(items)),
         )
     if kind == "leave":
-        f = _fields(obj, "leave", {"v", "type", "node", "inc", "request_id"})
+        names = {"v", "type", "node", "inc", "request_id"}
+        f = _fields(obj, "leave", names | {"heard"} if "heard" in obj else names)
+        heard = _get(f, "heard", str, "leave") if "heard" in f else ""
+        if "heard" in f and not heard:
+            raise CommandDecodeError("leave.heard: an empty heard_by is written as no 'heard'")
         return Leave(
             node_id=_get(f, "node", str, "leave"),
             incarnation=_get(f, "inc", int, "leave"),
             request_id=_get(f, "request_id", str, "leave"),
+            heard_by=heard,
+        )
+    if kind == "remove":
+        f = _fields(obj, "remove", {"v", "type", "node", "inc", "by", "request_id"})
+        return Remove(
+            node_id=_get(f, "node", str, "remove"),
+            incarnation=_get(f, "inc", int, "remove"),
+            by=_get(f, "by", str, "remove"),
+            request_id=_get(f, "request_id", str, "remove"),
         )
     if kind == "bootstrap":
         f = _fields(obj, "bootstrap", {"v", "type", "instance"})

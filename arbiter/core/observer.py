@@ -135,6 +135,14 @@ class Observer:
         op = self._opinions.get(node_id)
         return None if op is None else op.opinion
 
+    def heard(self, node_id: str) -> int | None:
+        """The incarnation of ``node_id`` this replica's detector heard last (its
+        latest opinion's), or None: it never heard it, or only assumes it ALIVE
+        after a restart (rule 5). The tally counts such an incarnation as
+        joining (its rule 5)."""
+        op = self._opinions.get(node_id)
+        return None if op is None or op.assumed else op.incarnation
+
     def suspects(self) -> list[str]:
         """Node ids whose latest opinion here is SUSPECT, sorted."""
         return sorted(k for k, op in self._opinions.items() if op.opinion is Opinion.SUSPECT)

@@ -6,7 +6,8 @@ composition; they differ only in where time, messages and storage come from.
 Rules:
 
 1. Inputs: ``heartbeat`` (a node's heartbeat received at ``now``), ``step`` (a
-   Raft message from a peer), ``tick`` (time passes), ``propose_leave``.
+   Raft message from a peer), ``tick`` (time passes), ``propose_leave`` and
+   ``propose_remove``.
 2. ``tick`` ticks Raft and the observer, then proposes every owed observation
    as one batch (the observer's rules 1 and 2). Without a leader the batch is
    dropped; the observer proposes it again after its retry interval.
@@ -37,7 +38,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from arbiter.core.commands import Bootstrap, Leave, ObserveBatch, encode
+from arbiter.core.commands import Bootstrap, Leave, ObserveBatch, Remove, encode
 from arbiter.core.detection import FailureDetector, suggest_interval
 from arbiter.core.observer import HeartbeatVerdict, Observer
 from arbiter.core.raft import (
@@ -316,14 +317,35 @@ class Replica:
             self.proposals_dropped += 1
 
     def propose_leave(self, node_id: str, incarnation: int, request_id: str, now: float) -> None:
-        """Proposes a graceful leave.
+        """Proposes a graceful leave; the command says whether this replica's
+        detector hears the node at ``incarnation`` (tally rule 5: it is joining).
 
         Raises:
             ProposalDropped: no leader is known.
         """
-        self.raft.propose(
-            encode(Leave(node_id=node_id, incarnation=incarnation, request_id=request_id)), now
+        heard_by = self.replica_id if self.observer.heard(node_id) == incarnation else ""
+        command = Leave(
+            node_id=node_id, incarnation=incarnation, request_id=request_id, heard_by=heard_by
         )
+        self.raft.propose(encode(command), now)
+
+    def propose_remove(
+        self, node_id: str, incarnation: int, by: str, request_id: str, now: float
+    ) -> None:
+        """Proposes an administrator's removal of a member (tally rule 5a).
+
+        Args:
+            node_id: the member.
+            incarnation: the incarnation to remove; 0 for the recorded one.
+            by: who asked (non-empty).
+            request_id: matches the applied outcome to the waiting call.
+            now: monotonic seconds.
+
+        Raises:
+            ProposalDropped: no leader is known.
+        """
+        command = Remove(node_id=node_id, incarnation=incarnation, by=by, request_id=request_id)
+        self.raft.propose(encode(command), now)
 
     # --- outputs --------------------------------------------------------------------
 

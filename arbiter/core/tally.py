@@ -29,16 +29,17 @@ Rule 4. ALIVE at k becomes DEAD at k when a quorum of replicas' latest
     life: it refuses k's heartbeats once it heard k'. Without this, a node
     that restarted as k', was heard while nothing could commit, then died,
     would stay ALIVE at k for ever: found by the simulator, seed 142.)
-Rule 5. Leave(n, i): a record ALIVE at i becomes LEFT at i. A record above i,
-    or final at i, refuses the leave (no change, the outcome says why). No
-    record, or a record below i: incarnation i never joined the view, so the
-    view records nothing for it (no LEFT record, no epoch of its own), but
-    n's incarnations up to i are *retired*: no observation at or below i is
-    counted any more (rule 2), so an ALIVE observation still in flight can
-    never admit a node that has gone. If n was ALIVE at k < i, DEAD at k is
-    committed (the old life was replaced by i, which has now left), as in
-    rule 3. A second leave of a retired incarnation is accepted and changes
-    nothing. LEFT and DEAD are final for their incarnation.
+Rule 5. Leave(n, i) ends only a life the cluster knows: a record ALIVE at i
+    becomes LEFT at i; an incarnation above the record that is *joining*
+    (heard by the proposing replica's detector, or in a committed
+    observation at i) is *retired*: the view records nothing for it, and no
+    observation at or below i counts any more (rule 2), so an ALIVE still in
+    flight never admits a node that has gone (an ALIVE record below i is
+    DEAD, replaced). Anything else changes nothing: a ghost, an incarnation
+    nobody heard, a stale or final one (:mod:`arbiter.core.leaves`, rule 5).
+Rule 5a. Remove(n, i, by), an administrator's removal: a record ALIVE at i
+    (0: at whatever incarnation it records) becomes LEFT, the change
+    carrying ``removed_by``; LEFT, not DEAD (:mod:`arbiter.core.leaves`).
 Rule 6. An entry that changes the view bumps the epoch by exactly one, however
     many member changes it carries; an entry that changes nothing leaves the
     epoch alone. Changes of one entry are ordered by node_id (a DEAD-then-
@@ -72,21 +73,24 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from arbiter.core import tally_snapshot
+from arbiter.core import leaves, tally_snapshot
 from arbiter.core.commands import (
     Bootstrap,
     CommandDecodeError,
     Leave,
     ObserveBatch,
     Opinion,
+    Remove,
     decode,
 )
+from arbiter.core.leaves import LeaveOutcome, LeaveRefusal
 from arbiter.core.tally_snapshot import ObservationRecord, SnapshotDecodeError, TallyImage
 from membership.view import Member, MemberChange, MemberState, View
 
 __all__ = [
     "ApplyResult",
     "LeaveOutcome",
+    "LeaveRefusal",
     "MembershipState",
     "ObservationRecord",
     "SnapshotDecodeError",
@@ -103,33 +107,11 @@ class ViewChange:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LeaveOutcome:
-    """What became of a Leave command (rule 5).
-
-    Attributes:
-        request_id: the command's request_id, to answer the waiting RPC.
-        node_id: the node that asked to leave.
-        accepted: True if the node is now LEFT at the incarnation it gave.
-        reason: why, in words.
-        epoch: the epoch after the entry was applied.
-        joined: the incarnation had joined the view, so a LEFT record was
-            committed (False for one retired before it joined: rule 5).
-    """
-
-    request_id: str
-    node_id: str
-    accepted: bool
-    reason: str
-    epoch: int
-    joined: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class ApplyResult:
     """The outcome of applying the entry at log index ``index``.
 
-    ``change`` is set when the view changed, ``leave`` for Leave commands,
-    ``error`` when the entry was rejected (rule 9).
+    ``change`` is set when the view changed, ``leave`` for Leave and Remove
+    commands, ``error`` when the entry was rejected (rule 9).
     """
 
     index: int
@@ -216,20 +198,26 @@ class MembershipState:
                 )
             changes = [c for n in sorted(self._store(command)) for c in self._tally(n)]
             return ApplyResult(index=index, change=self._commit(changes))
-        changes, accepted, reason = self._leave(command)
+        if isinstance(command, Remove):
+            changes, refusal, reason, incarnation = self._remove(command)
+        else:
+            changes, refusal, reason = self._leave(command)
+            incarnation = command.incarnation
         change = self._commit(changes)
         leave = LeaveOutcome(
             request_id=command.request_id,
             node_id=command.node_id,
-            accepted=accepted,
+            accepted=refusal is None,
             reason=reason,
             epoch=self._epoch,
             joined=any(
                 c.node_id == command.node_id
-                and c.incarnation == command.incarnation
+                and c.incarnation == incarnation
                 and c.state is MemberState.LEFT
                 for c in changes
             ),
+            refusal=refusal,
+            incarnation=incarnation,
         )
         return ApplyResult(index=index, change=change, leave=leave)
 
@@ -355,19 +343,37 @@ class MembershipState:
                 return [dataclasses.replace(dead, evidence=evidence)]
         return []
 
-    def _leave(self, command: Leave) -> tuple[list[MemberChange], bool, str]:
-        """The changes a Leave calls for, whether it is accepted, and why (rule 5)."""
+    def judge_leave(
+        self, node_id: str, incarnation: int, heard_by: str = ""
+    ) -> tuple[LeaveRefusal | None, str]:
+        """How rule 5 judges Leave(node_id, incarnation) now, without changing anything.
+
+        The API asks it before proposing a leave, so that a refused one
+        commits nothing; the tally asks it again when the entry is applied
+        (the state may have moved in between). See
+        :func:`arbiter.core.leaves.judge_leave`.
+        """
+        return leaves.judge_leave(
+            node_id,
+            incarnation,
+            heard_by in self._arbiters,
+            record=self._members.get(node_id),
+            observed=[o.incarnation for o in self._obs.get(node_id, {}).values()],
+            retired=self._retired.get(node_id, 0),
+        )
+
+    def _leave(self, command: Leave) -> tuple[list[MemberChange], LeaveRefusal | None, str]:
+        """The changes a Leave calls for, why it is refused (None: accepted), and
+        what it did or what the cluster records (rule 5)."""
         n, i = command.node_id, command.incarnation
+        refusal, reason = self.judge_leave(n, i, command.heard_by)
+        if refusal is not None:
+            return [], refusal, reason
         record = self._members.get(n)
-        if record is not None and record.incarnation > i:
-            at = f"{record.incarnation} ({record.state.value})"
-            return [], False, f"stale incarnation {i}: {n} is at incarnation {at}"
         if record is not None and record.incarnation == i:
-            if record.state.is_final:
-                return [], False, f"{n} is already {record.state.value} at incarnation {i}"
-            return [_change(n, i, MemberState.LEFT, record)], True, f"{n} left at incarnation {i}"
+            return [_change(n, i, MemberState.LEFT, record)], None, reason
         if self._retired.get(n, 0) >= i:
-            return [], True, f"{n} incarnation {i} was already retired"
+            return [], None, reason
         changes = []
         if record is not None and record.state is MemberState.ALIVE:
             changes.append(_change(n, record.incarnation, MemberState.DEAD, record))
@@ -378,7 +384,27 @@ class MembershipState:
             self._obs[n] = kept
         else:
             self._obs.pop(n, None)
-        return changes, True, f"{n} left at incarnation {i}, which had not joined the view"
+        return changes, None, reason
+
+    def judge_remove(self, node_id: str, incarnation: int = 0) -> tuple[LeaveRefusal | None, str]:
+        """How rule 5a judges Remove(node_id, incarnation) now, without changing anything
+        (:func:`arbiter.core.leaves.judge_remove`)."""
+        return leaves.judge_remove(
+            node_id,
+            incarnation,
+            record=self._members.get(node_id),
+            observed=[o.incarnation for o in self._obs.get(node_id, {}).values()],
+        )
+
+    def _remove(self, command: Remove) -> tuple[list[MemberChange], LeaveRefusal | None, str, int]:
+        """Rule 5a: the changes, the refusal (None: accepted), the reason and the
+        incarnation removed (the one asked when refused)."""
+        refusal, reason = self.judge_remove(command.node_id, command.incarnation)
+        record = self._members.get(command.node_id)
+        if refusal is not None or record is None:
+            return [], refusal, reason, command.incarnation
+        left = _change(command.node_id, record.incarnation, MemberState.LEFT, record)
+        return [dataclasses.replace(left, removed_by=command.by)], None, reason, record.incarnation
 
     def _commit(self, changes: list[MemberChange]) -> ViewChange | None:
         """Records the entry's changes under the next epoch (rule 6)."""

@@ -12,6 +12,8 @@ made by :mod:`arbiter.core`, fed by the driver loop. Modules:
 * ``servicers.py``: the public gRPC API (``Heartbeat``, ``Subscribe``,
   ``GetView``, ``Leave``). It decodes, hands over to the driver or the hub,
   and encodes.
+* ``admin.py``: the Admin service (``RemoveNode``), an administrator's
+  removal of another node, asked of the ``Authorizer`` first.
 * ``peers.py``: the replica-to-replica transport for Raft messages.
 * ``storage.py``: the durable Raft state (SQLite, fsynced before a message
   that depends on it leaves).

@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from arbiter.config import ArbiterConfig
 from arbiter.core.replica import RestoreError
 from arbiter.core.tally import ViewChange
+from arbiter.server.admin import AdminServicer
 from arbiter.server.driver import Driver, ReplicaStatus
 from arbiter.server.hub import Hub, HubStatus
 from arbiter.server.peers import PeerServicer, PeerTransport
@@ -350,6 +351,8 @@ class ArbiterServer:
         self.health = health.aio.HealthServicer()
         server = grpc.aio.server(options=server_options(cfg))
         membership_pb2_grpc.add_MembershipServicer_to_server(self.api, server)
+        self.admin_api = AdminServicer(self.driver, cluster=identity)
+        membership_pb2_grpc.add_AdminServicer_to_server(self.admin_api, server)
         self.peer_api = PeerServicer(
             cluster=identity,
             deliver=lambda m: self.driver.on_raft_message(m),

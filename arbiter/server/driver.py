@@ -239,6 +239,10 @@ class Driver:
         """Transport hint: ``peer`` could not be reached."""
         self.raft.report_unreachable(peer)
 
+    def heard(self, node_id: str) -> int | None:
+        """The incarnation of ``node_id`` this replica's detector heard last, or None."""
+        return self.observer.heard(node_id)
+
     async def leave(self, node_id: str, incarnation: int, timeout: float) -> LeaveOutcome:
         """Proposes a graceful leave and waits until it is applied.
 
@@ -246,11 +250,38 @@ class Driver:
             ProposalDropped: no leader is known to take the proposal.
             TimeoutError: not applied within ``timeout`` seconds.
         """
+        return await self._await_outcome(
+            lambda rid: self.replica.propose_leave(node_id, incarnation, rid, time.monotonic()),
+            timeout,
+        )
+
+    async def remove(self, node_id: str, incarnation: int, by: str, timeout: float) -> LeaveOutcome:
+        """Proposes an administrator's removal (tally rule 5a) and waits until it is applied.
+
+        Args:
+            node_id: the member to remove.
+            incarnation: the incarnation to remove; 0 for the recorded one.
+            by: who asked (non-empty).
+            timeout: seconds to wait for the entry to be applied here.
+
+        Raises:
+            ProposalDropped: no leader is known to take the proposal.
+            TimeoutError: not applied within ``timeout`` seconds.
+        """
+        return await self._await_outcome(
+            lambda rid: self.replica.propose_remove(
+                node_id, incarnation, by, rid, time.monotonic()
+            ),
+            timeout,
+        )
+
+    async def _await_outcome(self, propose: Callable[[str], None], timeout: float) -> LeaveOutcome:
+        """Proposes with a fresh request id and waits for the applied outcome."""
         request_id = uuid.uuid4().hex
         fut: asyncio.Future[LeaveOutcome] = asyncio.get_running_loop().create_future()
         self._leaves[request_id] = fut
         try:
-            self.replica.propose_leave(node_id, incarnation, request_id, time.monotonic())
+            propose(request_id)
             self._wake.set()
             async with asyncio.timeout(timeout):
                 return await fut

@@ -31,6 +31,7 @@ import grpc
 
 from arbiter.core.raft import ProposalDropped
 from arbiter.core.tally import ViewChange
+from arbiter.server.admin import refusal_status
 from arbiter.server.driver import Driver
 from arbiter.server.hub import Hub, HubStatus
 from arbiter.server.statusboard import StatusBoard
@@ -388,7 +389,15 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         self, request: pb.LeaveRequest, context: grpc.aio.ServicerContext
     ) -> pb.LeaveResponse:
         """Commits LEFT for the node's incarnation (or retires an incarnation that
-        never joined); answers once applied here."""
+        is joining); answers once applied here.
+
+        A leave the tally would refuse (its rule 5) is refused before it is
+        proposed, so it commits nothing: NOT_FOUND for an id the cluster never
+        heard, FAILED_PRECONDITION for an incarnation below the recorded one,
+        one already DEAD, or one above it that no arbiter heard (the message
+        says what this arbiter records). A leave of an incarnation already
+        LEFT answers as the first one did.
+        """
         try:
             validate_node_id(request.node_id)
         except InvalidArgument as e:
@@ -398,9 +407,30 @@ class MembershipServicer(pb_grpc.MembershipServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         if request.incarnation < 1:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "incarnation must be >= 1")
+        node_id, incarnation = request.node_id, request.incarnation
+        me = self._driver.replica_id
+
+        def already_left() -> pb.LeaveResponse | None:
+            member = self._driver.state.member(node_id)
+            if (
+                member is not None
+                and member.state is MemberState.LEFT
+                and member.incarnation == incarnation
+            ):
+                return pb.LeaveResponse(epoch=member.epoch, joined=True)
+            return None
+
+        heard_by = me if self._driver.heard(node_id) == incarnation else ""
+        judged, reason = self._driver.state.judge_leave(node_id, incarnation, heard_by)
+        if judged is not None:
+            done = already_left()
+            if done is not None:
+                return done
+            log.info("leave of %s incarnation %d refused: %s", node_id, incarnation, reason)
+            await context.abort(refusal_status(judged), f"arbiter {me}: {reason}")
         try:
             outcome = await self._driver.leave(
-                request.node_id, request.incarnation, timeout=self._config.election_timeout * 3
+                node_id, incarnation, timeout=self._config.election_timeout * 3
             )
         except ProposalDropped:
             await context.abort(
@@ -410,13 +440,9 @@ class MembershipServicer(pb_grpc.MembershipServicer):
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE, "leave not committed in time (no quorum?)"
             )
-        if not outcome.accepted:
-            member = self._driver.state.member(request.node_id)
-            if (
-                member is not None
-                and member.state is MemberState.LEFT
-                and member.incarnation == request.incarnation
-            ):
-                return pb.LeaveResponse(epoch=member.epoch, joined=True)
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, outcome.reason)
+        if outcome.refusal is not None:
+            done = already_left()
+            if done is not None:
+                return done
+            await context.abort(refusal_status(outcome.refusal), outcome.reason)
         return pb.LeaveResponse(epoch=outcome.epoch, joined=outcome.joined)

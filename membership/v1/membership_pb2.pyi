@@ -470,9 +470,14 @@ class MemberChange(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     LABELS_FIELD_NUMBER: _builtins.int
     EVIDENCE_FIELD_NUMBER: _builtins.int
+    REMOVED_BY_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
     state: Global___MemberState.ValueType
+    removed_by: _builtins.str
+    """For LEFT by the Admin service's RemoveNode: who removed the member (the
+    administrator's identity); empty when the node left by itself.
+    """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -487,10 +492,11 @@ class MemberChange(_message.Message):
         state: Global___MemberState.ValueType = ...,
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         evidence: _abc.Iterable[Global___Evidence] | None = ...,
+        removed_by: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["evidence", b"evidence", "incarnation", b"incarnation", "labels", b"labels", "node_id", b"node_id", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["evidence", b"evidence", "incarnation", b"incarnation", "labels", b"labels", "node_id", b"node_id", "removed_by", b"removed_by", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -867,3 +873,60 @@ class LeaveResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LeaveResponse: _TypeAlias = LeaveResponse  # noqa: Y015
+
+@_typing.final
+class RemoveNodeRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    incarnation: _builtins.int
+    """The incarnation to remove; 0 (the default) for whichever one the cluster
+    records when the removal is committed.
+    """
+    cluster: _builtins.str
+    """the cluster identity the caller expects; empty = not checked"""
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        cluster: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "incarnation", b"incarnation", "node_id", b"node_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveNodeRequest: _TypeAlias = RemoveNodeRequest  # noqa: Y015
+
+@_typing.final
+class RemoveNodeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EPOCH_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    REMOVED_BY_FIELD_NUMBER: _builtins.int
+    epoch: _builtins.int
+    """the epoch at which the member became LEFT"""
+    incarnation: _builtins.int
+    """the incarnation that was removed"""
+    removed_by: _builtins.str
+    """who the cluster records as having removed it"""
+    def __init__(
+        self,
+        *,
+        epoch: _builtins.int = ...,
+        incarnation: _builtins.int = ...,
+        removed_by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "incarnation", b"incarnation", "removed_by", b"removed_by"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveNodeResponse: _TypeAlias = RemoveNodeResponse  # noqa: Y015

@@ -84,7 +84,14 @@ class MembershipServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Leave(self, request, context):
-        """Graceful departure: the member becomes LEFT, never DEAD.
+        """Graceful departure: the member becomes LEFT, never DEAD. Accepted only
+        at the incarnation the cluster records ALIVE for node_id, or at the one
+        the node is joining with (heard by an arbiter, not yet a member: it is
+        retired, and never joins). Anything else changes nothing and commits
+        nothing: NOT_FOUND for an id the cluster never heard, FAILED_PRECONDITION
+        for an incarnation below the recorded one, one already DEAD or LEFT, or
+        one above it that no arbiter heard; the message says what the cluster
+        records. Removing another node is the Admin service's RemoveNode.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -222,6 +229,89 @@ class Membership:
             '/membership.v1.Membership/Leave',
             membership_dot_v1_dot_membership__pb2.LeaveRequest.SerializeToString,
             membership_dot_v1_dot_membership__pb2.LeaveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class AdminStub:
+    """Administration of the cluster (an admin identity under mutual TLS).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.RemoveNode = channel.unary_unary(
+                '/membership.v1.Admin/RemoveNode',
+                request_serializer=membership_dot_v1_dot_membership__pb2.RemoveNodeRequest.SerializeToString,
+                response_deserializer=membership_dot_v1_dot_membership__pb2.RemoveNodeResponse.FromString,
+                _registered_method=True)
+
+
+class AdminServicer:
+    """Administration of the cluster (an admin identity under mutual TLS).
+    """
+
+    def RemoveNode(self, request, context):
+        """Removes a member: it becomes LEFT at its recorded incarnation (never
+        DEAD: it did not fail, and a DEAD node would rejoin at once), committed
+        through the replicas' log like any view change, with removed_by set on
+        the change. The removed node's heartbeats are then answered LEFT: it
+        stops, and does not rejoin by itself. NOT_FOUND: the cluster has no
+        record of node_id (never a member, or only joining); FAILED_PRECONDITION:
+        the record is already DEAD or LEFT, or is not at the incarnation asked
+        for; PERMISSION_DENIED: the caller is not an administrator.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_AdminServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'RemoveNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveNode,
+                    request_deserializer=membership_dot_v1_dot_membership__pb2.RemoveNodeRequest.FromString,
+                    response_serializer=membership_dot_v1_dot_membership__pb2.RemoveNodeResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'membership.v1.Admin', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('membership.v1.Admin', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Admin:
+    """Administration of the cluster (an admin identity under mutual TLS).
+    """
+
+    @staticmethod
+    def RemoveNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/membership.v1.Admin/RemoveNode',
+            membership_dot_v1_dot_membership__pb2.RemoveNodeRequest.SerializeToString,
+            membership_dot_v1_dot_membership__pb2.RemoveNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,7 +49,15 @@ class MembershipStub:
     GetView: _grpc.UnaryUnaryMultiCallable[_membership_pb2.GetViewRequest, _membership_pb2.GetViewResponse]
     """The replica's current committed view (may lag; see in_quorum)."""
     Leave: _grpc.UnaryUnaryMultiCallable[_membership_pb2.LeaveRequest, _membership_pb2.LeaveResponse]
-    """Graceful departure: the member becomes LEFT, never DEAD."""
+    """Graceful departure: the member becomes LEFT, never DEAD. Accepted only
+    at the incarnation the cluster records ALIVE for node_id, or at the one
+    the node is joining with (heard by an arbiter, not yet a member: it is
+    retired, and never joins). Anything else changes nothing and commits
+    nothing: NOT_FOUND for an id the cluster never heard, FAILED_PRECONDITION
+    for an incarnation below the recorded one, one already DEAD or LEFT, or
+    one above it that no arbiter heard; the message says what the cluster
+    records. Removing another node is the Admin service's RemoveNode.
+    """
 
 @_typing.type_check_only
 class MembershipAsyncStub(MembershipStub):
@@ -66,7 +74,15 @@ class MembershipAsyncStub(MembershipStub):
     GetView: _aio.UnaryUnaryMultiCallable[_membership_pb2.GetViewRequest, _membership_pb2.GetViewResponse]  # type: ignore[assignment]
     """The replica's current committed view (may lag; see in_quorum)."""
     Leave: _aio.UnaryUnaryMultiCallable[_membership_pb2.LeaveRequest, _membership_pb2.LeaveResponse]  # type: ignore[assignment]
-    """Graceful departure: the member becomes LEFT, never DEAD."""
+    """Graceful departure: the member becomes LEFT, never DEAD. Accepted only
+    at the incarnation the cluster records ALIVE for node_id, or at the one
+    the node is joining with (heard by an arbiter, not yet a member: it is
+    retired, and never joins). Anything else changes nothing and commits
+    nothing: NOT_FOUND for an id the cluster never heard, FAILED_PRECONDITION
+    for an incarnation below the recorded one, one already DEAD or LEFT, or
+    one above it that no arbiter heard; the message says what the cluster
+    records. Removing another node is the Admin service's RemoveNode.
+    """
 
 class MembershipServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -104,6 +120,69 @@ class MembershipServicer(metaclass=_abc_1.ABCMeta):
         request: _membership_pb2.LeaveRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_membership_pb2.LeaveResponse, _abc.Awaitable[_membership_pb2.LeaveResponse]]:
-        """Graceful departure: the member becomes LEFT, never DEAD."""
+        """Graceful departure: the member becomes LEFT, never DEAD. Accepted only
+        at the incarnation the cluster records ALIVE for node_id, or at the one
+        the node is joining with (heard by an arbiter, not yet a member: it is
+        retired, and never joins). Anything else changes nothing and commits
+        nothing: NOT_FOUND for an id the cluster never heard, FAILED_PRECONDITION
+        for an incarnation below the recorded one, one already DEAD or LEFT, or
+        one above it that no arbiter heard; the message says what the cluster
+        records. Removing another node is the Admin service's RemoveNode.
+        """
 
 def add_MembershipServicer_to_server(servicer: MembershipServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class AdminStub:
+    """Administration of the cluster (an admin identity under mutual TLS)."""
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> AdminAsyncStub: ...
+    RemoveNode: _grpc.UnaryUnaryMultiCallable[_membership_pb2.RemoveNodeRequest, _membership_pb2.RemoveNodeResponse]
+    """Removes a member: it becomes LEFT at its recorded incarnation (never
+    DEAD: it did not fail, and a DEAD node would rejoin at once), committed
+    through the replicas' log like any view change, with removed_by set on
+    the change. The removed node's heartbeats are then answered LEFT: it
+    stops, and does not rejoin by itself. NOT_FOUND: the cluster has no
+    record of node_id (never a member, or only joining); FAILED_PRECONDITION:
+    the record is already DEAD or LEFT, or is not at the incarnation asked
+    for; PERMISSION_DENIED: the caller is not an administrator.
+    """
+
+@_typing.type_check_only
+class AdminAsyncStub(AdminStub):
+    """Administration of the cluster (an admin identity under mutual TLS)."""
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    RemoveNode: _aio.UnaryUnaryMultiCallable[_membership_pb2.RemoveNodeRequest, _membership_pb2.RemoveNodeResponse]  # type: ignore[assignment]
+    """Removes a member: it becomes LEFT at its recorded incarnation (never
+    DEAD: it did not fail, and a DEAD node would rejoin at once), committed
+    through the replicas' log like any view change, with removed_by set on
+    the change. The removed node's heartbeats are then answered LEFT: it
+    stops, and does not rejoin by itself. NOT_FOUND: the cluster has no
+    record of node_id (never a member, or only joining); FAILED_PRECONDITION:
+    the record is already DEAD or LEFT, or is not at the incarnation asked
+    for; PERMISSION_DENIED: the caller is not an administrator.
+    """
+
+class AdminServicer(metaclass=_abc_1.ABCMeta):
+    """Administration of the cluster (an admin identity under mutual TLS)."""
+
+    @_abc_1.abstractmethod
+    def RemoveNode(
+        self,
+        request: _membership_pb2.RemoveNodeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_membership_pb2.RemoveNodeResponse, _abc.Awaitable[_membership_pb2.RemoveNodeResponse]]:
+        """Removes a member: it becomes LEFT at its recorded incarnation (never
+        DEAD: it did not fail, and a DEAD node would rejoin at once), committed
+        through the replicas' log like any view change, with removed_by set on
+        the change. The removed node's heartbeats are then answered LEFT: it
+        stops, and does not rejoin by itself. NOT_FOUND: the cluster has no
+        record of node_id (never a member, or only joining); FAILED_PRECONDITION:
+        the record is already DEAD or LEFT, or is not at the incarnation asked
+        for; PERMISSION_DENIED: the caller is not an administrator.
+        """
+
+def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

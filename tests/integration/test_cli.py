@@ -180,7 +180,12 @@ def test_cli_node_declared_dead_with_no_rejoin_exits_three(cluster: ProcCluster)
     finally:
         node.signal(signal.SIGCONT)
     assert node.popen.wait(15) == 3, node.stderr()
-    assert "n1 was declared DEAD and --no-rejoin is set" in node.stderr().splitlines()[-1]
+    assert "n1 was declared DEAD by the cluster and --no-rejoin is set" in (
+        node.stderr().splitlines()[-1]
+    )
+    # Said loudly before that: an ERROR line and the event's own line.
+    assert re.search(r"ERROR .*n1 incarnation \d+ was declared DEAD by the cluster", node.stderr())
+    assert any("declared DEAD by the cluster without asking; stopping" in x for x in node.lines())
 
 
 def test_cli_node_made_left_by_another_leave_exits_three(cluster: ProcCluster) -> None:
@@ -210,7 +215,7 @@ def test_cli_node_made_left_by_another_leave_exits_three(cluster: ProcCluster) -
 
     asyncio.run(leave_for_it())
     assert node.popen.wait(15) == 3, node.stderr()
-    assert "n1 was declared LEFT by a leave it did not ask for" in node.stderr()
+    assert "n1 was removed from the cluster: it is LEFT without having asked" in node.stderr()
 
 
 def _state(cluster: ProcCluster, node_id: str) -> str | None:

@@ -17,6 +17,7 @@ from arbiter.core.commands import (
     Observation,
     ObserveBatch,
     Opinion,
+    Remove,
     decode,
     encode,
 )
@@ -40,7 +41,14 @@ _commands: st.SearchStrategy[Command] = st.one_of(
         replica_id=_ids,
         observations=st.lists(_observations, max_size=5).map(tuple),
     ),
-    st.builds(Leave, node_id=_ids, incarnation=_counts, request_id=st.text(max_size=12)),
+    st.builds(
+        Leave,
+        node_id=_ids,
+        incarnation=_counts,
+        request_id=st.text(max_size=12),
+        heard_by=st.text(max_size=6),
+    ),
+    st.builds(Remove, node_id=_ids, incarnation=_counts, by=_ids, request_id=st.text(max_size=12)),
     st.builds(Bootstrap, instance=st.text("0123456789abcdef", min_size=1, max_size=64)),
 )
 
@@ -72,6 +80,14 @@ def test_commands_encoding_is_compact_sorted_and_versioned() -> None:
     )
     leave = Leave(node_id="n1", incarnation=3, request_id="q")
     assert encode(leave) == b'{"inc":3,"node":"n1","request_id":"q","type":"leave","v":1}'
+    heard = Leave(node_id="n1", incarnation=3, request_id="q", heard_by="r2")
+    assert encode(heard) == (
+        b'{"heard":"r2","inc":3,"node":"n1","request_id":"q","type":"leave","v":1}'
+    )
+    remove = Remove(node_id="n1", incarnation=0, by="spiffe://c/admin/ops", request_id="q")
+    assert encode(remove) == (
+        b'{"by":"spiffe://c/admin/ops","inc":0,"node":"n1","request_id":"q","type":"remove","v":1}'
+    )
 
 
 def test_commands_decode_error_is_value_error() -> None:
@@ -135,6 +151,12 @@ def _leave(**overrides: Any) -> bytes:
         (_obs(labels=[["a"]]), "expected [key, value] strings"),
         (_obs(labels=[["a", 1]]), "expected [key, value] strings"),
         (_obs(labels=_DROP), "missing fields ['labels']"),
+        (_leave(heard=""), "an empty heard_by is written as no 'heard'"),
+        (_leave(heard=3), "leave.heard: expected str"),
+        (b'{"by":"a","inc":0,"node":"n","type":"remove","v":1}', "missing fields ['request_id']"),
+        (b'{"by":"","inc":0,"node":"n","request_id":"q","type":"remove","v":1}', "by must be"),
+        (b'{"by":"a","inc":-1,"node":"n","request_id":"q","type":"remove","v":1}', "incarnation"),
+        (b'{"by":"a","inc":0,"node":"","request_id":"q","type":"remove","v":1}', "node_id must"),
         (b'{"instance":"","type":"bootstrap","v":1}', "instance must be 1 to 64 hex digits"),
         (b'{"instance":"XYZ","type":"bootstrap","v":1}', "instance must be 1 to 64 hex digits"),
         (b'{"instance":7,"type":"bootstrap","v":1}', "bootstrap.instance: expected str"),
@@ -175,6 +197,10 @@ def test_commands_decode_accepts_non_canonical_json() -> None:
         lambda: ObserveBatch(replica_id="r", observations=[]),  # type: ignore[arg-type]
         lambda: Leave(node_id="", incarnation=0, request_id=""),
         lambda: Leave(node_id="n", incarnation=-5, request_id=""),
+        lambda: Leave(node_id="n", incarnation=1, request_id="", heard_by=None),  # type: ignore[arg-type]
+        lambda: Remove(node_id="n", incarnation=1, by="", request_id=""),
+        lambda: Remove(node_id="", incarnation=1, by="a", request_id=""),
+        lambda: Remove(node_id="n", incarnation=-1, by="a", request_id=""),
     ],
 )
 def test_commands_constructors_validate(build: Any) -> None:

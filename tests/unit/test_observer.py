@@ -165,13 +165,12 @@ def test_observer_superseded_heartbeat_names_the_newer_uncommitted_incarnation()
     assert v.incarnation == 9  # "superseded by 9", not "declared DEAD at 5"
 
 
-def _leave(log: Log, node: str, incarnation: int) -> None:
+def _leave(log: Log, node: str, incarnation: int, heard_by: str = "") -> None:
     from arbiter.core.commands import Leave
 
     log.index += 1
-    log.state.apply(
-        log.index, encode(Leave(node_id=node, incarnation=incarnation, request_id="q"))
-    )
+    command = Leave(node_id=node, incarnation=incarnation, request_id="q", heard_by=heard_by)
+    log.state.apply(log.index, encode(command))
 
 
 def test_observer_retired_incarnation_is_answered_left_and_forgotten() -> None:
@@ -179,9 +178,10 @@ def test_observer_retired_incarnation_is_answered_left_and_forgotten() -> None:
     # owed ALIVE observation is forgotten, not proposed for ever, and a late
     # heartbeat of that life is answered LEFT without a lease.
     log, obs = Log(), _observer()
+    assert obs.heard("n1") is None
     obs.heartbeat("n1", 1, {}, 0.0, log.state)
-    assert obs.owed() == 1
-    _leave(log, "n1", 1)
+    assert obs.owed() == 1 and obs.heard("n1") == 1
+    _leave(log, "n1", 1, heard_by="a1")  # a1 heard it: the incarnation is joining
     assert obs.observations(0.0, log.state) == ()
     assert obs.owed() == 0 and obs.opinion("n1") is None
     v = obs.heartbeat("n1", 1, {}, 0.1, log.state)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from membership.session import Fenced, NodeSession, Rejoined, StateChanged, Superseded
+from membership.session import (
+    EndReason,
+    Evicted,
+    Fenced,
+    NodeSession,
+    Rejoined,
+    StateChanged,
+    Superseded,
+)
 from membership.view import MemberState
 
 ARBITERS = ("a1", "a2", "a3")
@@ -90,6 +98,7 @@ def test_session_dead_rejoins_with_higher_incarnation_and_voids_leases() -> None
     assert events == [
         Fenced(fenced=True, epoch=5),  # first: stop acting as a member
         StateChanged(state=MemberState.DEAD, incarnation=10),
+        Evicted(incarnation=10, state=MemberState.DEAD, rejoining=True),  # said, never silent
         Rejoined(old_incarnation=10, new_incarnation=11, reason="declared DEAD"),
         StateChanged(state=MemberState.JOINING, incarnation=11),
     ]
@@ -102,8 +111,37 @@ def test_session_dead_rejoins_with_higher_incarnation_and_voids_leases() -> None
 def test_session_without_rejoin_stays_dead() -> None:
     s = _session(auto_rejoin=False)
     seq, _ = s.heartbeat("a1", 0.0)
-    _ack(s, "a1", seq, 0.0, state=MemberState.DEAD, lease=0.0)
+    events = _ack(s, "a1", seq, 0.0, state=MemberState.DEAD, lease=0.0)
     assert s.state is MemberState.DEAD and s.incarnation == 10
+    assert events[-1] == Evicted(incarnation=10, state=MemberState.DEAD, rejoining=False)
+    assert s.end_reason is EndReason.DEAD
+
+
+def test_session_left_without_asking_is_an_eviction_its_own_leave_is_not() -> None:
+    s = _session()
+    seq, _ = s.heartbeat("a1", 0.0)
+    events = _ack(s, "a1", seq, 0.0, state=MemberState.LEFT, lease=0.0)
+    assert events[-2:] == [
+        StateChanged(state=MemberState.LEFT, incarnation=10),
+        Evicted(incarnation=10, state=MemberState.LEFT, rejoining=False),
+    ]
+    assert s.end_reason is EndReason.REMOVED
+    own = _session()
+    own.leaving = True  # the shell asked the cluster to let it leave
+    seq, _ = own.heartbeat("a1", 0.0)
+    events = _ack(own, "a1", seq, 0.0, state=MemberState.LEFT, lease=0.0)
+    assert not any(isinstance(e, Evicted) for e in events)
+    assert own.end_reason is EndReason.LEFT
+
+
+def test_session_dead_of_a_newer_life_while_joining_is_no_eviction() -> None:
+    # A replica that heard a newer incarnation answers the older one DEAD with
+    # the newer incarnation: that is a takeover or restart, not an eviction.
+    s = _session()
+    seq, _ = s.heartbeat("a1", 0.0)
+    events = _ack(s, "a1", seq, 0.0, state=MemberState.DEAD, recorded=12, lease=0.0)
+    assert not any(isinstance(e, Evicted) for e in events)
+    assert s.incarnation == 13
 
 
 def test_session_lower_incarnation_than_record_picks_higher() -> None:

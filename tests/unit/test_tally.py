@@ -9,10 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arbiter.core.commands import Leave, Observation, ObserveBatch, Opinion, encode
+from arbiter.core.commands import Leave, Observation, ObserveBatch, Opinion, Remove, encode
 from arbiter.core.tally import (
     ApplyResult,
     LeaveOutcome,
+    LeaveRefusal,
     MembershipState,
     ObservationRecord,
     SnapshotDecodeError,
@@ -43,8 +44,12 @@ def obs(replica: str, *observations: Observation) -> bytes:
     return encode(ObserveBatch(replica_id=replica, observations=observations))
 
 
-def leave(node: str, inc: int, request_id: str = "q") -> bytes:
-    return encode(Leave(node_id=node, incarnation=inc, request_id=request_id))
+def leave(node: str, inc: int, request_id: str = "q", heard_by: str = "") -> bytes:
+    return encode(Leave(node_id=node, incarnation=inc, request_id=request_id, heard_by=heard_by))
+
+
+def remove(node: str, inc: int = 0, by: str = "admin") -> bytes:
+    return encode(Remove(node_id=node, incarnation=inc, by=by, request_id="q"))
 
 
 @dataclass
@@ -298,50 +303,103 @@ def test_tally_labels_follow_view_with_changes() -> None:
     assert member is not None and member.incarnation == 2 and dict(member.labels) == {"k": "v"}
 
 
+UNKNOWN, STALE, FINAL, NOT_JOINING = (
+    LeaveRefusal.UNKNOWN,
+    LeaveRefusal.STALE,
+    LeaveRefusal.FINAL,
+    LeaveRefusal.NOT_JOINING,
+)
+
+
 @pytest.mark.parametrize(
-    ("setup", "command", "accepted", "reason", "changes"),
+    ("setup", "command", "refusal", "reason", "changes"),
     [
         pytest.param(
-            JOIN_N1,
-            leave("n", 1),
-            True,
-            "n left at incarnation 1",
-            [("n", 1, LEFT)],
-            id="alive-leaves",
+            JOIN_N1, leave("n", 1), None, "n left at incarnation 1", [("n", 1, LEFT)], id="alive"
         ),
-        pytest.param((), leave("n", 1), True, "had not joined", [], id="leave-before-joining"),
         pytest.param(
-            JOIN_N1,
+            (),
+            leave("n", 1, heard_by="r1"),
+            None,
+            "had not joined",
+            [],
+            id="joining-heard-by-the-proposer",
+        ),
+        pytest.param(
+            (obs("r2", a("n", 1, 1)),),
+            leave("n", 1),
+            None,
+            "had not joined",
+            [],
+            id="joining-heard-in-a-committed-observation",
+        ),
+        pytest.param(
+            (obs("r2", s("n", 1, 1)),),
+            leave("n", 1),
+            None,
+            "had not joined",
+            [],
+            id="joining-suspected-counts-as-heard",
+        ),
+        pytest.param(
+            (*JOIN_N1, obs("r1", a("n", 2, 2))),
             leave("n", 2),
-            True,
+            None,
             "had not joined",
             [("n", 1, DEAD)],
-            id="leave-newer-incarnation-retires-old",
+            id="joining-newer-life-retires-the-old-one",
         ),
         pytest.param(
-            (leave("n", 3),),
+            (leave("n", 3, heard_by="r1"),),
             leave("n", 2),
-            True,
+            None,
             "already retired",
             [],
             id="second-leave-of-retired-accepted-unchanged",
         ),
         pytest.param(
-            JOIN_N1, leave("n", 0), False, "stale incarnation 0", [], id="stale-incarnation-refused"
+            (), leave("ghost", 1), UNKNOWN, "unknown to the cluster", [], id="ghost-refused"
+        ),
+        pytest.param(
+            (),
+            leave("n", 1, heard_by="r9"),
+            UNKNOWN,
+            "unknown to the cluster",
+            [],
+            id="heard-by-a-stranger-does-not-count",
+        ),
+        pytest.param(
+            JOIN_N1,
+            leave("n", 2),
+            NOT_JOINING,
+            "the cluster records n alive at incarnation 1",
+            [],
+            id="above-the-alive-record-refused-and-kills-nothing",
+        ),
+        pytest.param(
+            (obs("r1", a("n", 1, 1)),),
+            leave("n", 2),
+            NOT_JOINING,
+            "has no record of n (heard at incarnation 1)",
+            [],
+            id="above-the-joining-incarnation-refused",
+        ),
+        pytest.param(
+            JOIN_N1, leave("n", 0), STALE, "stale incarnation 0", [], id="stale-incarnation-refused"
         ),
         pytest.param(
             (*JOIN_N1, leave("n", 1)),
             leave("n", 1),
-            False,
-            "already LEFT",
+            FINAL,
+            "already left",
             [],
             id="second-leave-refused",
         ),
         pytest.param(
             (*JOIN_N1, obs("r1", s("n", 1, 2)), obs("r2", s("n", 1, 2))),
             leave("n", 1),
-            False,
-            "already DEAD",
+            FINAL,
+            "already dead",
             [],
             id="dead-cannot-leave",
         ),
@@ -350,23 +408,26 @@ def test_tally_labels_follow_view_with_changes() -> None:
 def test_tally_leave(
     setup: tuple[bytes, ...],
     command: bytes,
-    accepted: bool,
+    refusal: LeaveRefusal | None,
     reason: str,
     changes: list[tuple[str, int, MemberState]],
 ) -> None:
     feed = log(R3, *setup)
     epoch = feed.state.epoch
+    before = feed.state.to_bytes()
     (result,) = feed(command)
     assert result.leave is not None
     assert result.leave == LeaveOutcome(
         request_id="q",
-        node_id="n",
-        accepted=accepted,
+        node_id=result.leave.node_id,
+        accepted=refusal is None,
         reason=result.leave.reason,
         epoch=epoch + (1 if changes else 0),
         joined=any(state is LEFT for _, _, state in changes),
+        refusal=refusal,
+        incarnation=result.leave.incarnation,
     )
-    assert reason in result.leave.reason
+    assert reason in result.leave.reason.lower()
     got = (
         []
         if result.change is None
@@ -374,10 +435,84 @@ def test_tally_leave(
     )
     assert got == changes
     assert feed.state.epoch == result.leave.epoch
+    if refusal is not None:
+        # A refused leave changes nothing at all: the whole state but the
+        # applied index is as before (no record, no retirement, no epoch).
+        again = log(R3, *setup)
+        again(b"")  # a no-op at the same index
+        assert feed.state.to_bytes() == again.state.to_bytes()
+        assert before != feed.state.to_bytes()  # (only the applied index moved)
+
+
+def test_tally_judge_leave_is_what_apply_decides_and_changes_nothing() -> None:
+    feed = log(R3, *JOIN_N1)
+    before = feed.state.to_bytes()
+    cases = [("n", 1, ""), ("n", 2, ""), ("n", 2, "r1"), ("ghost", 1, ""), ("n", 0, "")]
+    judged = [feed.state.judge_leave(n, i, h) for n, i, h in cases]
+    assert feed.state.to_bytes() == before
+    assert [r for r, _ in judged] == [None, NOT_JOINING, None, UNKNOWN, STALE]
+    for (n, i, h), (refusal, _) in zip(cases, judged, strict=True):
+        (result,) = log(R3, *JOIN_N1)(leave(n, i, heard_by=h))
+        assert result.leave is not None and result.leave.refusal is refusal
+
+
+@pytest.mark.parametrize(
+    ("setup", "command", "refusal", "reason", "removed"),
+    [
+        pytest.param(JOIN_N1, remove("n"), None, "removed at incarnation 1", 1, id="alive"),
+        pytest.param(JOIN_N1, remove("n", 1), None, "removed", 1, id="alive-at-given"),
+        pytest.param(JOIN_N1, remove("n", 2), STALE, "at incarnation 1 (alive), not 2", 0),
+        pytest.param((), remove("ghost"), UNKNOWN, "no record", 0, id="ghost"),
+        pytest.param(
+            (obs("r1", a("n", 1, 1)),),
+            remove("n"),
+            UNKNOWN,
+            "heard at incarnation 1, not a member yet",
+            0,
+            id="joining-has-no-record",
+        ),
+        pytest.param((*JOIN_N1, leave("n", 1)), remove("n"), FINAL, "already left", 0, id="left"),
+        pytest.param(
+            (*JOIN_N1, obs("r1", s("n", 1, 2)), obs("r2", s("n", 1, 2))),
+            remove("n"),
+            FINAL,
+            "already dead",
+            0,
+            id="dead",
+        ),
+    ],
+)
+def test_tally_remove(
+    setup: tuple[bytes, ...],
+    command: bytes,
+    refusal: LeaveRefusal | None,
+    reason: str,
+    removed: int,
+) -> None:
+    feed = log(R3, *setup)
+    epoch = feed.state.epoch
+    (result,) = feed(command)
+    assert result.leave is not None
+    assert result.leave.refusal is refusal and result.leave.accepted is (refusal is None)
+    assert reason in result.leave.reason.lower()
+    if refusal is not None:
+        assert result.change is None and feed.state.epoch == epoch
+        return
+    assert result.change is not None and feed.state.epoch == epoch + 1
+    (change,) = result.change.changes
+    assert (change.node_id, change.incarnation, change.state) == ("n", removed, LEFT)
+    assert change.removed_by == "admin" and dict(change.labels) == {}
+    assert result.leave.incarnation == removed and result.leave.joined
+    # LEFT is final: the removed life's heartbeats never count again; a new
+    # process under the id (a higher incarnation) joins as any would.
+    feed(obs("r1", a("n", 1, 9)), obs("r2", a("n", 1, 9)))
+    assert members(feed.state) == [("n", 1, LEFT)]
+    feed(obs("r1", a("n", 2, 10)), obs("r2", a("n", 2, 10)))
+    assert members(feed.state) == [("n", 2, ALIVE)]
 
 
 def test_tally_left_incarnation_cannot_join_but_next_can() -> None:
-    feed = log(R3, leave("n", 1), *JOIN_N1)
+    feed = log(R3, leave("n", 1, heard_by="r1"), *JOIN_N1)
     # Retired before it joined: no record, no epoch, and its late ALIVE
     # observations are ignored, not stored (rule 5).
     assert members(feed.state) == [] and feed.state.epoch == 0
@@ -408,7 +543,7 @@ def test_tally_dead_and_left_changes_repeat_the_members_labels() -> None:
 
 
 def test_tally_retired_incarnations_survive_a_snapshot() -> None:
-    feed = log(R3, leave("n", 4), *JOIN_N1)
+    feed = log(R3, leave("n", 4, heard_by="r2"), *JOIN_N1)
     restored = MembershipState.from_bytes(feed.state.to_bytes())
     assert restored.retired("n") == 4
     assert restored.to_bytes() == feed.state.to_bytes()
@@ -542,6 +677,14 @@ _entry = st.one_of(
         node_id=st.sampled_from(_NODES),
         incarnation=st.integers(0, 3),
         request_id=st.just("q"),
+        heard_by=st.sampled_from(["", "r1", "r9"]),
+    ).map(encode),
+    st.builds(
+        Remove,
+        node_id=st.sampled_from(_NODES),
+        incarnation=st.integers(0, 3),
+        by=st.just("admin"),
+        request_id=st.just("q"),
     ).map(encode),
     st.sampled_from([b"", b"junk", b"{}"]),
 )
@@ -557,9 +700,13 @@ def _check_invariants(state: MembershipState, result: ApplyResult, folded: View)
             assert count < state.quorum or (record is not None and record.incarnation >= inc)
         if record is not None and record.state is ALIVE:  # no SUSPECT quorum left unapplied
             assert len(state.suspected_by(node)) < state.quorum
+    if result.leave is not None and not result.leave.accepted:
+        assert result.change is None  # a refused Leave or Remove changes nothing (rule 5d)
     if result.change is not None:
         changes = result.change.changes
         assert [c.node_id for c in changes] == sorted(c.node_id for c in changes)
+        # Only an administrator's removal carries removed_by, on a LEFT (rule 5a).
+        assert all(c.state is LEFT for c in changes if c.removed_by)
         for i, c in enumerate(changes):
             # An old life retired by a newer one (rule 3) or by a leave of a
             # newer incarnation that never joined (rule 5) needs no suspicion.

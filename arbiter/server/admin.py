@@ -1,0 +1,123 @@
+"""The Admin service of a replica: removing another node (``membership admin remove``).
+
+Removing a node is an administrative act, apart from a node's own Leave: the
+caller must be an administrator (:meth:`Authorizer.admin`; under mutual TLS
+an ``admin`` certificate, under ``--insecure`` anyone), and the removal is
+committed through the replicas' log like any view change (tally rule 5a):
+the member becomes LEFT at its recorded incarnation, the change carrying who
+removed it. The removed node's heartbeats are then answered LEFT, and it
+stops without rejoining (membership/session.py rule 5).
+
+Status codes: PERMISSION_DENIED (or the refusal's own code) when the caller
+may not administer; INVALID_ARGUMENT for a malformed node id;
+FAILED_PRECONDITION for another cluster's identity, a member already DEAD
+or LEFT, or one not at the incarnation asked for; NOT_FOUND for a node the
+cluster has no record of; UNAVAILABLE when nothing could be committed (no
+leader, no quorum). A refused removal is refused before it is proposed: it
+commits nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from arbiter.core.raft import ProposalDropped
+from arbiter.core.tally import LeaveRefusal
+from arbiter.server.authz import AllowAll, Authorizer
+from arbiter.server.driver import Driver
+from membership.errors import InvalidArgument
+from membership.v1 import membership_pb2 as pb
+from membership.v1 import membership_pb2_grpc as pb_grpc
+from membership.validation import validate_node_id
+
+__all__ = ["AdminServicer", "refusal_status"]
+
+log = logging.getLogger("arbiter.admin")
+
+
+def refusal_status(refusal: LeaveRefusal) -> grpc.StatusCode:
+    """The gRPC status for a refused Leave or Remove (tally rules 5 and 5a).
+
+    Returns:
+        NOT_FOUND for an id the cluster has no record of (UNKNOWN),
+        FAILED_PRECONDITION for every other refusal (STALE, FINAL, NOT_JOINING).
+    """
+    if refusal is LeaveRefusal.UNKNOWN:
+        return grpc.StatusCode.NOT_FOUND
+    return grpc.StatusCode.FAILED_PRECONDITION
+
+
+class AdminServicer(pb_grpc.AdminServicer):
+    """RemoveNode for one replica (module docstring).
+
+    Args:
+        driver: the replica's driver.
+        cluster: this replica's cluster identity, ``name@digest``; "" checks nothing.
+        authz: who may administer; :class:`AllowAll` (``--insecure``) by default.
+            If it has an ``identity(context) -> str`` method, its answer is
+            recorded as ``removed_by``; otherwise the caller's address is.
+    """
+
+    def __init__(self, driver: Driver, cluster: str = "", authz: Authorizer | None = None) -> None:
+        self._driver = driver
+        self.cluster = cluster
+        self._authz: Authorizer = authz if authz is not None else AllowAll()
+
+    def _caller(self, context: grpc.aio.ServicerContext) -> str:
+        """Who is asking, for ``removed_by``: the authorizer's identity, else the peer address."""
+        identity = getattr(self._authz, "identity", None)
+        who = identity(context) if callable(identity) else ""
+        if isinstance(who, str) and who:
+            return who
+        return f"unauthenticated client {context.peer() or 'unknown'}"
+
+    async def RemoveNode(
+        self, request: pb.RemoveNodeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RemoveNodeResponse:
+        """Commits LEFT for the member (tally rule 5a); answers once applied here."""
+        refusal = self._authz.admin(context)
+        if refusal is not None:
+            log.warning("admin call refused from %s: %s", context.peer(), refusal)
+            await context.abort(refusal.code, str(refusal))
+        try:
+            validate_node_id(request.node_id)
+        except InvalidArgument as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        me = self._driver.replica_id
+        if request.cluster and self.cluster and request.cluster != self.cluster:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"cluster mismatch: arbiter {me} is in cluster {self.cluster}, the "
+                f"administrator expects {request.cluster}: list the replicas of one cluster",
+            )
+        node_id, incarnation = request.node_id, request.incarnation
+        judged, reason = self._driver.state.judge_remove(node_id, incarnation)
+        if judged is not None:
+            await context.abort(refusal_status(judged), f"arbiter {me}: {reason}")
+        by = self._caller(context)
+        try:
+            outcome = await self._driver.remove(
+                node_id, incarnation, by, timeout=self._driver.config.election_timeout * 3
+            )
+        except ProposalDropped:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "no leader known to this arbiter; try another"
+            )
+        except TimeoutError:
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "removal not committed in time (no quorum?)"
+            )
+        if outcome.refusal is not None:
+            await context.abort(refusal_status(outcome.refusal), f"arbiter {me}: {outcome.reason}")
+        log.warning(
+            "%s incarnation %d removed by %s (epoch %d)",
+            node_id,
+            outcome.incarnation,
+            by,
+            outcome.epoch,
+        )
+        return pb.RemoveNodeResponse(
+            epoch=outcome.epoch, incarnation=outcome.incarnation, removed_by=by
+        )
