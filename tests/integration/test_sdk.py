@@ -95,6 +95,13 @@ async def test_sdk_leaving_the_context_leaves_the_cluster(
         task.cancel()
     with contextlib.suppress(RuntimeError, asyncio.CancelledError):
         await asyncio.wait_for(task, 15)
+    # The leave was answered once applied by the replica that took it; replica
+    # 0 may be a follower a Raft round behind: wait for its record to be final.
+    await wait_async(
+        lambda: (_state(replicas, "n1") or (0, None))[1] in (MemberState.LEFT, MemberState.DEAD),
+        10,
+        "n1 final on replica 0",
+    )
     record = _state(replicas, "n1")
     assert record is not None and record[1] is MemberState.LEFT, record
 
