@@ -34,7 +34,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import NoReturn
 
-from membership import commands
+from membership import certs, commands
 from membership.commands import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -45,6 +45,7 @@ from membership.commands import (
 )
 from membership.errors import InvalidArgument, MembershipError
 from membership.output import event_lines, session_event_line, view_json
+from membership.tls import add_tls_flags
 from membership.validation import parse_address
 
 __all__ = [
@@ -227,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for the leave to commit on shutdown (default 5)",
     )
     _add_check_config(p)
+    add_tls_flags(p)
     p.set_defaults(func=commands.node, signal_exit=EXIT_OK)
 
     p = sub.add_parser("watch", help="print view events as they happen")
@@ -259,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_connect_timeout(p)
     _add_check_config(p)
+    add_tls_flags(p)
     p.set_defaults(func=commands.watch, signal_exit=EXIT_OK)
 
     p = sub.add_parser("view", help="print the current view")
@@ -271,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for each arbiter (default 3)",
     )
     _add_check_config(p)
+    add_tls_flags(p)
     p.set_defaults(func=commands.view)
 
     p = sub.add_parser(
@@ -297,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="copy every process's log here at the end",
     )
     p.set_defaults(func=commands.demo)
+
+    certs.register(sub)
 
     # The server registers its own sub-command, so that this package never imports it.
     for ep in entry_points(group="membership.commands"):

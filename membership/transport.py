@@ -33,10 +33,17 @@ class Channels:
 
     Args:
         options: gRPC channel options for every channel (keepalive, backoff).
+        credentials: TLS credentials (:func:`membership.tls.channel_credentials`);
+            None for plaintext.
     """
 
-    def __init__(self, options: Sequence[tuple[str, int]]) -> None:
+    def __init__(
+        self,
+        options: Sequence[tuple[str, int]],
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
         self._options = [*options, _OWN_CONNECTION]
+        self._credentials = credentials
         self._cached: dict[str, grpc.aio.Channel] = {}
         self._closed = False
 
@@ -44,14 +51,19 @@ class Channels:
         """A stub on the cached channel to ``address`` (created on first use)."""
         ch = self._cached.get(address)
         if ch is None:
-            ch = grpc.aio.insecure_channel(address, options=self._options)
+            ch = self._channel(address)
             self._cached[address] = ch
         return pb_grpc.MembershipStub(ch)
 
     def fresh(self, address: str) -> tuple[grpc.aio.Channel, pb_grpc.MembershipStub]:
         """A new channel to ``address`` with a connection of its own; the caller closes it."""
-        ch = grpc.aio.insecure_channel(address, options=self._options)
+        ch = self._channel(address)
         return ch, pb_grpc.MembershipStub(ch)
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        if self._credentials is None:
+            return grpc.aio.insecure_channel(address, options=self._options)
+        return grpc.aio.secure_channel(address, self._credentials, options=self._options)
 
     def discard(self, address: str) -> None:
         """Drops the cached channel to ``address`` (it may sit on a wedged connection)."""

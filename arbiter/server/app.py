@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from arbiter.config import ArbiterConfig
 from arbiter.core.replica import RestoreError
 from arbiter.core.tally import ViewChange
+from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
 from arbiter.server.driver import Driver, ReplicaStatus
 from arbiter.server.hub import Hub, HubStatus
 from arbiter.server.peers import PeerServicer, PeerTransport
@@ -22,6 +23,7 @@ from arbiter.server.servicers import MembershipServicer
 from arbiter.server.storage import Storage, StorageError
 from arbiter.v1 import peer_pb2_grpc
 from membership.errors import InvalidArgument
+from membership.tls import LoadedTLS, ServerCredentials, channel_credentials
 from membership.v1 import membership_pb2_grpc
 
 __all__ = [
@@ -29,7 +31,9 @@ __all__ = [
     "channel_options",
     "check_bindable",
     "check_listen",
+    "check_replica_cert",
     "cluster_identity",
+    "is_loopback",
     "parse_peers",
     "server_options",
     "split_host_port",
@@ -202,6 +206,39 @@ def check_listen(replica_id: str, listen: str, peers: dict[str, str]) -> None:
         raise InvalidArgument(f"{fix} (the hosts resolve to different addresses)")
 
 
+def check_replica_cert(loaded: LoadedTLS, cluster: str, replica_id: str) -> None:
+    """Checks that a replica's own certificate is ``spiffe://<cluster>/arbiter/<id>``
+    with serverAuth: the others accept its Raft traffic, clients its port.
+
+    Raises:
+        InvalidArgument: naming the certificate, what it names and what is needed.
+    """
+    ident = loaded.identity
+    if not ident.may_replica(cluster, replica_id) or not loaded.server:
+        raise InvalidArgument(
+            f"--tls-cert {loaded.files.cert} names {ident.names()}"
+            f"{'' if loaded.server else ' without serverAuth'}: replica {replica_id} of cluster "
+            f"{cluster} needs an arbiter certificate for spiffe://{cluster}/arbiter/{replica_id} "
+            f"(membership certs init DIR --cluster {cluster} --arbiters {replica_id},...)"
+        )
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether ``listen`` binds loopback addresses only (``localhost``, 127.0.0.0/8, ``::1``).
+
+    A host name other than ``localhost`` is not resolved: it counts as not loopback.
+    """
+    import ipaddress
+
+    host, _ = split_host_port(listen)
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def check_bindable(listen: str) -> None:
     """Binds ``listen`` with the standard library and lets go, before gRPC tries.
 
@@ -255,6 +292,11 @@ class ArbiterServer:
         data_dir: the directory of this replica's durable Raft state (created
             if missing). None keeps it in memory only: a restarted replica
             then comes back empty, which Raft cannot tolerate; for tests.
+        tls: this replica's CA, certificate and key (:func:`membership.tls.load`):
+            mutual TLS on its port and to its peers, and the
+            :class:`arbiter.server.authz.MutualTLS` policy. None is plaintext
+            with :class:`arbiter.server.authz.AllowAll` (``--insecure``; the
+            command line refuses to start without one or the other).
 
     Raises:
         InvalidArgument: when the id is not among the peers or the config is invalid.
@@ -268,16 +310,22 @@ class ArbiterServer:
         listen: str,
         config: ArbiterConfig | None = None,
         data_dir: Path | None = None,
+        tls: LoadedTLS | None = None,
     ) -> None:
         if replica_id not in peers:
             raise InvalidArgument(
                 f"--id {replica_id!r} is not in --peers ({', '.join(peers)}); list every replica"
             )
         self.config = (config or ArbiterConfig.lan()).validate()
+        if tls is not None:
+            check_replica_cert(tls, self.config.cluster, replica_id)
         self.replica_id = replica_id
         self.peers = dict(peers)
         self.listen = listen
         self.data_dir = data_dir
+        self.tls = tls
+        self._server_credentials = None if tls is None else ServerCredentials(tls)
+        self.authz: Authorizer = AllowAll() if tls is None else MutualTLS(self.config.cluster)
         self._storage: Storage | None = None
         self._server: grpc.aio.Server | None = None
         self._stopped = asyncio.Event()
@@ -326,6 +374,7 @@ class ArbiterServer:
             cluster=identity,
             report_unreachable=lambda p: self.driver.report_unreachable(p),
             channel_options=channel_options(cfg),
+            credentials=None if self.tls is None else channel_credentials(self.tls),
         )
         self.hub = Hub(
             view=lambda: self.driver.state.view(),
@@ -346,7 +395,7 @@ class ArbiterServer:
             )
         except RestoreError as e:
             raise StorageError(f"data dir {self.data_dir}: {e}") from None
-        self.api = MembershipServicer(self.driver, self.hub, cluster=identity)
+        self.api = MembershipServicer(self.driver, self.hub, cluster=identity, authz=self.authz)
         self.health = health.aio.HealthServicer()
         server = grpc.aio.server(options=server_options(cfg))
         membership_pb2_grpc.add_MembershipServicer_to_server(self.api, server)
@@ -354,11 +403,15 @@ class ArbiterServer:
             cluster=identity,
             deliver=lambda m: self.driver.on_raft_message(m),
             known=set(self.peers),
+            authz=self.authz,
         )
         peer_pb2_grpc.add_PeerServicer_to_server(self.peer_api, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         try:
-            port = server.add_insecure_port(self.listen)
+            if self._server_credentials is None:
+                port = server.add_insecure_port(self.listen)
+            else:
+                port = server.add_secure_port(self.listen, self._server_credentials.credentials)
         except RuntimeError:
             port = 0
         if port == 0:  # taken since check_bindable, or refused by gRPC alone
@@ -370,6 +423,21 @@ class ArbiterServer:
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.driver.start()
         self.transport.start()
+        if self.tls is None and not is_loopback(self.listen):
+            log.warning(
+                "arbiter %s listens on %s in plaintext (--insecure): anyone who reaches that "
+                "port can heartbeat, leave or evict as any node, and take part in Raft",
+                self.replica_id,
+                self.listen,
+            )
+        elif self.tls is not None:
+            log.info(
+                "arbiter %s: mutual TLS as %s (certificate %x, until %s)",
+                self.replica_id,
+                self.tls.identity.names(),
+                self.tls.identity.serial,
+                self.tls.identity.not_after,
+            )
         log.info(
             "arbiter %s listening on %s (peers: %s; %s detector, suspect after %.2fs at the "
             "%.3gs interval, which grows past %d nodes up to %.3gs: D up to %.2fs; data dir %s)",
@@ -384,6 +452,40 @@ class ArbiterServer:
             cfg.suspect_after * cfg.max_heartbeat_interval / cfg.heartbeat_interval,
             self.data_dir or "none (in memory)",
         )
+
+    def reload_tls(self) -> bool:
+        """Re-reads the TLS files (SIGHUP): new handshakes, on the port and to the
+        peers, use them; connections and streams open now stay up.
+
+        A file that is missing or bad is logged as an ERROR and changes nothing.
+
+        Returns:
+            Whether the new files are in use (False also without TLS).
+        """
+        if self._server_credentials is None:
+            log.warning("arbiter %s: no TLS files to reload (--insecure)", self.replica_id)
+            return False
+        try:
+            loaded = self._server_credentials.reload(
+                lambda new: check_replica_cert(new, self.config.cluster, self.replica_id)
+            )
+        except InvalidArgument as e:
+            log.error(
+                "arbiter %s: TLS reload failed, keeping the old files: %s", self.replica_id, e
+            )
+            return False
+        self.tls = loaded
+        transport: PeerTransport | None = getattr(self, "transport", None)
+        if transport is not None:  # else: not started yet; it starts with the new files
+            transport.set_credentials(channel_credentials(loaded))
+        log.info(
+            "arbiter %s: TLS files reloaded: %s, certificate %x, until %s",
+            self.replica_id,
+            loaded.identity.names(),
+            loaded.identity.serial,
+            loaded.identity.not_after,
+        )
+        return True
 
     def _fatal(self, reason: str) -> None:
         """The driver found this replica unfit to take part: stop serving, say why."""
