@@ -300,6 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="copy every process's log here at the end",
     )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="run the cluster in plaintext (default: mutual TLS, certificates made in the "
+        "temporary folder)",
+    )
     p.set_defaults(func=commands.demo)
 
     certs.register(sub)

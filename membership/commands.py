@@ -473,7 +473,7 @@ async def demo(args: argparse.Namespace, interrupt: Interrupt) -> int:
     """
     from membership.demo import Demo, DemoError
 
-    demo = Demo(nodes=args.nodes, keep_logs=args.keep_logs)
+    demo = Demo(nodes=args.nodes, keep_logs=args.keep_logs, tls=not args.insecure)
     interrupt.on_force(demo.abort)
     try:
         finished = await demo.run(interrupt.stop, args.timeout)
