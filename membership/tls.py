@@ -168,7 +168,7 @@ class Identity:
         if not grants:
             others = sorted({g.cluster for g in self.grants})
             where = f"it is of cluster {', '.join(others)}" if others else "it names no identity"
-            return f"nothing in cluster {cluster} ({where})"
+            return f"do nothing in cluster {cluster} ({where})"
         parts = []
         replicas = [g.name for g in grants if g.role == "arbiter"]
         nodes = [g.name for g in grants if g.role == "node"]
