@@ -169,7 +169,7 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
     config = _config(args)
     if args.id not in peers:
         raise InvalidArgument(f"--id {args.id!r} is not in --peers ({', '.join(peers)})")
-    from arbiter.server.app import check_replica_cert
+    from arbiter.server.security import check_replica_cert
 
     files = resolve_args(args, f"arbiter {args.id}")
     loaded = None if files is None else load(files)

@@ -15,7 +15,7 @@ Security as for ``membership node``: ``--tls-ca --tls-cert --tls-key`` (one
 certificate for every id: a node certificate with a prefix pattern, say
 ``spiffe://default/node/n*``), or ``--tls-dir DIR`` for each id's own
 ``DIR/<id>.pem`` and ``DIR/<id>-key.pem`` (``membership certs init`` files;
-:meth:`membership.localcluster.LocalCluster.tls_files` makes them), or
+:class:`membership.certs.ClusterCertificates` makes them), or
 ``--insecure``; the environment variables ``MEMBERSHIP_TLS_*`` and
 ``MEMBERSHIP_INSECURE`` otherwise.
 

@@ -35,14 +35,16 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from membership.errors import InvalidArgument
 from membership.pki import CA_DAYS, LEAF_DAYS, CertificateAuthority, identity_uri
+from membership.tls import TLSFiles
 from membership.validation import validate_cluster_name, validate_node_id
 
-__all__ = ["Member", "plan", "register", "write_certificates"]
+__all__ = ["ClusterCertificates", "Member", "plan", "register", "write_certificates"]
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,48 @@ def write_certificates(
         _write(folder / f"{m.name}-key.pem", issued.key_pem, 0o600)
         written += [folder / f"{m.name}.pem", folder / f"{m.name}-key.pem"]
     return written
+
+
+class ClusterCertificates:
+    """A folder of certificates as ``certs init`` writes it, issued on demand
+    (:class:`membership.localcluster.LocalCluster`, tests, benchmarks).
+
+    Args:
+        folder: where ``ca.pem``, ``ca-key.pem`` and ``<name>.pem`` /
+            ``<name>-key.pem`` are (created on first use).
+        cluster: the trust domain of the certificates issued.
+    """
+
+    def __init__(self, folder: Path, cluster: str = "default") -> None:
+        self.folder = folder
+        self.cluster = cluster
+        self._ca: CertificateAuthority | None = None
+
+    def ca(self) -> CertificateAuthority:
+        """The CA of the folder (a new one written there when it has none)."""
+        if self._ca is None:
+            ca_file, key_file = self.folder / "ca.pem", self.folder / "ca-key.pem"
+            if not ca_file.exists():
+                write_certificates(self.folder, [], cluster=self.cluster)
+            self._ca = CertificateAuthority.load(ca_file.read_bytes(), key_file.read_bytes())
+        return self._ca
+
+    def files(self, name: str, role: str = "node", *, uris: Sequence[str] = ()) -> TLSFiles:
+        """The files of ``name``, issued when its certificate does not exist yet.
+
+        Args:
+            name: file name stem: the arbiter or node id, or any name.
+            role: arbiter (hosts localhost, 127.0.0.1, ::1 and the name),
+                node, admin or observer.
+            uris: the identity URIs (default: the one of ``role``/``name``).
+        """
+        files = TLSFiles.in_dir(self.folder, name)
+        if not files.cert.exists():
+            hosts = ("localhost", "127.0.0.1", "::1", name) if role == "arbiter" else ()
+            uris = tuple(uris) or (identity_uri(self.cluster, role, name),)
+            member = Member(name, role, uris, hosts)
+            write_certificates(self.folder, [member], cluster=self.cluster, ca=self.ca())
+        return files
 
 
 def _days(value: str) -> float:

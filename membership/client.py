@@ -41,8 +41,6 @@ from membership.errors import (
 from membership.identity import ClusterCheck
 from membership.session import EndReason, SessionEvent
 from membership.subscription import Watcher
-from membership.tls import LoadedTLS, channel_credentials
-from membership.tls import load as load_tls
 from membership.transport import Channels
 from membership.validation import (
     parse_arbiters,
@@ -85,10 +83,7 @@ class MembershipClient:
             as they all have the same identity).
 
     Raises:
-        InvalidArgument: for a malformed address, node id, label or config;
-            for no TLS settings and no ``insecure`` (``config.tls_*``, else
-            ``MEMBERSHIP_TLS_*`` / ``MEMBERSHIP_INSECURE``), or TLS files
-            that are missing or do not match (:func:`membership.tls.load`).
+        InvalidArgument: a malformed address, node id, label, config or TLS (Channels.of).
     """
 
     def __init__(
@@ -115,13 +110,7 @@ class MembershipClient:
         self.leave_on_exit = leave_on_exit
         c = self.config
         self._backoff = Backoff(c.backoff_initial, c.backoff_max, random.Random())
-        files = self.config.transport_security()
-        self.tls: LoadedTLS | None = None if files is None else load_tls(files)
-        """The TLS files in use (checked), or None for plaintext (``insecure``)."""
-        self._channels = Channels(
-            self.config.channel_options(),
-            None if self.tls is None else channel_credentials(self.tls),
-        )
+        self._channels = Channels.of(self.config)
         self._check = ClusterCheck(cluster, listed=len(self.arbiters))
         self._tasks: list[asyncio.Task[None]] = []
         self._discovery_task: asyncio.Task[None] | None = None

@@ -292,7 +292,7 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
             "incarnation": args.incarnation or "wall-clock milliseconds at start",
             "connect_timeout": args.connect_timeout,
             "leave_timeout": args.leave_timeout,
-            **tls.settings(client.tls),
+            **tls.settings_of(client.config),
         }
         return _config_ok(f"node {client.node_id}", settings, client.config, _NODE_SETTINGS)
     try:
@@ -372,7 +372,7 @@ async def watch(args: argparse.Namespace, interrupt: Interrupt) -> int:
             "status": args.status,
             "status_interval": args.status_interval or "the arbiter's",
             "connect_timeout": args.connect_timeout,
-            **tls.settings(client.tls),
+            **tls.settings_of(client.config),
         }
         return _config_ok("watch", settings, client.config, _WATCH_SETTINGS)
 
@@ -438,7 +438,7 @@ async def view(args: argparse.Namespace, interrupt: Interrupt) -> int:
             "arbiters": ",".join(client.arbiters),
             "json": args.json,
             "timeout": args.timeout,
-            **tls.settings(client.tls),
+            **tls.settings_of(client.config),
         }
         return _config_ok("view", settings)
     try:

@@ -141,7 +141,7 @@ class Demo:
 
         out = self.out
         if self.tls:
-            out(f"mutual TLS: a CA and one certificate per process in {cluster.tls_dir}")
+            out(f"mutual TLS: a CA and one certificate per process in {cluster.certs.folder}")
         out("starting 3 arbiter replicas (a1, a2, a3) on loopback ...")
         cluster.start_arbiters(3)
         client = MembershipClient(

@@ -212,49 +212,16 @@ class LocalCluster:
     cluster: str = "default"
     arbiters: dict[str, str] = field(default_factory=dict)
     children: dict[str, Child] = field(default_factory=dict)
-    _ca: Any = None
+    _certs: Any = None
 
     @property
-    def tls_dir(self) -> Path:
-        """Where the CA and certificates are (``tls=True``)."""
-        return self.workdir / "tls"
+    def certs(self) -> Any:
+        """The cluster's :class:`membership.certs.ClusterCertificates` in ``<workdir>/tls``."""
+        from membership.certs import ClusterCertificates
 
-    def certificate_authority(self) -> Any:
-        """The cluster's :class:`membership.pki.CertificateAuthority` (made on first use;
-        ``ca.pem`` and ``ca-key.pem`` in :attr:`tls_dir`)."""
-        from membership.certs import write_certificates
-        from membership.pki import CertificateAuthority
-
-        if self._ca is None:
-            ca_file, key_file = self.tls_dir / "ca.pem", self.tls_dir / "ca-key.pem"
-            if not ca_file.exists():
-                write_certificates(self.tls_dir, [], cluster=self.cluster)
-            self._ca = CertificateAuthority.load(ca_file.read_bytes(), key_file.read_bytes())
-        return self._ca
-
-    def tls_files(self, name: str, role: str = "node", *, uris: Sequence[str] = ()) -> Any:
-        """The :class:`membership.tls.TLSFiles` of ``name`` in :attr:`tls_dir`, issued
-        (as ``membership certs`` would) when its certificate does not exist yet.
-
-        Args:
-            name: file name stem: the arbiter or node id, or any name.
-            role: arbiter, node, admin or observer.
-            uris: the identity URIs (default: the one of ``role``/``name``).
-        """
-        from membership.certs import Member, write_certificates
-        from membership.pki import identity_uri
-        from membership.tls import TLSFiles
-
-        files = TLSFiles.in_dir(self.tls_dir, name)
-        if not files.cert.exists():
-            hosts = ("localhost", "127.0.0.1", "::1", name) if role == "arbiter" else ()
-            member = Member(
-                name, role, tuple(uris) or (identity_uri(self.cluster, role, name),), hosts
-            )
-            write_certificates(
-                self.tls_dir, [member], cluster=self.cluster, ca=self.certificate_authority()
-            )
-        return files
+        if self._certs is None:
+            self._certs = ClusterCertificates(self.workdir / "tls", self.cluster)
+        return self._certs
 
     def security_flags(self, argv: Sequence[str]) -> list[str]:
         """The flags rule 4 adds to ``membership ARGV``."""
@@ -267,7 +234,7 @@ class LocalCluster:
             return []
         name = argv[list(argv).index("--id") + 1] if "--id" in argv else "admin"
         role = {"arbiter": "arbiter", "node": "node"}.get(command, "admin")
-        return self.tls_files(name, role if name != "admin" else "admin").flags()
+        return self.certs.files(name, role).flags()
 
     def client_config(self, **fields: Any) -> Any:
         """A :class:`membership.config.ClientConfig` for an SDK client of this cluster
@@ -276,7 +243,7 @@ class LocalCluster:
         from membership.config import ClientConfig
 
         if self.tls:
-            files = self.tls_files("admin", "admin")
+            files = self.certs.files("admin", "admin")
             fields = {
                 "tls_ca": str(files.ca),
                 "tls_cert": str(files.cert),

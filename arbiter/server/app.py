@@ -19,6 +19,7 @@ from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
 from arbiter.server.driver import Driver, ReplicaStatus
 from arbiter.server.hub import Hub, HubStatus
 from arbiter.server.peers import PeerServicer, PeerTransport
+from arbiter.server.security import announce_security, check_replica_cert, reload_tls
 from arbiter.server.servicers import MembershipServicer
 from arbiter.server.storage import Storage, StorageError
 from arbiter.v1 import peer_pb2_grpc
@@ -31,9 +32,7 @@ __all__ = [
     "channel_options",
     "check_bindable",
     "check_listen",
-    "check_replica_cert",
     "cluster_identity",
-    "is_loopback",
     "parse_peers",
     "server_options",
     "split_host_port",
@@ -204,39 +203,6 @@ def check_listen(replica_id: str, listen: str, peers: dict[str, str]) -> None:
         raise InvalidArgument(f"{fix} (cannot resolve a host here: {e})") from None
     if not common:
         raise InvalidArgument(f"{fix} (the hosts resolve to different addresses)")
-
-
-def check_replica_cert(loaded: LoadedTLS, cluster: str, replica_id: str) -> None:
-    """Checks that a replica's own certificate is ``spiffe://<cluster>/arbiter/<id>``
-    with serverAuth: the others accept its Raft traffic, clients its port.
-
-    Raises:
-        InvalidArgument: naming the certificate, what it names and what is needed.
-    """
-    ident = loaded.identity
-    if not ident.may_replica(cluster, replica_id) or not loaded.server:
-        raise InvalidArgument(
-            f"--tls-cert {loaded.files.cert} names {ident.names()}"
-            f"{'' if loaded.server else ' without serverAuth'}: replica {replica_id} of cluster "
-            f"{cluster} needs an arbiter certificate for spiffe://{cluster}/arbiter/{replica_id} "
-            f"(membership certs init DIR --cluster {cluster} --arbiters {replica_id},...)"
-        )
-
-
-def is_loopback(listen: str) -> bool:
-    """Whether ``listen`` binds loopback addresses only (``localhost``, 127.0.0.0/8, ``::1``).
-
-    A host name other than ``localhost`` is not resolved: it counts as not loopback.
-    """
-    import ipaddress
-
-    host, _ = split_host_port(listen)
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_bindable(listen: str) -> None:
@@ -423,21 +389,7 @@ class ArbiterServer:
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.driver.start()
         self.transport.start()
-        if self.tls is None and not is_loopback(self.listen):
-            log.warning(
-                "arbiter %s listens on %s in plaintext (--insecure): anyone who reaches that "
-                "port can heartbeat, leave or evict as any node, and take part in Raft",
-                self.replica_id,
-                self.listen,
-            )
-        elif self.tls is not None:
-            log.info(
-                "arbiter %s: mutual TLS as %s (certificate %x, until %s)",
-                self.replica_id,
-                self.tls.identity.names(),
-                self.tls.identity.serial,
-                self.tls.identity.not_after,
-            )
+        announce_security(self.replica_id, self.listen, self.tls)
         log.info(
             "arbiter %s listening on %s (peers: %s; %s detector, suspect after %.2fs at the "
             "%.3gs interval, which grows past %d nodes up to %.3gs: D up to %.2fs; data dir %s)",
@@ -454,38 +406,8 @@ class ArbiterServer:
         )
 
     def reload_tls(self) -> bool:
-        """Re-reads the TLS files (SIGHUP): new handshakes, on the port and to the
-        peers, use them; connections and streams open now stay up.
-
-        A file that is missing or bad is logged as an ERROR and changes nothing.
-
-        Returns:
-            Whether the new files are in use (False also without TLS).
-        """
-        if self._server_credentials is None:
-            log.warning("arbiter %s: no TLS files to reload (--insecure)", self.replica_id)
-            return False
-        try:
-            loaded = self._server_credentials.reload(
-                lambda new: check_replica_cert(new, self.config.cluster, self.replica_id)
-            )
-        except InvalidArgument as e:
-            log.error(
-                "arbiter %s: TLS reload failed, keeping the old files: %s", self.replica_id, e
-            )
-            return False
-        self.tls = loaded
-        transport: PeerTransport | None = getattr(self, "transport", None)
-        if transport is not None:  # else: not started yet; it starts with the new files
-            transport.set_credentials(channel_credentials(loaded))
-        log.info(
-            "arbiter %s: TLS files reloaded: %s, certificate %x, until %s",
-            self.replica_id,
-            loaded.identity.names(),
-            loaded.identity.serial,
-            loaded.identity.not_after,
-        )
-        return True
+        """SIGHUP: re-reads the TLS files for new handshakes (:func:`reload_tls`)."""
+        return reload_tls(self, getattr(self, "transport", None))
 
     def _fatal(self, reason: str) -> None:
         """The driver found this replica unfit to take part: stop serving, say why."""

@@ -8,7 +8,7 @@ UNAUTHENTICATED when the caller presented no identity at all).
 
 ``AllowAll`` is the ``--insecure`` policy: plaintext, nobody authenticated,
 everything allowed. The mutual-TLS policy reads the caller's identity from
-its certificate (see :mod:`membership.tls`): :class:`MutualTLS`.
+its certificate (see :mod:`membership.grants`): :class:`MutualTLS`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Protocol
 
 import grpc
 
-from membership.tls import Identity, peer_identity
+from membership.grants import Identity, peer_identity
 
 __all__ = ["AllowAll", "Authorizer", "MutualTLS", "Refusal"]
 
@@ -61,7 +61,7 @@ class AllowAll:
 
 
 class MutualTLS:
-    """The mutual-TLS policy: rights from the caller's certificate (:mod:`membership.tls`).
+    """The mutual-TLS policy: rights from the caller's certificate (:mod:`membership.grants`).
 
     The identity is parsed once per certificate (cached by its bytes), and
     each call or stream asks once, so no heartbeat pays for it.

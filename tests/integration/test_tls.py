@@ -159,7 +159,7 @@ async def test_tls_node_certificate_cannot_heartbeat_or_leave_as_another_node(
 ) -> None:
     c = tls_cluster
     epoch = await _start_node(c, admin, "n1")
-    n1 = _creds(c.tls_files("n1"))
+    n1 = _creds(c.certs.files("n1"))
     for address in c.addresses:
         assert await _heartbeat_code(address, n1, "n2") == "PERMISSION_DENIED"
         assert (
@@ -185,7 +185,7 @@ async def test_tls_prefix_certificate_speaks_for_matching_ids_only(
     tls_cluster: ProcCluster, admin: MembershipClient
 ) -> None:
     c = tls_cluster
-    agent = c.tls_files("agent", "node", uris=[identity_uri("default", "node", "host7-*")])
+    agent = c.certs.files("agent", "node", uris=[identity_uri("default", "node", "host7-*")])
     creds = _creds(agent)
     assert await _heartbeat_code(c.addresses[0], creds, "host7-gpu0") == "OK"
     assert await _heartbeat_code(c.addresses[0], creds, "host8-gpu0") == "PERMISSION_DENIED"
@@ -196,7 +196,7 @@ async def test_tls_client_without_certificate_is_refused(
 ) -> None:
     c = tls_cluster
     await _start_node(c, admin, "n1")
-    files = c.tls_files("n1")
+    files = c.certs.files("n1")
     # TLS without a client certificate: the handshake fails (mutual TLS requires one).
     no_cert = _creds(files, client_cert=False)
     assert await _call_code(c.addresses[0], no_cert, "view") == "UNAVAILABLE"
@@ -233,12 +233,12 @@ async def test_tls_node_certificate_cannot_act_as_a_replica_nor_serve_as_one(
     a2 = c.arbiters["a2"]
     before = await admin.get_view()
     # Raft traffic with a node certificate, and with a1's certificate claiming to be a3.
-    assert await _raft_code(a2, _creds(c.tls_files("n1")), "a1") == "PERMISSION_DENIED"
-    assert await _raft_code(a2, _creds(c.tls_files("a1", "arbiter")), "a3") == "PERMISSION_DENIED"
+    assert await _raft_code(a2, _creds(c.certs.files("n1")), "a1") == "PERMISSION_DENIED"
+    assert await _raft_code(a2, _creds(c.certs.files("a1", "arbiter")), "a3") == "PERMISSION_DENIED"
     assert "refusing raft traffic" in c.children["a2"].stderr()
     # A replica process given a node certificate refuses to start (exit 2, naming it).
     port = free_ports(1)[0]
-    files = c.tls_files("n1")
+    files = c.certs.files("n1")
     r = _cli(
         "arbiter",
         *("--id", "a1", "--listen", f"127.0.0.1:{port}", "--peers", f"a1=127.0.0.1:{port}"),
@@ -255,7 +255,7 @@ async def test_tls_node_certificate_cannot_act_as_a_replica_nor_serve_as_one(
     fake = server.add_secure_port("127.0.0.1:0", creds)
     await server.start()
     try:
-        code = await _call_code(f"127.0.0.1:{fake}", _creds(c.tls_files("a1", "arbiter")), "view")
+        code = await _call_code(f"127.0.0.1:{fake}", _creds(c.certs.files("a1", "arbiter")), "view")
         assert code == "UNAVAILABLE"
     finally:
         await server.stop(None)
@@ -268,7 +268,7 @@ async def test_tls_observer_can_watch_and_view_but_not_heartbeat(
 ) -> None:
     c = tls_cluster
     await _start_node(c, admin, "n1")
-    obs = c.tls_files("obs", "observer")
+    obs = c.certs.files("obs", "observer")
     r = _cli("view", "--json", "--arbiters", ",".join(c.addresses), *obs.flags())
     assert r.returncode == 0, r.stderr
     assert '"n1"' in r.stdout
@@ -291,7 +291,7 @@ async def test_tls_wrong_ca_expired_and_other_cluster_are_refused_good_node_undi
 ) -> None:
     c = tls_cluster
     epoch = await _start_node(c, admin, "n1")
-    ca = c.certificate_authority()
+    ca = c.certs.ca()
     ca_pem = ca.cert_pem()
     # A certificate for n2 from another CA, one from the right CA that has expired, and one
     # from the right CA for the node n2 of another cluster.
@@ -348,7 +348,7 @@ async def test_tls_sighup_rotation_new_connections_get_the_new_certificate_strea
     tls_cluster: ProcCluster, admin: MembershipClient
 ) -> None:
     c = tls_cluster
-    n1 = c.tls_files("n1")
+    n1 = c.certs.files("n1")
     # The node runs here, so that its stream openings and acks can be counted. A stream is
     # only reopened when it breaks or an ack is late by 1.9 s (no spurious hedge on a busy
     # machine); its lease is shorter, which does not matter to this test.
@@ -387,11 +387,11 @@ async def test_tls_sighup_rotation_new_connections_get_the_new_certificate_strea
         await client.wait_alive(timeout=30)
         await wait_async(lambda: min(acks.values()) >= 5, 20, "acks from every replica")
         opened_before = dict(opened)
-        a1 = c.tls_files("a1", "arbiter")
+        a1 = c.certs.files("a1", "arbiter")
         old_serial = _served_serial(c.arbiters["a1"], n1)
         assert old_serial == x509.load_pem_x509_certificate(a1.cert.read_bytes()).serial_number
         # Re-issue a1's certificate with the CLI, then SIGHUP every replica.
-        r = _cli("certs", "issue", str(c.tls_dir), "--arbiters", "a1", "--force")
+        r = _cli("certs", "issue", str(c.certs.folder), "--arbiters", "a1", "--force")
         assert r.returncode == 0, r.stderr
         new_serial = x509.load_pem_x509_certificate(a1.cert.read_bytes()).serial_number
         assert new_serial != old_serial
@@ -431,8 +431,8 @@ async def test_tls_sighup_with_a_bad_certificate_keeps_the_old_one(
     tls_cluster: ProcCluster, admin: MembershipClient
 ) -> None:
     c = tls_cluster
-    a1 = c.tls_files("a1", "arbiter")
-    n1 = c.tls_files("n1")
+    a1 = c.certs.files("a1", "arbiter")
+    n1 = c.certs.files("n1")
     serial = _served_serial(c.arbiters["a1"], n1)
     good = a1.cert.read_bytes()
     a1.cert.write_bytes(b"not a certificate\n")
