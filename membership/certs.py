@@ -28,7 +28,9 @@ already in DIR (``ca.pem``, ``ca-key.pem``): to add members, or to re-issue
 a certificate (``--force``) for rotation (then SIGHUP the replica).
 
 Neither overwrites an existing file without ``--force`` (exit 1, naming
-it); bad flags exit 2 (membership/cli.py rules).
+it); ``--keep-existing`` keeps the CA and the certificates already there and
+writes only the missing ones (docker-compose.yml's one-shot ``certs``
+service, at every start). Bad flags exit 2 (membership/cli.py rules).
 """
 
 from __future__ import annotations
@@ -315,7 +317,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             default=LEAF_DAYS,
             help=f"validity of the certificates, days (default {LEAF_DAYS})",
         )
-        a.add_argument("--force", action="store_true", help="overwrite existing files")
+        how = a.add_mutually_exclusive_group()
+        how.add_argument("--force", action="store_true", help="overwrite existing files")
+        how.add_argument(
+            "--keep-existing",
+            action="store_true",
+            help="keep the CA and every certificate already in DIR; write only the missing "
+            "ones, signed by that CA (exits 0 when nothing is missing: for a one-shot "
+            "container that runs at every start)",
+        )
         a.set_defaults(func=run)
 
 
@@ -336,8 +346,12 @@ def run(args: argparse.Namespace, interrupt: object) -> int:
     if folder.exists() and not folder.is_dir():
         raise InvalidArgument(f"{folder} exists and is not a folder")
     ca = None
-    if args.certs_command == "issue":
-        if not members:
+    kept = []
+    if args.keep_existing and (folder / "ca.pem").exists():
+        kept = [m for m in members if (folder / f"{m.name}.pem").exists()]
+        members = [m for m in members if m not in kept]
+    if args.certs_command == "issue" or (args.keep_existing and (folder / "ca.pem").exists()):
+        if not members and not kept:
             raise InvalidArgument(
                 "nothing to issue: give --arbiters, --nodes, --admins or --observers"
             )
@@ -357,6 +371,8 @@ def run(args: argparse.Namespace, interrupt: object) -> int:
         raise CliError(str(e)) from None
     except OSError as e:
         raise CliError(f"cannot write to {folder}: {e.strerror or e}") from None
+    for m in kept:
+        print(f"kept {folder / m.name}.pem")
     for path in written:
         print(path)
     for m in members:
