@@ -227,11 +227,11 @@ class LocalCluster:
         """The flags rule 4 adds to ``membership ARGV``."""
         if self.tls is None or "--tls-ca" in argv or "--insecure" in argv or not argv:
             return []
-        if not self.tls:
-            return ["--insecure"]
         command = argv[0]
         if command not in ("arbiter", "node", "watch", "view", "admin"):
             return []
+        if not self.tls:
+            return ["--insecure"]
         name = argv[list(argv).index("--id") + 1] if "--id" in argv else "admin"
         role = {"arbiter": "arbiter", "node": "node"}.get(command, "admin")
         return self.certs.files(name, role).flags()
