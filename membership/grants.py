@@ -176,5 +176,3 @@ def peer_identity(context: Any) -> Identity | None:
         return identity_of_pem(pems[0])
     except ValueError:
         return None
-
-
