@@ -9,7 +9,10 @@ URIs give the union of their rights. docs/security.md has the table.
 :func:`peer_identity` reads the caller's identity from the PEM that gRPC
 puts in a call's auth context (``x509_pem_cert``), parsed once per
 certificate (an LRU keyed by its bytes): a stream is authorized on its
-first message, never per heartbeat. The replicas' policy built on it is
+first message, never per heartbeat. (grpcio 1.85 also puts
+``x509_subject_alternative_name`` and ``peer_uri`` there, and
+``peer_spiffe_id`` only for a certificate with exactly one URI SAN; the
+certificate itself is the one source that holds every URI.) The replicas' policy built on it is
 :class:`arbiter.server.authz.MutualTLS`.
 """
 
