@@ -11,8 +11,9 @@ puts in a call's auth context (``x509_pem_cert``), parsed once per
 certificate (an LRU keyed by its bytes): a stream is authorized on its
 first message, never per heartbeat. (grpcio 1.85 also puts
 ``x509_subject_alternative_name`` and ``peer_uri`` there, and
-``peer_spiffe_id`` only for a certificate with exactly one URI SAN; the
-certificate itself is the one source that holds every URI.) The replicas' policy built on it is
+``peer_spiffe_id`` only for a certificate with exactly one URI SAN;
+parsing the certificate also gives its serial and expiry, and does not
+depend on which of those keys a gRPC version sets.) The replicas' policy built on it is
 :class:`arbiter.server.authz.MutualTLS`.
 """
 
