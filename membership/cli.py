@@ -66,7 +66,8 @@ exit status:
            SIGTERM (that is how they stop; a node leaves the cluster first)
   1        runtime failure: no arbiter reachable, leave not committed, data dir or
            listen address unusable
-  2        usage: a bad flag or value (also --arbiters of two different clusters)
+  2        usage: a bad flag or value (also --arbiters of two different clusters, no
+           TLS files nor --insecure, a certificate refused for what it asks)
   3        node: the cluster declared it DEAD (with --no-rejoin) or LEFT without its
            asking, or another process took its id over
   128+N    cut short by signal N (130 SIGINT, 143 SIGTERM): view and demo on the

@@ -95,8 +95,13 @@ async def test_sdk_leaving_the_context_leaves_the_cluster(
         task.cancel()
     with contextlib.suppress(RuntimeError, asyncio.CancelledError):
         await asyncio.wait_for(task, 15)
-    record = _state(replicas, "n1")
-    assert record is not None and record[1] is MemberState.LEFT, record
+    # The leave was answered once applied by the replica that took it; the first
+    # replica applies it a Raft round later at most.
+    await wait_async(
+        lambda: (_state(replicas, "n1") or (0, None))[1] is MemberState.LEFT,
+        5,
+        "n1 LEFT on the first replica",
+    )
 
 
 async def test_sdk_leave_on_exit_false_only_stops(replicas: list[ArbiterServer]) -> None:

@@ -181,6 +181,19 @@ async def test_tls_node_certificate_cannot_heartbeat_or_leave_as_another_node(
     assert await _heartbeat_code(c.addresses[0], n1, "n1") == "OK"
 
 
+async def test_tls_node_started_with_another_nodes_certificate_exits_2_naming_it(
+    tls_cluster: ProcCluster, admin: MembershipClient
+) -> None:
+    c = tls_cluster
+    epoch = (await admin.get_view()).view.epoch
+    r = _cli("node", "--id", "n2", "--arbiters", c.arbiter_list(), *c.certs.files("n1").flags())
+    assert r.returncode == 2, r.stderr
+    error = r.stderr.strip().splitlines()[-1]
+    assert error.startswith("membership node: error: ") and "PERMISSION_DENIED" in error, error
+    assert "spiffe://default/node/n1 may not speak for node 'n2'" in error
+    assert await _member(admin, "n2") == (epoch, None)
+
+
 async def test_tls_prefix_certificate_speaks_for_matching_ids_only(
     tls_cluster: ProcCluster, admin: MembershipClient
 ) -> None:
