@@ -16,12 +16,13 @@ COPY arbiter /src/arbiter
 RUN pip install --no-cache-dir /src && rm -rf /src
 
 # A fixed uid, so files in volumes belong to the same user on every host.
-# /data is where an arbiter replica keeps its Raft state (--data-dir /data):
-# it is created owned by that user, and Docker gives a new named volume
-# mounted there the same owner, so the replica can write to it.
+# /data is where an arbiter replica keeps its Raft state (--data-dir /data),
+# /certs where docker-compose.yml's `certs` service writes the TLS files:
+# both are created owned by that user, and Docker gives a new named volume
+# mounted there the same owner, so the process can write to it.
 RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin membership \
-    && mkdir /data \
-    && chown membership:membership /data
+    && mkdir /data /certs \
+    && chown membership:membership /data /certs
 USER 10001:10001
 WORKDIR /home/membership
 

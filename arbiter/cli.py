@@ -15,6 +15,13 @@ Rules:
    refused (exit 1) with what to do.
 3. SIGINT and SIGTERM stop the replica gracefully in every phase, start-up
    and the host name checks included (exit 0); a second one exits at once.
+4. Secure by default: ``--tls-ca --tls-cert --tls-key`` (or the
+   ``MEMBERSHIP_TLS_*`` variables) give mutual TLS; the certificate must be
+   ``spiffe://<--cluster>/arbiter/<--id>`` (exit 2 otherwise). ``--insecure``
+   (``MEMBERSHIP_INSECURE=1``) serves plaintext, with a WARNING when the
+   listen address is not loopback; neither is a usage error (exit 2).
+   SIGHUP re-reads the TLS files for new connections (streams stay up; bad
+   files are logged as an ERROR and the old ones kept).
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import logging
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -32,6 +41,7 @@ from typing import Any, TypeVar
 from arbiter.config import ArbiterConfig
 from membership.commands import EXIT_FAILURE, EXIT_OK, Interrupt
 from membership.errors import InvalidArgument
+from membership.tls import LoadedTLS, add_tls_flags, describe, load, resolve_args
 
 __all__ = ["register"]
 
@@ -131,6 +141,7 @@ def register(sub: Any) -> None:
         action="store_true",
         help="validate the flags and configuration, print it, and exit",
     )
+    add_tls_flags(p)
     p.set_defaults(func=run, signal_exit=EXIT_OK)
 
 
@@ -158,6 +169,12 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
     config = _config(args)
     if args.id not in peers:
         raise InvalidArgument(f"--id {args.id!r} is not in --peers ({', '.join(peers)})")
+    from arbiter.server.security import check_replica_cert
+
+    files = resolve_args(args, f"arbiter {args.id}")
+    loaded = None if files is None else load(files)
+    if loaded is not None:
+        check_replica_cert(loaded, config.cluster, args.id)
     checked, _ = await interrupt.race(_in_thread(check_listen, args.id, listen, peers))
     if not checked:
         return EXIT_OK
@@ -171,12 +188,16 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
             "cluster_identity": cluster_identity(config.cluster, peers),
             "data_dir": data_dir,
         }
+        if loaded is None:
+            settings["tls"] = "off (--insecure: plaintext, no identities)"
+        else:
+            settings.update(describe(loaded))
         for name, value in settings.items():
             print(f"  {name} = {value}")
         for f in dataclasses.fields(config):
             print(f"  {f.name} = {getattr(config, f.name)}")
         return EXIT_OK
-    return await _serve(args.id, peers, listen, config, data_dir, interrupt)
+    return await _serve(args.id, peers, listen, config, data_dir, interrupt, loaded)
 
 
 async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
@@ -211,15 +232,30 @@ async def _serve(
     config: ArbiterConfig,
     data_dir: Path,
     interrupt: Interrupt,
+    loaded: LoadedTLS | None = None,
 ) -> int:
     from arbiter.server.app import ArbiterServer
 
     server = ArbiterServer(
-        replica_id=replica_id, peers=peers, listen=listen, config=config, data_dir=data_dir
+        replica_id=replica_id,
+        peers=peers,
+        listen=listen,
+        config=config,
+        data_dir=data_dir,
+        tls=loaded,
     )
-    started, _ = await interrupt.race(server.start())
-    if started:
-        await interrupt.race(server.wait_failed())
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no SIGHUP
+        logging.getLogger("arbiter").warning("no SIGHUP here: TLS files are not reloaded")
+    try:
+        started, _ = await interrupt.race(server.start())
+        if started:
+            await interrupt.race(server.wait_failed())
+    finally:
+        with contextlib.suppress(Exception):
+            loop.remove_signal_handler(signal.SIGHUP)
     await server.stop()
     if server.failure is not None:
         print(f"membership arbiter: error: {server.failure}", file=sys.stderr)

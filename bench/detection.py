@@ -387,6 +387,12 @@ def main() -> int:
     p.add_argument("--serf-kills", type=int, default=8)
     p.add_argument("--serf-profile", choices=["lan", "local", "wan"], default="lan")
     p.add_argument("--keep-logs", metavar="DIR", default=None, help="copy every child's log here")
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="ours with mutual TLS (certificates made in the work folder; default plaintext, "
+        "--insecure, as the figures above were measured)",
+    )
     args = p.parse_args()
     if args.seed is None:
         args.seed = random.randrange(1_000_000)

@@ -51,7 +51,9 @@ class Ours:
         self.arbiters: dict[str, str] = {}
         # Replicas, victims and node hosts: the shared local-cluster helper (logs as
         # <name>.log, data dirs as <id>.data in workdir); everything else is in procs.
-        self.cluster = LocalCluster(workdir, merge_output=True, log_level="info")
+        # Plaintext (--insecure) unless --tls: then certificates are made in workdir/tls.
+        self.tls = bool(getattr(args, "tls", False))
+        self.cluster = LocalCluster(workdir, merge_output=True, log_level="info", tls=self.tls)
         self.proc: dict[str, subprocess.Popen[bytes]] = {}  # process name -> process
         self.nodes_of: dict[str, list[str]] = {}  # process name -> its node ids
         self.victims: list[str] = []
@@ -87,12 +89,19 @@ class Ours:
         if len(ids) == 1:  # --nodes-per-process 1: a plain node process
             self._spawn_member(name, node_args(ids[0], addresses))
         else:
+            if self.tls:
+                for node_id in ids:
+                    self.cluster.certs.files(node_id)  # each node its own certificate
+                security = ["--tls-dir", str(self.cluster.certs.folder)]
+            else:
+                security = ["--insecure"]
             self.proc[name] = self.cluster.spawn_command(
                 name,
                 [
                     sys.executable,
                     str(ROOT / "bench" / "node_host.py"),
                     *("--arbiters", ",".join(addresses), "--ids", ",".join(ids)),
+                    *security,
                 ],
             ).popen
         self.nodes_of[name] = ids
@@ -123,7 +132,6 @@ class Ours:
 
     async def run(self) -> list[Row]:
         from membership.client import MembershipClient, reap
-        from membership.config import ClientConfig
 
         args = self.args
         client = None
@@ -133,7 +141,8 @@ class Ours:
             say("ours: starting 3 arbiter replicas (default settings) ...")
             self.start_arbiters()
             client = MembershipClient(
-                list(self.arbiters.values()), config=ClientConfig(follow_view=False)
+                list(self.arbiters.values()),
+                config=self.cluster.client_config(follow_view=False),
             )
             try:
                 info = await wait_leader(client, 60)

@@ -5,7 +5,10 @@ follows the view with the SDK, then repeatedly SIGKILLs a node and restarts a
 replacement, recording the time from the kill to the DEAD event. Prints each
 sample and the median, p90 and max.
 
-Usage: python bench/kill_to_dead.py [--nodes 5] [--runs 10]
+Plaintext (``--insecure``) by default; ``--tls`` runs every process with
+mutual TLS, certificates made in the temporary folder.
+
+Usage: python bench/kill_to_dead.py [--nodes 5] [--runs 10] [--tls]
 """
 
 from __future__ import annotations
@@ -22,18 +25,19 @@ from pathlib import Path
 from membership.localcluster import LocalCluster, ViewFollower, wait_leader
 
 
-async def main(nodes: int, runs: int) -> int:
+async def main(nodes: int, runs: int, tls: bool = False) -> int:
     from membership.client import MembershipClient
-    from membership.config import ClientConfig
 
     samples: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-kill-") as tmp:
-        cluster = LocalCluster(Path(tmp), merge_output=True)
+        cluster = LocalCluster(Path(tmp), merge_output=True, tls=tls)
         client = None
         task = None
         try:
             cluster.start_arbiters(3)
-            client = MembershipClient(cluster.addresses, config=ClientConfig(follow_view=False))
+            client = MembershipClient(
+                cluster.addresses, config=cluster.client_config(follow_view=False)
+            )
             await wait_leader(client, timeout=20)
             watcher = ViewFollower(client)
             task = asyncio.get_running_loop().create_task(watcher.run())
@@ -71,6 +75,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=5)
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--tls", action="store_true", help="mutual TLS (default plaintext)")
     args = parser.parse_args()
     os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
-    sys.exit(asyncio.run(main(args.nodes, args.runs)))
+    sys.exit(asyncio.run(main(args.nodes, args.runs, args.tls)))

@@ -11,22 +11,34 @@ node processes themselves starving the arbiters.
 
 SIGTERM or SIGINT closes every client (no leave) and exits 0.
 
-Usage: python bench/node_host.py --arbiters H:P,H:P,H:P --ids n1,n2,n3
+Security as for ``membership node``: ``--tls-ca --tls-cert --tls-key`` (one
+certificate for every id: a node certificate with a prefix pattern, say
+``spiffe://default/node/n*``), or ``--tls-dir DIR`` for each id's own
+``DIR/<id>.pem`` and ``DIR/<id>-key.pem`` (``membership certs init`` files;
+:class:`membership.certs.ClusterCertificates` makes them), or
+``--insecure``; the environment variables ``MEMBERSHIP_TLS_*`` and
+``MEMBERSHIP_INSECURE`` otherwise.
+
+Usage: python bench/node_host.py --arbiters H:P,H:P,H:P --ids n1,n2,n3 [--tls-dir DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from membership.client import MembershipClient
 from membership.config import ClientConfig
 from membership.output import session_event_line
 from membership.session import SessionEvent
+from membership.tls import TLSFiles, add_tls_flags, config_fields
 
 
 class _OwnConnections(ClientConfig):
@@ -45,7 +57,9 @@ def _out(line: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
 
 
-async def main(arbiters: list[str], ids: list[str]) -> int:
+async def main(
+    arbiters: list[str], ids: list[str], tls: dict[str, Any], tls_dir: Path | None = None
+) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -59,9 +73,19 @@ async def main(arbiters: list[str], ids: list[str]) -> int:
 
         return handle
 
-    config = _OwnConnections(follow_view=False)
+    config = _OwnConnections(follow_view=False, **tls)
+
+    def config_of(node_id: str) -> ClientConfig:
+        if tls_dir is None:
+            return config
+        files = TLSFiles.in_dir(tls_dir, node_id)
+        return dataclasses.replace(
+            config, tls_ca=str(files.ca), tls_cert=str(files.cert), tls_key=str(files.key)
+        )
+
     clients = [
-        MembershipClient(arbiters, node_id=n, config=config, on_event=on_event(n)) for n in ids
+        MembershipClient(arbiters, node_id=n, config=config_of(n), on_event=on_event(n))
+        for n in ids
     ]
     try:
         for c in clients:
@@ -78,5 +102,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arbiters", required=True, help="comma-separated host:port list")
     parser.add_argument("--ids", required=True, help="comma-separated node ids")
+    parser.add_argument(
+        "--tls-dir", type=Path, default=None, help="each id's DIR/<id>.pem, DIR/<id>-key.pem"
+    )
+    add_tls_flags(parser)
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.arbiters.split(","), args.ids.split(","))))
+    tls = {} if args.tls_dir else config_fields(args)
+    sys.exit(asyncio.run(main(args.arbiters.split(","), args.ids.split(","), tls, args.tls_dir)))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from membership import tls
 from membership.commands import EXIT_OK, CliError, Interrupt, Interrupted
 from membership.config import ClientConfig
 from membership.errors import InvalidArgument, RejectedError, UnavailableError
@@ -73,13 +74,16 @@ async def remove_node(
         node_id: the member to remove.
         incarnation: the incarnation to remove; 0 for whichever the cluster records.
         timeout: seconds for the whole call.
-        config: the client configuration (channel options); default ``ClientConfig()``.
+        config: the client configuration (channel options, TLS files or
+            ``insecure``); default ``ClientConfig()`` (TLS from the
+            ``MEMBERSHIP_TLS_*`` environment, or ``MEMBERSHIP_INSECURE=1``).
 
     Returns:
         The committed removal.
 
     Raises:
-        InvalidArgument: a malformed address or node id, or a negative incarnation.
+        InvalidArgument: a malformed address or node id, a negative
+            incarnation, or no TLS settings and no ``insecure``.
         RejectedError: the cluster refused: ``NOT_FOUND`` (no member of that
             id), ``FAILED_PRECONDITION`` (already DEAD or LEFT, at another
             incarnation, or another cluster), ``PERMISSION_DENIED`` (not an
@@ -93,7 +97,7 @@ async def remove_node(
     if incarnation < 0:
         raise InvalidArgument(f"incarnation must be >= 0, got {incarnation}")
     config = (config or ClientConfig()).validate()
-    channels = Channels(config.channel_options())
+    channels = Channels.of(config)
     request = pb.RemoveNodeRequest(node_id=node_id, incarnation=incarnation)
     deadline = time.monotonic() + timeout
     errors: dict[str, str] = {}
@@ -138,7 +142,11 @@ async def admin_remove(args: argparse.Namespace, interrupt: Interrupt) -> int:
     try:
         done, removal = await interrupt.race(
             remove_node(
-                args.arbiters, args.node, incarnation=args.incarnation, timeout=args.timeout
+                args.arbiters,
+                args.node,
+                incarnation=args.incarnation,
+                timeout=args.timeout,
+                config=ClientConfig(follow_view=False, **tls.config_fields(args)),
             )
         )
     except (RejectedError, UnavailableError) as e:

@@ -26,6 +26,7 @@ from membership.errors import (
     ClosedError,
     ClusterMismatch,
     MembershipError,
+    PermissionDenied,
     RejectedError,
     UnavailableError,
 )
@@ -110,6 +111,7 @@ class NodeAgent:
             for a in self.arbiters
         }
         self._check = check
+        self._denied: dict[str, str] = {}  # arbiter address -> its PERMISSION_DENIED
         self._discovery = discovery
         self._channels = channels
         self._backoff = backoff
@@ -160,6 +162,12 @@ class NodeAgent:
         while not self.finished():
             try:
                 await link.run()
+            except PermissionDenied as e:  # our certificate: a majority's refusal ends us
+                link.last_error = f"refused: {e}"
+                self._denied[link.address] = str(e)
+                if len(self._denied) > len(self.arbiters) // 2:
+                    return self._fail(PermissionDenied("; ".join(self._denied.values())))
+                await asyncio.sleep(self.config.reachability_log_interval)
             except ClusterMismatch as e:
                 # Identity rule 3: a stranger found after the client settled
                 # is refused; the node keeps the cluster it has, and asks the

@@ -35,7 +35,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, NoReturn
 
-from membership import commands
+from membership import certs, commands
 from membership.commands import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -46,6 +46,7 @@ from membership.commands import (
 )
 from membership.errors import InvalidArgument, MembershipError
 from membership.output import event_lines, session_event_line, view_json
+from membership.tls import add_tls_flags
 from membership.validation import parse_address
 
 __all__ = [
@@ -67,7 +68,8 @@ exit status:
   1        runtime failure: no arbiter reachable, leave not committed, data dir or
            listen address unusable; admin remove refused (no such member, already
            DEAD or LEFT, not an administrator)
-  2        usage: a bad flag or value (also --arbiters of two different clusters)
+  2        usage: a bad flag or value (also --arbiters of two different clusters, no
+           TLS files nor --insecure, a certificate refused for what it asks)
   3        node: the cluster ended it without its asking and it does not rejoin:
            declared DEAD (with --no-rejoin), removed (LEFT: admin remove, or another
            process's leave), or another process took its id over
@@ -230,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for the leave to commit on shutdown (default 5)",
     )
     _add_check_config(p)
+    add_tls_flags(p)
     p.set_defaults(func=commands.node, signal_exit=EXIT_OK)
 
     p = sub.add_parser("watch", help="print view events as they happen")
@@ -262,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_connect_timeout(p)
     _add_check_config(p)
+    add_tls_flags(p)
     p.set_defaults(func=commands.watch, signal_exit=EXIT_OK)
 
     p = sub.add_parser("view", help="print the current view")
@@ -274,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for each arbiter (default 3)",
     )
     _add_check_config(p)
+    add_tls_flags(p)
     p.set_defaults(func=commands.view)
 
     admin = sub.add_parser(
@@ -307,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         help="seconds to wait for the removal to commit (default 10)",
     )
+    add_tls_flags(p)
     p.set_defaults(func=_admin_remove)
 
     p = sub.add_parser(
@@ -332,7 +338,15 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="copy every process's log here at the end",
     )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="run the cluster in plaintext (default: mutual TLS, certificates made in the "
+        "temporary folder)",
+    )
     p.set_defaults(func=commands.demo)
+
+    certs.register(sub)
 
     # The server registers its own sub-command, so that this package never imports it.
     for ep in entry_points(group="membership.commands"):

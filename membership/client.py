@@ -83,7 +83,7 @@ class MembershipClient:
             as they all have the same identity).
 
     Raises:
-        InvalidArgument: for a malformed address, node id, label or config.
+        InvalidArgument: a malformed address, node id, label, config or TLS (Channels.of).
     """
 
     def __init__(
@@ -110,7 +110,7 @@ class MembershipClient:
         self.leave_on_exit = leave_on_exit
         c = self.config
         self._backoff = Backoff(c.backoff_initial, c.backoff_max, random.Random())
-        self._channels = Channels(self.config.channel_options())
+        self._channels = Channels.of(self.config)
         self._check = ClusterCheck(cluster, listed=len(self.arbiters))
         self._tasks: list[asyncio.Task[None]] = []
         self._discovery_task: asyncio.Task[None] | None = None

@@ -29,6 +29,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
+from membership import tls
 from membership.errors import InvalidArgument, MembershipError, UnavailableError
 from membership.output import event_lines, session_event_line, view_json, view_text
 from membership.session import SessionEvent, StateChanged, Superseded
@@ -278,6 +279,7 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
             auto_rejoin=not args.no_rejoin,
             follow_view=False,
             collect_status=not args.no_status_probes,
+            **tls.config_fields(args),
         ),
         on_event=on_event,
     )
@@ -290,6 +292,7 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
             "incarnation": args.incarnation or "wall-clock milliseconds at start",
             "connect_timeout": args.connect_timeout,
             "leave_timeout": args.leave_timeout,
+            **tls.settings_of(client.config),
         }
         return _config_ok(f"node {client.node_id}", settings, client.config, _NODE_SETTINGS)
     try:
@@ -359,7 +362,9 @@ async def watch(args: argparse.Namespace, interrupt: Interrupt) -> int:
 
     if args.instance and not args.since_epoch:
         raise InvalidArgument("--instance names the instance of --since-epoch: give both")
-    client = MembershipClient(args.arbiters, config=ClientConfig(follow_view=False))
+    client = MembershipClient(
+        args.arbiters, config=ClientConfig(follow_view=False, **tls.config_fields(args))
+    )
     if args.check_config:
         settings = {
             "arbiters": ",".join(client.arbiters),
@@ -369,6 +374,7 @@ async def watch(args: argparse.Namespace, interrupt: Interrupt) -> int:
             "status": args.status,
             "status_interval": args.status_interval or "the arbiter's",
             "connect_timeout": args.connect_timeout,
+            **tls.settings_of(client.config),
         }
         return _config_ok("watch", settings, client.config, _WATCH_SETTINGS)
 
@@ -424,13 +430,17 @@ async def view(args: argparse.Namespace, interrupt: Interrupt) -> int:
     from membership.config import ClientConfig
 
     client = MembershipClient(
-        args.arbiters, config=ClientConfig(follow_view=False, call_timeout=args.timeout)
+        args.arbiters,
+        config=ClientConfig(
+            follow_view=False, call_timeout=args.timeout, **tls.config_fields(args)
+        ),
     )
     if args.check_config:
         settings = {
             "arbiters": ",".join(client.arbiters),
             "json": args.json,
             "timeout": args.timeout,
+            **tls.settings_of(client.config),
         }
         return _config_ok("view", settings)
     try:
@@ -465,7 +475,7 @@ async def demo(args: argparse.Namespace, interrupt: Interrupt) -> int:
     """
     from membership.demo import Demo, DemoError
 
-    demo = Demo(nodes=args.nodes, keep_logs=args.keep_logs)
+    demo = Demo(nodes=args.nodes, keep_logs=args.keep_logs, tls=not args.insecure)
     interrupt.on_force(demo.abort)
     try:
         finished = await demo.run(interrupt.stop, args.timeout)

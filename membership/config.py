@@ -5,8 +5,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from membership.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from membership.tls import TLSFiles
 
 __all__ = ["MIN_KEEPALIVE_TIME", "MIN_KEEPALIVE_TIMEOUT", "ClientConfig"]
 
@@ -118,6 +122,16 @@ class ClientConfig:
     # A node that holds streams to fewer than a quorum of arbiters logs which
     # ones it cannot reach and why, at most this often (seconds).
     reachability_log_interval: float = 5.0
+    # Mutual TLS (docs/security.md): the cluster CA, this client's certificate
+    # and its key, PEM files. None: MEMBERSHIP_TLS_CA, MEMBERSHIP_TLS_CERT and
+    # MEMBERSHIP_TLS_KEY from the environment.
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    # Plaintext, asked for explicitly (--insecure; MEMBERSHIP_INSECURE=1 in the
+    # environment does the same). Neither TLS files nor this: MembershipClient
+    # raises InvalidArgument (secure by default).
+    insecure: bool = False
 
     def validate(self) -> ClientConfig:
         """Checks every value and relation; returns self.
@@ -175,6 +189,18 @@ class ClientConfig:
                 "shorter one aborts healthy connections on a few retransmissions"
             )
         return self
+
+    def transport_security(self) -> TLSFiles | None:
+        """The TLS files to use, or None for plaintext: these fields first, then
+        the environment (:func:`membership.tls.resolve`).
+
+        Raises:
+            InvalidArgument: neither TLS files nor insecure (secure by
+                default), both, or only some of the three files.
+        """
+        from membership.tls import resolve
+
+        return resolve(ca=self.tls_ca, cert=self.tls_cert, key=self.tls_key, insecure=self.insecure)
 
     def channel_options(self) -> list[tuple[str, int]]:
         """gRPC channel options for every connection to an arbiter.

@@ -71,6 +71,8 @@ class Demo:
         origin: monotonic time the printed times count from (default: the
             process's start).
         out: prints one line (default: print to stdout, flushed).
+        tls: mutual TLS with certificates made in the temporary folder
+            (default); False runs plaintext (``--insecure``).
 
     Raises:
         DemoError: from :meth:`run`, when a step does not happen in time.
@@ -82,7 +84,9 @@ class Demo:
         keep_logs: Path | None = None,
         origin: float | None = None,
         out: Callable[[str], None] | None = None,
+        tls: bool = True,
     ) -> None:
+        self.tls = tls
         self.nodes = [f"n{i}" for i in range(1, nodes + 1)]
         self.keep_logs = keep_logs
         self.origin = command_started() if origin is None else origin
@@ -111,7 +115,7 @@ class Demo:
                 longer than ``timeout``.
         """
         self.tmp = Path(tempfile.mkdtemp(prefix="membership-demo-"))
-        self.cluster = LocalCluster(self.tmp, merge_output=True)
+        self.cluster = LocalCluster(self.tmp, merge_output=True, tls=self.tls)
         scenario = asyncio.ensure_future(self._scenario(self.cluster))
         stopper = asyncio.ensure_future(stop.wait())
         try:
@@ -134,12 +138,15 @@ class Demo:
 
     async def _scenario(self, cluster: LocalCluster) -> None:
         from membership.client import MembershipClient, reap
-        from membership.config import ClientConfig
 
         out = self.out
+        if self.tls:
+            out(f"mutual TLS: a CA and one certificate per process in {cluster.certs.folder}")
         out("starting 3 arbiter replicas (a1, a2, a3) on loopback ...")
         cluster.start_arbiters(3)
-        client = MembershipClient(cluster.addresses, config=ClientConfig(follow_view=False))
+        client = MembershipClient(
+            cluster.addresses, config=cluster.client_config(follow_view=False)
+        )
         follower = ViewFollower(client, show=self._show)
         task: asyncio.Task[None] | None = None
         try:

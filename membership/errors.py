@@ -16,6 +16,7 @@ __all__ = [
     "LocalError",
     "MembershipError",
     "NoQuorum",
+    "PermissionDenied",
     "RejectedError",
     "RemoteError",
     "UnavailableError",
@@ -45,6 +46,12 @@ class ClusterMismatch(InvalidArgument):
     def __init__(self, message: str, identities: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.identities = dict(identities or {})
+
+
+class PermissionDenied(InvalidArgument):
+    """The arbiters refused this client's certificate for what it asked (PERMISSION_DENIED:
+    a node certificate that does not name this node id, say); the message names the
+    certificate and what it may do (docs/security.md)."""
 
 
 class ClosedError(LocalError):

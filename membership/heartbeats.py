@@ -33,7 +33,9 @@ Rules:
 6. The link never ends silently: it logs what failed and goes on, until the
    session ends or the client closes. A refusal that names a cluster
    mismatch (FAILED_PRECONDITION from a replica of another cluster) ends it
-   with :class:`~membership.errors.ClusterMismatch`, for the client to end.
+   with :class:`~membership.errors.ClusterMismatch`, for the client to end;
+   so does a refusal of this client's certificate (PERMISSION_DENIED or
+   UNAUTHENTICATED), with :class:`~membership.errors.PermissionDenied`.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import grpc
 
 from membership.aiotools import reap
 from membership.backoff import Backoff
-from membership.errors import ClusterMismatch
+from membership.errors import ClusterMismatch, PermissionDenied
 from membership.transport import Channels
 from membership.v1 import membership_pb2 as pb
 
@@ -96,6 +98,10 @@ class LinkOwner(Protocol):
     def finished(self) -> bool:
         """True once heartbeats must stop (session ended, client closing)."""
         ...
+
+
+# A refusal of the caller's certificate: no retry can change it.
+_DENIED = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
 
 
 class _Stream:
@@ -224,12 +230,13 @@ class HeartbeatLink:
 
         Raises:
             ClusterMismatch: the arbiter belongs to another cluster.
+            PermissionDenied: the arbiter refused our certificate for this node.
         """
         try:
             while not self._owner.finished():
                 try:
                     await self._serve()
-                except (asyncio.CancelledError, ClusterMismatch):
+                except (asyncio.CancelledError, ClusterMismatch, PermissionDenied):
                     raise
                 except Exception:
                     log.exception("heartbeat link to %s failed; restarting it", self.address)
@@ -322,6 +329,9 @@ class HeartbeatLink:
             if "cluster mismatch" in detail:
                 await self._drop(st)
                 raise ClusterMismatch(f"{self.address}: {detail}")
+        if err is not None and err.code() in _DENIED:
+            await self._drop(st)
+            raise PermissionDenied(f"{self.address}: {err.code().name}: {err.details()}")
         reason = st.outcome()
         if err is not None and err.code() in (
             grpc.StatusCode.INVALID_ARGUMENT,

@@ -23,6 +23,17 @@ Rules:
    ``merge_output``.
 3. :meth:`LocalCluster.kill_all` leaves no child behind (SIGKILL, then
    reaped); it never raises.
+4. Security: with ``tls=True`` the cluster makes a CA and certificates in
+   ``<workdir>/tls`` (:mod:`membership.pki`; files as ``membership certs
+   init`` names them) and gives every child its own: an arbiter the
+   certificate of its ``--id``, a node that of its ``--id`` (issued when
+   first started), any other command the ``admin`` certificate (it may read
+   and administer); :meth:`LocalCluster.client_config` is the same for an
+   SDK client in this process. ``tls=False`` passes ``--insecure`` to every
+   child; None (the default) passes neither: the environment decides
+   (``MEMBERSHIP_TLS_*``, ``MEMBERSHIP_INSECURE``; the test suite sets
+   ``MEMBERSHIP_INSECURE=1``). A command line that already has ``--tls-ca``
+   or ``--insecure`` is left as it is.
 """
 
 from __future__ import annotations
@@ -186,6 +197,10 @@ class LocalCluster:
         log_level: ``--log-level`` of every child (None: the command's default).
         merge_output: stdout and stderr of a child in one ``<name>.log``.
         env: environment of the children (default: this process's).
+        tls: True for mutual TLS with certificates made here, False for
+            ``--insecure``, None to leave it to the environment (rule 4).
+        cluster: the cluster name of the certificates (the replicas'
+            ``--cluster``; give it in ``arbiter_args`` too when not ``default``).
     """
 
     workdir: Path
@@ -193,8 +208,51 @@ class LocalCluster:
     log_level: str | None = "info"
     merge_output: bool = False
     env: Mapping[str, str] | None = None
+    tls: bool | None = None
+    cluster: str = "default"
     arbiters: dict[str, str] = field(default_factory=dict)
     children: dict[str, Child] = field(default_factory=dict)
+    _certs: Any = None
+
+    @property
+    def certs(self) -> Any:
+        """The cluster's :class:`membership.certs.ClusterCertificates` in ``<workdir>/tls``."""
+        from membership.certs import ClusterCertificates
+
+        if self._certs is None:
+            self._certs = ClusterCertificates(self.workdir / "tls", self.cluster)
+        return self._certs
+
+    def security_flags(self, argv: Sequence[str]) -> list[str]:
+        """The flags rule 4 adds to ``membership ARGV``."""
+        if self.tls is None or "--tls-ca" in argv or "--insecure" in argv or not argv:
+            return []
+        command = argv[0]
+        if command not in ("arbiter", "node", "watch", "view", "admin"):
+            return []
+        if not self.tls:
+            return ["--insecure"]
+        name = argv[list(argv).index("--id") + 1] if "--id" in argv else "admin"
+        role = {"arbiter": "arbiter", "node": "node"}.get(command, "admin")
+        return self.certs.files(name, role).flags()
+
+    def client_config(self, **fields: Any) -> Any:
+        """A :class:`membership.config.ClientConfig` for an SDK client of this cluster
+        in this process (rule 4: the ``admin`` certificate, ``insecure``, or the
+        environment's choice), with ``fields``."""
+        from membership.config import ClientConfig
+
+        if self.tls:
+            files = self.certs.files("admin", "admin")
+            fields = {
+                "tls_ca": str(files.ca),
+                "tls_cert": str(files.cert),
+                "tls_key": str(files.key),
+                **fields,
+            }
+        elif self.tls is False:
+            fields = {"insecure": True, **fields}
+        return ClientConfig(**fields)
 
     @property
     def addresses(self) -> list[str]:
@@ -242,7 +300,8 @@ class LocalCluster:
         return child
 
     def spawn(self, name: str, *args: str, log_level: str | None = None) -> Child:
-        """Starts ``membership ARGS`` as child ``name``."""
+        """Starts ``membership ARGS`` as child ``name`` (with rule 4's flags)."""
+        args = (*args, *self.security_flags(args))
         return self.spawn_command(
             name, membership_command(*args, log_level=log_level or self.log_level)
         )

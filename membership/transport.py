@@ -17,11 +17,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import grpc
 
+from membership import tls
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from membership.config import ClientConfig
 
 __all__ = ["Channels"]
 
@@ -33,18 +38,47 @@ class Channels:
 
     Args:
         options: gRPC channel options for every channel (keepalive, backoff).
+        credentials: TLS credentials (:func:`membership.tls.channel_credentials`);
+            None for plaintext.
     """
 
-    def __init__(self, options: Sequence[tuple[str, int]]) -> None:
+    def __init__(
+        self,
+        options: Sequence[tuple[str, int]],
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
         self._options = [*options, _OWN_CONNECTION]
+        self._credentials = credentials
+        self.tls: tls.LoadedTLS | None = None
+        """The TLS files in use (checked), or None for plaintext."""
         self._cached: dict[str, grpc.aio.Channel] = {}
         self._closed = False
+
+    @classmethod
+    def of(cls, config: ClientConfig) -> Channels:
+        """Channels with ``config``'s options and transport security: its TLS
+        files (or the environment's) loaded and checked, or plaintext when
+        ``insecure`` is asked for (:meth:`ClientConfig.transport_security`).
+
+        Raises:
+            InvalidArgument: no TLS settings and no insecure (secure by
+                default), or files that are missing, not PEM or do not
+                match (:func:`membership.tls.load`).
+        """
+        files = config.transport_security()
+        loaded = None if files is None else tls.load(files)
+        channels = cls(
+            config.channel_options(),
+            None if loaded is None else tls.channel_credentials(loaded),
+        )
+        channels.tls = loaded
+        return channels
 
     def stub(self, address: str) -> pb_grpc.MembershipStub:
         """A stub on the cached channel to ``address`` (created on first use)."""
         ch = self._cached.get(address)
         if ch is None:
-            ch = grpc.aio.insecure_channel(address, options=self._options)
+            ch = self._channel(address)
             self._cached[address] = ch
         return pb_grpc.MembershipStub(ch)
 
@@ -55,8 +89,13 @@ class Channels:
 
     def fresh(self, address: str) -> tuple[grpc.aio.Channel, pb_grpc.MembershipStub]:
         """A new channel to ``address`` with a connection of its own; the caller closes it."""
-        ch = grpc.aio.insecure_channel(address, options=self._options)
+        ch = self._channel(address)
         return ch, pb_grpc.MembershipStub(ch)
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        if self._credentials is None:
+            return grpc.aio.insecure_channel(address, options=self._options)
+        return grpc.aio.secure_channel(address, self._credentials, options=self._options)
 
     def discard(self, address: str) -> None:
         """Drops the cached channel to ``address`` (it may sit on a wedged connection)."""

@@ -14,6 +14,11 @@ import pytest
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 # gRPC core's informational lines (GOAWAY received...) are noise in test output.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+# Secure by default: every command and client needs TLS files or an explicit
+# plaintext choice. Tests that are not about TLS run plaintext; this process
+# and every child it starts inherit it. TLS tests clear it for their children
+# (tests/integration/test_tls.py).
+os.environ["MEMBERSHIP_INSECURE"] = "1"
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -16,13 +16,16 @@ from arbiter.config import ArbiterConfig
 from arbiter.core.replica import RestoreError
 from arbiter.core.tally import ViewChange
 from arbiter.server.admin import AdminServicer
+from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
 from arbiter.server.driver import Driver, ReplicaStatus
 from arbiter.server.hub import Hub, HubStatus
 from arbiter.server.peers import PeerServicer, PeerTransport
+from arbiter.server.security import announce_security, check_replica_cert, reload_tls
 from arbiter.server.servicers import MembershipServicer
 from arbiter.server.storage import Storage, StorageError
 from arbiter.v1 import peer_pb2_grpc
 from membership.errors import InvalidArgument
+from membership.tls import LoadedTLS, ServerCredentials, channel_credentials
 from membership.v1 import membership_pb2_grpc
 
 __all__ = [
@@ -256,6 +259,11 @@ class ArbiterServer:
         data_dir: the directory of this replica's durable Raft state (created
             if missing). None keeps it in memory only: a restarted replica
             then comes back empty, which Raft cannot tolerate; for tests.
+        tls: this replica's CA, certificate and key (:func:`membership.tls.load`):
+            mutual TLS on its port and to its peers, and the
+            :class:`arbiter.server.authz.MutualTLS` policy. None is plaintext
+            with :class:`arbiter.server.authz.AllowAll` (``--insecure``; the
+            command line refuses to start without one or the other).
 
     Raises:
         InvalidArgument: when the id is not among the peers or the config is invalid.
@@ -269,16 +277,22 @@ class ArbiterServer:
         listen: str,
         config: ArbiterConfig | None = None,
         data_dir: Path | None = None,
+        tls: LoadedTLS | None = None,
     ) -> None:
         if replica_id not in peers:
             raise InvalidArgument(
                 f"--id {replica_id!r} is not in --peers ({', '.join(peers)}); list every replica"
             )
         self.config = (config or ArbiterConfig.lan()).validate()
+        if tls is not None:
+            check_replica_cert(tls, self.config.cluster, replica_id)
         self.replica_id = replica_id
         self.peers = dict(peers)
         self.listen = listen
         self.data_dir = data_dir
+        self.tls = tls
+        self._server_credentials = None if tls is None else ServerCredentials(tls)
+        self.authz: Authorizer = AllowAll() if tls is None else MutualTLS(self.config.cluster)
         self._storage: Storage | None = None
         self._server: grpc.aio.Server | None = None
         self._stopped = asyncio.Event()
@@ -327,6 +341,7 @@ class ArbiterServer:
             cluster=identity,
             report_unreachable=lambda p: self.driver.report_unreachable(p),
             channel_options=channel_options(cfg),
+            credentials=None if self.tls is None else channel_credentials(self.tls),
         )
         self.hub = Hub(
             view=lambda: self.driver.state.view(),
@@ -347,21 +362,25 @@ class ArbiterServer:
             )
         except RestoreError as e:
             raise StorageError(f"data dir {self.data_dir}: {e}") from None
-        self.api = MembershipServicer(self.driver, self.hub, cluster=identity)
+        self.api = MembershipServicer(self.driver, self.hub, cluster=identity, authz=self.authz)
         self.health = health.aio.HealthServicer()
         server = grpc.aio.server(options=server_options(cfg))
         membership_pb2_grpc.add_MembershipServicer_to_server(self.api, server)
-        self.admin_api = AdminServicer(self.driver, cluster=identity)
+        self.admin_api = AdminServicer(self.driver, cluster=identity, authz=self.authz)
         membership_pb2_grpc.add_AdminServicer_to_server(self.admin_api, server)
         self.peer_api = PeerServicer(
             cluster=identity,
             deliver=lambda m: self.driver.on_raft_message(m),
             known=set(self.peers),
+            authz=self.authz,
         )
         peer_pb2_grpc.add_PeerServicer_to_server(self.peer_api, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         try:
-            port = server.add_insecure_port(self.listen)
+            if self._server_credentials is None:
+                port = server.add_insecure_port(self.listen)
+            else:
+                port = server.add_secure_port(self.listen, self._server_credentials.credentials)
         except RuntimeError:
             port = 0
         if port == 0:  # taken since check_bindable, or refused by gRPC alone
@@ -373,6 +392,7 @@ class ArbiterServer:
         await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
         self.driver.start()
         self.transport.start()
+        announce_security(self.replica_id, self.listen, self.tls)
         log.info(
             "arbiter %s listening on %s (peers: %s; %s detector, suspect after %.2fs at the "
             "%.3gs interval, which grows past %d nodes up to %.3gs: D up to %.2fs; data dir %s)",
@@ -387,6 +407,10 @@ class ArbiterServer:
             cfg.suspect_after * cfg.max_heartbeat_interval / cfg.heartbeat_interval,
             self.data_dir or "none (in memory)",
         )
+
+    def reload_tls(self) -> bool:
+        """SIGHUP: re-reads the TLS files for new handshakes (:func:`reload_tls`)."""
+        return reload_tls(self, getattr(self, "transport", None))
 
     def _fatal(self, reason: str) -> None:
         """The driver found this replica unfit to take part: stop serving, say why."""

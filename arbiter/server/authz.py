@@ -8,7 +8,7 @@ UNAUTHENTICATED when the caller presented no identity at all).
 
 ``AllowAll`` is the ``--insecure`` policy: plaintext, nobody authenticated,
 everything allowed. The mutual-TLS policy reads the caller's identity from
-its certificate (see :mod:`membership.tls`).
+its certificate (see :mod:`membership.grants`): :class:`MutualTLS`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from typing import Protocol
 
 import grpc
 
-__all__ = ["AllowAll", "Authorizer", "Refusal"]
+from membership.grants import Identity, peer_identity
+
+__all__ = ["AllowAll", "Authorizer", "MutualTLS", "Refusal"]
 
 
 class Refusal(str):
@@ -56,3 +58,69 @@ class AllowAll:
 
     def admin(self, context: grpc.aio.ServicerContext) -> Refusal | None:
         return None
+
+
+class MutualTLS:
+    """The mutual-TLS policy: rights from the caller's certificate (:mod:`membership.grants`).
+
+    The identity is parsed once per certificate (cached by its bytes), and
+    each call or stream asks once, so no heartbeat pays for it.
+
+    Args:
+        cluster: this replica's cluster name (``--cluster``): the trust
+            domain a certificate's URIs must name to grant anything here.
+    """
+
+    def __init__(self, cluster: str) -> None:
+        self.cluster = cluster
+
+    def _identity(self, context: grpc.aio.ServicerContext) -> Identity | Refusal:
+        identity = peer_identity(context)
+        if identity is None:
+            refusal = Refusal("no client certificate: mutual TLS requires one of this cluster")
+            refusal.code = grpc.StatusCode.UNAUTHENTICATED
+            return refusal
+        return identity
+
+    def identity(self, context: grpc.aio.ServicerContext) -> str:
+        """The caller's certificate identities, for records such as ``removed_by`` ("" if none)."""
+        identity = peer_identity(context)
+        return "" if identity is None else identity.names()
+
+    def _refuse(self, identity: Identity, wanted: str) -> Refusal:
+        return Refusal(
+            f"certificate {identity.names()} may not {wanted}: it may "
+            f"{identity.rights(self.cluster)}"
+        )
+
+    def node(self, context: grpc.aio.ServicerContext, node_id: str) -> Refusal | None:
+        identity = self._identity(context)
+        if isinstance(identity, Refusal):
+            return identity
+        if identity.may_node(self.cluster, node_id):
+            return None
+        return self._refuse(identity, f"speak for node {node_id!r}")
+
+    def replica(self, context: grpc.aio.ServicerContext, replica_id: str) -> Refusal | None:
+        identity = self._identity(context)
+        if isinstance(identity, Refusal):
+            return identity
+        if identity.may_replica(self.cluster, replica_id):
+            return None
+        return self._refuse(identity, f"send raft traffic as replica {replica_id!r}")
+
+    def reader(self, context: grpc.aio.ServicerContext) -> Refusal | None:
+        identity = self._identity(context)
+        if isinstance(identity, Refusal):
+            return identity
+        if identity.may_read(self.cluster):
+            return None
+        return self._refuse(identity, f"read the view of cluster {self.cluster}")
+
+    def admin(self, context: grpc.aio.ServicerContext) -> Refusal | None:
+        identity = self._identity(context)
+        if isinstance(identity, Refusal):
+            return identity
+        if identity.may_admin(self.cluster):
+            return None
+        return self._refuse(identity, f"administer cluster {self.cluster}")

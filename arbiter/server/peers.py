@@ -30,6 +30,7 @@ import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type
 
 from arbiter.core.raft import Entry, Message, MessageType, Snapshot
+from arbiter.server.authz import AllowAll, Authorizer
 from arbiter.v1 import peer_pb2, peer_pb2_grpc
 from membership.backoff import Backoff
 
@@ -136,15 +137,31 @@ class _StreamBroken(Exception):
     pass
 
 
+def _channel(
+    address: str, options: list[tuple[str, int]], credentials: grpc.ChannelCredentials | None
+) -> grpc.aio.Channel:
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=options)
+    return grpc.aio.secure_channel(address, credentials, options=options)
+
+
 class _Peer:
-    def __init__(self, peer_id: str, address: str, options: list[tuple[str, int]]) -> None:
+    def __init__(
+        self,
+        peer_id: str,
+        address: str,
+        options: list[tuple[str, int]],
+        credentials: grpc.ChannelCredentials | None,
+    ) -> None:
         self.peer_id = peer_id
         self.address = address
         self.outbox: collections.deque[peer_pb2.RaftMessage] = collections.deque(
             maxlen=OUTBOX_LIMIT
         )
         self.ready = asyncio.Event()
-        self.channel = grpc.aio.insecure_channel(address, options=options)
+        self.options = options
+        self.credentials = credentials
+        self.channel = _channel(address, options, credentials)
         self.stub = peer_pb2_grpc.PeerStub(self.channel)
         self.task: asyncio.Task[None] | None = None
         self.connected = False
@@ -164,6 +181,8 @@ class PeerTransport:
         cluster: cluster name stamped on every message.
         report_unreachable: called with a peer id when sending to it fails.
         channel_options: gRPC channel options (keepalive).
+        credentials: TLS client credentials (this replica's own certificate
+            as the client certificate); None for plaintext.
     """
 
     def __init__(
@@ -174,13 +193,32 @@ class PeerTransport:
         cluster: str,
         report_unreachable: Callable[[str], None],
         channel_options: list[tuple[str, int]],
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self._self_id = self_id
         self._cluster = cluster
         self._report = report_unreachable
+        self._credentials = credentials
         self._peers = {
-            pid: _Peer(pid, addr, channel_options) for pid, addr in peers.items() if pid != self_id
+            pid: _Peer(pid, addr, channel_options, credentials)
+            for pid, addr in peers.items()
+            if pid != self_id
         }
+
+    def set_credentials(self, credentials: grpc.ChannelCredentials) -> None:
+        """New TLS client credentials (rotation): each peer's next connection uses
+        them; a stream open now stays on its connection."""
+        self._credentials = credentials
+
+    async def _renew_channel(self, peer: _Peer) -> None:
+        """Between two streams: a new channel when the credentials changed."""
+        if peer.credentials is self._credentials:
+            return
+        old = peer.channel
+        peer.credentials = self._credentials
+        peer.channel = _channel(peer.address, peer.options, peer.credentials)
+        peer.stub = peer_pb2_grpc.PeerStub(peer.channel)
+        await old.close(grace=None)
 
     def start(self) -> None:
         """Starts one sender task per peer."""
@@ -289,6 +327,7 @@ class PeerTransport:
         )
         async for attempt in retrying:
             with attempt:
+                await self._renew_channel(peer)
                 peer.generation += 1
                 peer.ready.set()  # stale readers wake, see the new generation and stop
                 call = peer.stub.Raft(self._messages(peer, peer.generation))
@@ -331,11 +370,20 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         cluster: this cluster's name; messages stamped with another are refused.
         deliver: called with each decoded message.
         known: the configured replica ids; other senders are refused.
+        authz: who may send as which replica (checked on each stream's first
+            message: under mutual TLS the certificate must be ``arbiter/<src>``;
+            a later message claiming another ``src`` ends the stream).
     """
 
     def __init__(
-        self, *, cluster: str, deliver: Callable[[Message], None], known: set[str]
+        self,
+        *,
+        cluster: str,
+        deliver: Callable[[Message], None],
+        known: set[str],
+        authz: Authorizer | None = None,
     ) -> None:
+        self.authz: Authorizer = authz or AllowAll()
         self._cluster = cluster
         self._deliver = deliver
         self._refused: set[str] = set()
@@ -359,9 +407,21 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         context: grpc.aio.ServicerContext,
     ) -> peer_pb2.RaftStreamClosed:
         assembler = SnapshotAssembler()
+        sender: str | None = None
         async for pb in request_iterator:
             if self._closing:
                 break
+            if sender is None:
+                refusal = self.authz.replica(context, pb.src)
+                if refusal is not None:
+                    self._refuse(f"tls:{pb.src}", f"{context.peer()} as {pb.src}: {refusal}")
+                    await context.abort(refusal.code, str(refusal))
+                sender = pb.src
+            elif pb.src != sender:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"src changed from {sender!r} to {pb.src!r} within one raft stream",
+                )
             if pb.cluster != self._cluster:
                 why = (
                     f"replica {pb.src!r} is in cluster {pb.cluster!r}, this one in "

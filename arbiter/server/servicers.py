@@ -32,6 +32,7 @@ import grpc
 from arbiter.core.raft import ProposalDropped
 from arbiter.core.tally import ViewChange
 from arbiter.server.admin import refusal_status
+from arbiter.server.authz import AllowAll, Authorizer, Refusal
 from arbiter.server.driver import Driver
 from arbiter.server.hub import Hub, HubStatus
 from arbiter.server.statusboard import StatusBoard
@@ -80,9 +81,14 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         hub: the fan-out of committed changes to subscribers.
         cluster: this replica's cluster identity, ``name@digest``
             (:func:`arbiter.server.app.cluster_identity`); "" checks nothing.
+        authz: who may do what (:mod:`arbiter.server.authz`); default
+            :class:`AllowAll` (``--insecure``).
     """
 
-    def __init__(self, driver: Driver, hub: Hub, cluster: str = "") -> None:
+    def __init__(
+        self, driver: Driver, hub: Hub, cluster: str = "", authz: Authorizer | None = None
+    ) -> None:
+        self.authz: Authorizer = authz or AllowAll()
         self._driver = driver
         self._hub = hub
         self.cluster = cluster
@@ -96,6 +102,30 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         """Shutdown: heartbeat streams end with UNAVAILABLE so nodes go elsewhere."""
         self._closing.set()
         self._hub.close_all()
+
+    @staticmethod
+    async def _deny(context: grpc.aio.ServicerContext, refusal: Refusal | None) -> None:
+        """Ends the call with the authorizer's refusal, if there is one."""
+        if refusal is not None:
+            log.info("refused %s: %s", context.peer(), refusal)
+            await context.abort(refusal.code, str(refusal))
+
+    async def _as_node(
+        self,
+        requests: AsyncIterator[pb.HeartbeatRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.HeartbeatRequest]:
+        """``requests``, once the caller may speak for the first one's node id (its
+        identity cannot change within the stream; a changed node_id is refused below)."""
+        it = aiter(requests)
+        try:
+            first = await anext(it)
+        except StopAsyncIteration:
+            return
+        await self._deny(context, self.authz.node(context, first.node_id))
+        yield first
+        async for req in it:
+            yield req
 
     def _cluster_mismatch(self, expected: str, who: str) -> str | None:
         """The refusal for a request expecting cluster ``expected`` (None when it matches)."""
@@ -166,6 +196,8 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.HeartbeatAck]:
         """One node's heartbeat stream: an ack for every heartbeat."""
+        if not isinstance(self.authz, AllowAll):  # --insecure: no hop per heartbeat
+            request_iterator = self._as_node(request_iterator, context)
         node_id: str | None = None
         window_start = time.monotonic()
         in_window = 0
@@ -236,6 +268,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         With ``include_status``, also StatusUpdate events: every node whose
         status or suspicions changed, at most once per status interval.
         """
+        await self._deny(context, self.authz.reader(context))
         refusal = self._cluster_mismatch(request.cluster, "subscriber")
         if refusal is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
@@ -369,6 +402,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
     ) -> pb.GetViewResponse:
         """The committed view as this replica has applied it (only its standing and
         epoch with ``summary``)."""
+        await self._deny(context, self.authz.reader(context))
         status = self._driver.status()
         if request.summary:
             view = pb.View(epoch=status.epoch)
@@ -398,6 +432,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         says what this arbiter records). A leave of an incarnation already
         LEFT answers as the first one did.
         """
+        await self._deny(context, self.authz.node(context, request.node_id))
         try:
             validate_node_id(request.node_id)
         except InvalidArgument as e:

@@ -94,6 +94,7 @@ def demo_env(tmp_path: Path) -> Iterator[tuple[dict[str, str], Path, str]]:
     tmp.mkdir()
     mark = uuid.uuid4().hex
     env = {**os.environ, "TMPDIR": str(tmp), "DEMO_TEST_MARK": mark, "PYTHONUNBUFFERED": "1"}
+    env.pop("MEMBERSHIP_INSECURE", None)  # the demo needs no setting: it runs with mutual TLS
     try:
         yield env, tmp, mark
     finally:
@@ -154,6 +155,7 @@ def test_cli_demo_exits_zero_within_60s_leaves_nothing_and_reports_the_total(
     assert proc.returncode == 0, out + err
     assert took < 60
     assert "declared DEAD by a quorum" in out and "summary" in out
+    assert "mutual TLS: a CA and one certificate per process" in out
     total = float(out.rsplit("total ", 1)[1].split("s", 1)[0])
     # The total covers the whole command (start-up and cleanup included), so it is
     # what this test measured from outside, less the interpreter's exit (the

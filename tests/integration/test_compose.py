@@ -3,9 +3,14 @@
 - docker-compose.yml is parsed and its shape checked: Compose specification
   keys only, 3 arbiter replicas with a named volume each for their data dir,
   4 nodes with rack and GPU labels, a watcher, dependencies that exist.
+- Mutual TLS: the one-shot ``certs`` service writes the CA and a certificate
+  per service to the ``certs`` volume (run here into a folder: twice, the
+  second run keeping them), every other service waits for it to complete,
+  mounts the volume and names its own certificate (``MEMBERSHIP_TLS_*``).
 - Every service's command, and the arbiters' health check, passes the CLI's
-  ``--check-config`` (which validates every flag and connects to nothing, so
-  the service names need not resolve).
+  ``--check-config`` with those certificates and that environment (which
+  validates every flag and file and connects to nothing, so the service
+  names need not resolve), and reports the service's own TLS identity.
 - The topology runs as processes, one network namespace per service (the
   chaos suite's :class:`~tests.chaos.netlab.Lab`), with the commands taken from
   the compose file and ``membership`` (the image's ENTRYPOINT) in front. Service
@@ -51,7 +56,7 @@ from tests.chaos.cluster import (
     D,
     window,
 )
-from tests.integration.harness import run_cli, wait_until
+from tests.integration.harness import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +77,16 @@ SPEC_TOP_LEVEL = {
     "configs",
 }
 # The service keys this file may use (all in the Compose specification).
-SERVICE_KEYS = {"build", "image", "command", "volumes", "restart", "depends_on", "healthcheck"}
+SERVICE_KEYS = {
+    "build",
+    "image",
+    "command",
+    "volumes",
+    "restart",
+    "depends_on",
+    "healthcheck",
+    "environment",
+}
 DEPENDS_ON_CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 PORT = 7000
 
@@ -152,7 +166,7 @@ def test_compose_file_three_arbiters_with_named_volumes_four_labelled_nodes_a_wa
     doc = load_compose()
     services = doc["services"]
     roles = services_by_role(doc)
-    assert sorted(roles) == ["arbiter", "node", "watch"], roles
+    assert sorted(roles) == ["arbiter", "certs", "node", "watch"], roles
     arbiters, nodes, watchers = roles["arbiter"], roles["node"], roles["watch"]
     assert len(arbiters) == 3 and len(nodes) == 4 and len(watchers) == 1, roles
 
@@ -183,10 +197,40 @@ def test_compose_file_three_arbiters_with_named_volumes_four_labelled_nodes_a_wa
         labels = dict(label.split("=", 1) for label in flag(command, "--label"))
         assert {"rack", "gpu"} <= set(labels), f"{n}: labels {labels}"
         racks.add(labels["rack"])
-        assert set(depends_on(services[n])) == set(arbiters)
+        assert set(depends_on(services[n])) == set(arbiters) | {"certs"}
     assert len(racks) > 1, "every node on one rack"
     assert flag(services[watchers[0]]["command"], "--arbiters") == arbiter_list
-    assert set(depends_on(services[watchers[0]])) == set(arbiters)
+    assert set(depends_on(services[watchers[0]])) == set(arbiters) | {"certs"}
+
+
+def test_compose_file_every_service_has_its_own_certificate_from_the_certs_service() -> None:
+    doc = load_compose()
+    services = doc["services"]
+    (certs,) = services_by_role(doc)["certs"]
+    command = services[certs]["command"]
+    assert command[:3] == ["certs", "init", "/certs"], command
+    assert "--keep-existing" in command, "a second `up` must not fail on the files of the first"
+    assert services[certs]["restart"] == "no" and "depends_on" not in services[certs]
+    assert services[certs]["volumes"] == ["certs:/certs"] and "certs" in doc["volumes"]
+    issued = {
+        *flag(command, "--arbiters")[0].split(","),
+        *flag(command, "--nodes")[0].split(","),
+        *flag(command, "--observers")[0].split(","),
+    }
+    for name, svc in services.items():
+        if name == certs:
+            continue
+        assert "--insecure" not in svc["command"], name
+        assert depends_on(svc)[certs] == "service_completed_successfully", name
+        assert "certs:/certs:ro" in svc["volumes"], name
+        env = svc["environment"]
+        own = name if name in issued else None
+        assert own is not None, f"{name} has no certificate of its own in {certs}'s command"
+        assert env == {
+            "MEMBERSHIP_TLS_CA": "/certs/ca.pem",
+            "MEMBERSHIP_TLS_CERT": f"/certs/{own}.pem",
+            "MEMBERSHIP_TLS_KEY": f"/certs/{own}-key.pem",
+        }, name
 
 
 def _compose_tools() -> list[list[str]]:
@@ -226,18 +270,84 @@ def test_dockerfile_entrypoint_is_membership_as_a_non_root_user() -> None:
     assert users and users[-1].split(":")[0] not in ("root", "0")
 
 
+def _mapped(word: str, mounts: dict[str, Path]) -> str:
+    """``word`` with a volume's mount target replaced by the volume's folder."""
+    for target, folder in mounts.items():
+        if word == target or word.startswith(target + "/"):
+            return str(folder) + word[len(target) :]
+    return word
+
+
+def _mounts(svc: dict[str, Any], volumes: Path) -> dict[str, Path]:
+    mounts = {}
+    for spec in svc.get("volumes", []):
+        source, target = str(spec).split(":")[:2]
+        mounts[target] = volumes / source
+        mounts[target].mkdir(parents=True, exist_ok=True)
+    return mounts
+
+
+def _service_env(svc: dict[str, Any], mounts: dict[str, Path]) -> dict[str, str]:
+    """The service's environment with volume paths mapped; no MEMBERSHIP_INSECURE
+    (tests/conftest.py sets it for the suite, a container has none)."""
+    env = {k: v for k, v in os.environ.items() if k != "MEMBERSHIP_INSECURE"}
+    env.update({k: _mapped(str(v), mounts) for k, v in (svc.get("environment") or {}).items()})
+    return env
+
+
+@pytest.fixture(scope="module")
+def compose_volumes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The named volumes as folders, after the one-shot certs service ran (twice)."""
+    volumes = tmp_path_factory.mktemp("volumes")
+    doc = load_compose()
+    (certs,) = services_by_role(doc)["certs"]
+    svc = doc["services"][certs]
+    mounts = _mounts(svc, volumes)
+    argv = [_mapped(w, mounts) for w in svc["command"]]
+    for run in (1, 2):
+        r = subprocess.run(
+            [sys.executable, "-m", "membership", *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=_service_env(svc, mounts),
+        )
+        assert r.returncode == 0, f"run {run}: {r.stderr}"
+        if run == 2:  # keeps what the first run wrote
+            assert "kept" in r.stdout and "ca-key.pem" not in r.stdout, r.stdout
+    return volumes
+
+
 @pytest.mark.parametrize("service", sorted(load_compose()["services"]))
-def test_compose_command_passes_check_config(service: str) -> None:
+def test_compose_command_passes_check_config(service: str, compose_volumes: Path) -> None:
     svc = load_compose()["services"][service]
+    if svc["command"][0] == "certs":
+        return  # it ran for real in the compose_volumes fixture
+    mounts = _mounts(svc, compose_volumes)
     argvs = [svc["command"]]
     health = health_command(svc)
     if health is not None:
         assert health[0] == "membership", health
         argvs.append(health[1:])
+    own = Path(svc["environment"]["MEMBERSHIP_TLS_CERT"]).stem
+    role = {"arbiter": "arbiter", "node": "node", "watch": "observer"}[svc["command"][0]]
     for argv in argvs:
-        r = run_cli(*argv, "--check-config")
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "membership",
+                *[_mapped(w, mounts) for w in argv],
+                "--check-config",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=_service_env(svc, mounts),
+        )
         assert r.returncode == 0, f"{shlex.join(argv)}: {r.stderr}"
         assert "configuration OK" in r.stdout.splitlines()[0], r.stdout
+        assert f"tls_identity = spiffe://default/{role}/{own}" in r.stdout, r.stdout
         assert r.stderr == "", r.stderr
 
 
@@ -320,20 +430,20 @@ class ComposeLab:
             ETC_NETNS.rmdir()  # only when empty
 
     def argv(self, name: str, words: list[str]) -> list[str]:
-        """``membership`` + ``words``, with every volume's mount target replaced by the
-        volume's folder."""
-        mounts = {}
-        for spec in self.services[name].get("volumes", []):
-            source, target = str(spec).split(":")[:2]
-            mounts[target] = self.volumes / source
-            mounts[target].mkdir(parents=True, exist_ok=True)
-        out = []
-        for word in words:
-            for target, folder in mounts.items():
-                if word == target or word.startswith(target + "/"):
-                    word = str(folder) + word[len(target) :]
-            out.append(word)
-        return [*self.entrypoint, *out]
+        """``membership`` + ``words`` in the service's environment (``env VAR=...``,
+        MEMBERSHIP_INSECURE cleared), with every volume's mount target replaced by
+        the volume's folder."""
+        svc = self.services[name]
+        mounts = _mounts(svc, self.volumes)
+        env = [f"{k}={_mapped(str(v), mounts)}" for k, v in (svc.get("environment") or {}).items()]
+        return [
+            "env",
+            "-u",
+            "MEMBERSHIP_INSECURE",
+            *env,
+            *self.entrypoint,
+            *[_mapped(w, mounts) for w in words],
+        ]
 
     def start(self, name: str) -> netlab.Proc:
         argv = self.argv(name, self.services[name]["command"])
@@ -356,6 +466,10 @@ class ComposeLab:
                 if condition == "service_healthy" and dep not in healthy:
                     wait_until(partial(self.healthy, dep), START_WITHIN, f"{dep} healthy", 0.5)
                     healthy.add(dep)
+                if condition == "service_completed_successfully":
+                    done = self.procs[dep]
+                    rc = done.wait(timeout=START_WITHIN)
+                    assert rc == 0, f"{dep} exited {rc}: {done.stderr()[-2000:]}"
             self.start(name)
 
     def role(self, role: str) -> list[str]:
