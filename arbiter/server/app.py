@@ -57,6 +57,7 @@ def server_options(config: ArbiterConfig) -> list[tuple[str, int]]:
     keepalive_timeout_ms = int(config.keepalive_timeout * 1000)
     return [
         ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_concurrent_streams", config.max_concurrent_streams),
         ("grpc.keepalive_time_ms", int(config.keepalive_time * 1000)),
         ("grpc.keepalive_timeout_ms", keepalive_timeout_ms),
         ("grpc.http2.ping_timeout_ms", keepalive_timeout_ms),

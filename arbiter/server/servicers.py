@@ -33,6 +33,7 @@ from arbiter.core.raft import ProposalDropped
 from arbiter.core.tally import ViewChange
 from arbiter.server.driver import Driver
 from arbiter.server.hub import Hub, HubStatus
+from arbiter.server.limits import HeartbeatStreamRules, LimitExceeded, Throttle
 from arbiter.server.statusboard import StatusBoard
 from membership import convert
 from membership.errors import InvalidArgument
@@ -88,6 +89,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         self._config = driver.config
         self._closing = asyncio.Event()
         self.heartbeat_streams = 0
+        self.subscriptions = 0
         self.board = StatusBoard()
         self._pruned_at = time.monotonic()
 
@@ -164,46 +166,46 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         request_iterator: AsyncIterator[pb.HeartbeatRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.HeartbeatAck]:
-        """One node's heartbeat stream: an ack for every heartbeat."""
-        node_id: str | None = None
-        window_start = time.monotonic()
-        in_window = 0
+        """One node's heartbeat stream: an ack for every heartbeat (the stream rules of
+        :mod:`arbiter.server.limits`, then the driver's verdict)."""
+        cfg = self._config
+        if self.heartbeat_streams >= cfg.max_heartbeat_streams:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"max_heartbeat_streams: {self.heartbeat_streams} heartbeat streams are open "
+                f"on arbiter {self._driver.replica_id} (the limit is "
+                f"{cfg.max_heartbeat_streams}); try another arbiter",
+            )
+        rules = HeartbeatStreamRules()
+        throttle = Throttle(cfg.max_heartbeat_rate, cfg.heartbeat_rate_margin)
         self.heartbeat_streams += 1
         try:
             async for req in request_iterator:
                 if self._closing.is_set():
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
                 try:
-                    _check_heartbeat(
-                        req, self._config.heartbeat_interval, self._config.max_heartbeat_interval
-                    )
+                    wait = throttle.admit(time.monotonic())
+                    _check_heartbeat(req, cfg.heartbeat_interval, cfg.max_heartbeat_interval)
+                    first = rules.check(req.node_id, req.incarnation, req.seq)
+                    if first:
+                        self._check_new_node(req.node_id)
                 except InvalidArgument as e:
                     log.info("heartbeat refused from %s: %s", context.peer(), e)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                except LimitExceeded as e:
+                    log.info("heartbeat stream cut from %s: %s", context.peer(), e)
+                    await context.abort(e.code, str(e))
                 refusal = self._cluster_mismatch(req.cluster, f"node {req.node_id}")
                 if refusal is not None:
                     log.info("heartbeat refused from %s: %s", context.peer(), refusal)
                     await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
-                if node_id is None:
-                    node_id = req.node_id
-                elif req.node_id != node_id:
-                    await context.abort(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        f"node_id changed from {node_id!r} to {req.node_id!r} within one stream",
-                    )
-                now = time.monotonic()
-                if now - window_start >= 1.0:
-                    window_start, in_window = now, 0
-                in_window += 1
-                if in_window > self._config.max_heartbeat_rate:
-                    await context.abort(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"more than {self._config.max_heartbeat_rate:g} heartbeats per second "
-                        f"on one stream; follow next_interval_seconds",
-                    )
+                if wait > 0:
+                    # Throttled (limits rule 3): handled, and acked, once its token is there.
+                    await asyncio.sleep(wait)
                 verdict = self._driver.on_heartbeat(
                     req.node_id, req.incarnation, req.labels, req.interval_seconds or None
                 )
+                now = time.monotonic()
                 if verdict.accepted:
                     self.board.update(req.node_id, req.incarnation, req.status, now)
                     if now - self._pruned_at > 10.0:
@@ -227,14 +229,67 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         finally:
             self.heartbeat_streams -= 1
 
-    async def Subscribe(
+    def _check_new_node(self, node_id: str) -> None:
+        """Refuses a node id this replica does not know once it tracks ``max_nodes``.
+
+        Raises:
+            LimitExceeded: naming max_nodes.
+        """
+        driver = self._driver
+        tracked = driver.observer.tracked()
+        if (
+            tracked >= self._config.max_nodes
+            and driver.observer.opinion(node_id) is None
+            and driver.state.member(node_id) is None
+        ):
+            raise LimitExceeded(
+                f"max_nodes: arbiter {driver.replica_id} tracks {tracked} nodes (the limit is "
+                f"{self._config.max_nodes}) and does not know {node_id!r}"
+            )
+
+    async def Subscribe(  # type: ignore[override]  # writes with context.write (a timeout)
         self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.MembershipEvent]:
+    ) -> None:
         """Snapshot or resumed changes, then every change, quorum status and progress.
 
         With ``include_status``, also StatusUpdate events: every node whose
         status or suspicions changed, at most once per status interval.
+
+        At most ``max_subscribers`` at once; an event that gRPC does not take
+        within ``subscriber_write_timeout`` (the subscriber does not read)
+        ends the call, both with RESOURCE_EXHAUSTED.
         """
+        cfg = self._config
+        if self.subscriptions >= cfg.max_subscribers:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"max_subscribers: {self.subscriptions} subscriptions are open on arbiter "
+                f"{self._driver.replica_id} (the limit is {cfg.max_subscribers}); "
+                "subscribe to another arbiter",
+            )
+        self.subscriptions += 1
+        try:
+            await self._subscription(request, context)
+        finally:
+            self.subscriptions -= 1
+
+    async def _send(self, context: grpc.aio.ServicerContext, event: pb.MembershipEvent) -> None:
+        """Writes one event to a subscriber, or ends the call if it does not read."""
+        timeout = self._config.subscriber_write_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                await context.write(event)
+        except TimeoutError:
+            log.info("subscriber %s does not read: its subscription is ended", context.peer())
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"subscriber_write_timeout: an event waited more than {timeout:g}s to be sent "
+                "(the subscriber does not read); resume from the last epoch received",
+            )
+
+    async def _subscription(
+        self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
+    ) -> None:
         refusal = self._cluster_mismatch(request.cluster, "subscriber")
         if refusal is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
@@ -252,8 +307,13 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         loop = asyncio.get_running_loop()
         next_status = loop.time() if request.include_status else math.inf
         status = self._driver.status()
-        yield self._quorum_event(
-            HubStatus(in_quorum=status.in_quorum, leader_id=status.leader_id, epoch=status.epoch)
+        await self._send(
+            context,
+            self._quorum_event(
+                HubStatus(
+                    in_quorum=status.in_quorum, leader_id=status.leader_id, epoch=status.epoch
+                )
+            ),
         )
         state = self._driver.state
         if request.since_epoch > 0 and (
@@ -269,27 +329,30 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 # a status must never arrive before the view it refers to.
                 if loop.time() >= next_status and not sub.queue:
                     for update in self._status_updates(sent):
-                        yield self._event(status=update)
+                        await self._send(context, self._event(status=update))
                     next_status = loop.time() + status_every
                 item = await sub.get(max(0.0, min(next_progress, next_status) - loop.time()))
                 if item is None:
                     if sub.closed:
                         break
                     if loop.time() >= next_progress:
-                        yield self._event(
-                            progress=pb.Progress(
-                                epoch=self._driver.state.epoch,
-                                in_quorum=self._driver.status().in_quorum,
-                                progress_interval_seconds=self._config.progress_interval,
+                        await self._send(
+                            context,
+                            self._event(
+                                progress=pb.Progress(
+                                    epoch=self._driver.state.epoch,
+                                    in_quorum=self._driver.status().in_quorum,
+                                    progress_interval_seconds=self._config.progress_interval,
+                                ),
                             ),
                         )
                         next_progress = loop.time() + self._config.progress_interval
                     continue
                 next_progress = loop.time() + self._config.progress_interval
                 if isinstance(item, View):
-                    yield self._event(snapshot=pb.ViewSnapshot(view=self._view_pb(item)))
+                    event = self._event(snapshot=pb.ViewSnapshot(view=self._view_pb(item)))
                 elif isinstance(item, ViewChange):
-                    yield self._event(
+                    event = self._event(
                         change=pb.ViewChange(
                             epoch=item.epoch,
                             changes=[convert.change_to_pb(c) for c in item.changes],
@@ -297,7 +360,8 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     )
                 else:
                     assert isinstance(item, HubStatus)
-                    yield self._quorum_event(item)
+                    event = self._quorum_event(item)
+                await self._send(context, event)
         finally:
             self._hub.unsubscribe(sub)
 
