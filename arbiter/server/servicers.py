@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from arbiter.core.raft import ProposalDropped
 from arbiter.core.tally import ViewChange
@@ -69,6 +70,21 @@ def _check_heartbeat(req: pb.HeartbeatRequest, min_interval: float, max_interval
             f"interval_seconds must be 0 (the arbiter's default) or in "
             f"[{min_interval:g}, {max_interval:g}] (an interval the arbiters suggest), "
             f"got {req.interval_seconds}"
+        )
+
+
+async def _decoded(
+    requests: AsyncIterator[pb.HeartbeatRequest], context: grpc.aio.ServicerContext
+) -> AsyncIterator[pb.HeartbeatRequest]:
+    """The stream's heartbeats; one that does not decode ends it with INVALID_ARGUMENT
+    (gRPC decodes a stream's messages inside the handler, where it would be UNKNOWN)."""
+    try:
+        async for req in requests:
+            yield req
+    except DecodeError as e:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"HeartbeatRequest: the message does not decode ({e})",
         )
 
 
@@ -180,7 +196,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         throttle = Throttle(cfg.max_heartbeat_rate, cfg.heartbeat_rate_margin)
         self.heartbeat_streams += 1
         try:
-            async for req in request_iterator:
+            async for req in _decoded(request_iterator, context):
                 if self._closing.is_set():
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
                 try:
