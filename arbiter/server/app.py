@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from arbiter.config import ArbiterConfig
 from arbiter.core.replica import RestoreError
 from arbiter.core.tally import ViewChange
+from arbiter.server.decoding import DecodeRefusal
 from arbiter.server.driver import Driver, ReplicaStatus
 from arbiter.server.hub import Hub, HubStatus
 from arbiter.server.peers import PeerServicer, PeerTransport
@@ -349,7 +350,7 @@ class ArbiterServer:
             raise StorageError(f"data dir {self.data_dir}: {e}") from None
         self.api = MembershipServicer(self.driver, self.hub, cluster=identity)
         self.health = health.aio.HealthServicer()
-        server = grpc.aio.server(options=server_options(cfg))
+        server = grpc.aio.server(options=server_options(cfg), interceptors=[DecodeRefusal()])
         membership_pb2_grpc.add_MembershipServicer_to_server(self.api, server)
         self.peer_api = PeerServicer(
             cluster=identity,

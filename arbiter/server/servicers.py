@@ -28,7 +28,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from arbiter.core.raft import ProposalDropped
 from arbiter.core.tally import ViewChange
@@ -73,19 +72,8 @@ def _check_heartbeat(req: pb.HeartbeatRequest, min_interval: float, max_interval
         )
 
 
-async def _decoded(
-    requests: AsyncIterator[pb.HeartbeatRequest], context: grpc.aio.ServicerContext
-) -> AsyncIterator[pb.HeartbeatRequest]:
-    """The stream's heartbeats; one that does not decode ends it with INVALID_ARGUMENT
-    (gRPC decodes a stream's messages inside the handler, where it would be UNKNOWN)."""
-    try:
-        async for req in requests:
-            yield req
-    except DecodeError as e:
-        await context.abort(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"HeartbeatRequest: the message does not decode ({e})",
-        )
+class _NotReading(Exception):
+    """A subscriber's event waited subscriber_write_timeout: the message is the status's."""
 
 
 class MembershipServicer(pb_grpc.MembershipServicer):
@@ -196,7 +184,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         throttle = Throttle(cfg.max_heartbeat_rate, cfg.heartbeat_rate_margin)
         self.heartbeat_streams += 1
         try:
-            async for req in _decoded(request_iterator, context):
+            async for req in request_iterator:
                 if self._closing.is_set():
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
                 try:
@@ -286,6 +274,13 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         self.subscriptions += 1
         try:
             await self._subscription(request, context)
+        except _NotReading as e:
+            # Not context.abort(): its status would wait behind the event gRPC
+            # cannot send, and so would this handler, holding the slot. Ended
+            # so, the handler returns now; gRPC sends the status after that
+            # event, should the subscriber ever read.
+            context.set_code(grpc.StatusCode.RESOURCE_EXHAUSTED)
+            context.set_details(str(e))
         finally:
             self.subscriptions -= 1
 
@@ -297,11 +292,10 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 await context.write(event)
         except TimeoutError:
             log.info("subscriber %s does not read: its subscription is ended", context.peer())
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            raise _NotReading(
                 f"subscriber_write_timeout: an event waited more than {timeout:g}s to be sent "
-                "(the subscriber does not read); resume from the last epoch received",
-            )
+                "(the subscriber does not read); resume from the last epoch received"
+            ) from None
 
     async def _subscription(
         self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
