@@ -162,21 +162,26 @@ class ArbiterConfig:
     # of). A heartbeat stream for a new id beyond it gets RESOURCE_EXHAUSTED;
     # ids it already tracks, or that the view records, keep working. Past
     # heartbeat_budget * max_heartbeat_interval nodes (3,000) a replica
-    # cannot keep the heartbeat budget anyway; 10,000 leaves any real cluster
-    # far below it and bounds what a client spraying ids can make it hold
-    # (a few KiB per id: detector, opinion, status).
-    max_nodes: int = 10_000
-    # Heartbeat streams open on one replica at once (each has a connection of
-    # its own in the SDK). Two per node at max_nodes: a node opens a second
-    # stream beside a late one (hedging, membership/heartbeats.py) and closes
-    # one as soon as the other acks. A stream costs about 10 KiB here
-    # (gRPC's call and HTTP/2 stream, the handler), so the limit bounds
-    # heartbeat streams to some 200 MiB at worst. Beyond it RESOURCE_EXHAUSTED.
-    max_heartbeat_streams: int = 20_000
-    # Subscribe calls open on one replica at once. Each costs its queue (at
-    # most subscriber_queue events, or one snapshot) and a share of every
-    # change's fan-out; a watcher uses one (two for a moment while it fails
-    # over). Beyond it RESOURCE_EXHAUSTED: the SDK subscribes to another replica.
+    # cannot keep the heartbeat budget anyway; 5,000 leaves a real cluster
+    # room above that and bounds what a client spraying ids can make a
+    # replica hold: about 5 KiB per id (detector, opinion, status; measured
+    # by bench/limits_memory.py), 26 MiB at the limit.
+    max_nodes: int = 5_000
+    # Heartbeat streams open on one replica at once. Two per node at
+    # max_nodes: a node opens a second stream beside a late one (hedging,
+    # membership/heartbeats.py), and after a network blip the server keeps a
+    # node's old stream until keepalive ends it (15 s) while the node's new
+    # one is open. A stream costs about 28 KiB here (gRPC's call and HTTP/2
+    # stream, the handler: bench/limits_memory.py), so the limit bounds them
+    # to some 270 MiB. Beyond it RESOURCE_EXHAUSTED (the node tries again
+    # after its backoff; its other replicas are unaffected).
+    max_heartbeat_streams: int = 10_000
+    # Subscribe calls open on one replica at once. Each costs about 44 KiB
+    # (bench/limits_memory.py), plus its queue (at most subscriber_queue
+    # events, or one snapshot), and a share of every change's fan-out; a
+    # watcher uses one (two for a moment while it fails over). 1,000: 43 MiB
+    # and one change sent 1,000 times, still far from the heartbeat load.
+    # Beyond it RESOURCE_EXHAUSTED: the SDK subscribes to another replica.
     max_subscribers: int = 1000
     # Concurrent streams per client connection (HTTP/2
     # SETTINGS_MAX_CONCURRENT_STREAMS, gRPC's grpc.max_concurrent_streams). A

@@ -53,11 +53,11 @@ def validate_node_id(node_id: str) -> str:
         raise InvalidArgument("node_id is empty")
     if len(node_id) > MAX_NODE_ID:
         raise InvalidArgument(
-            f"node_id is {len(node_id)} characters long, the limit is {MAX_NODE_ID}"
+            f"node_id is {len(node_id)} characters long, the limit is MAX_NODE_ID = {MAX_NODE_ID}"
         )
     if not _NODE_ID.fullmatch(node_id):
         raise InvalidArgument(
-            f"node_id {node_id!r} has characters other than letters, digits, '.', '_', '-' "
+            f"node_id {node_id[:80]!r} has characters other than letters, digits, '.', '_', '-' "
             "or does not start with a letter or digit"
         )
     return node_id
@@ -74,26 +74,32 @@ def validate_labels(labels: Mapping[str, str]) -> Mapping[str, str]:
         InvalidArgument: naming the first label that breaks a limit.
     """
     if len(labels) > MAX_LABELS:
-        raise InvalidArgument(f"{len(labels)} labels, the limit is {MAX_LABELS}")
+        raise InvalidArgument(
+            f"labels: {len(labels)} labels, the limit is MAX_LABELS = {MAX_LABELS}"
+        )
     total = 0
     for key, value in labels.items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise InvalidArgument("labels must map strings to strings")
         if not key or len(key) > MAX_LABEL_KEY or not NAME_PATTERN.fullmatch(key):
             raise InvalidArgument(
-                f"label key {key[:80]!r} must be 1 to {MAX_LABEL_KEY} characters of "
-                "letters, digits, '.', '_', '/', '-', starting with a letter or digit"
+                f"labels: label key {key[:80]!r} must be 1 to MAX_LABEL_KEY = {MAX_LABEL_KEY} "
+                "characters of letters, digits, '.', '_', '/', '-', starting with a letter or digit"
             )
         if len(value) > MAX_LABEL_VALUE:
             raise InvalidArgument(
-                f"label {key!r} has a value of {len(value)} characters, "
-                f"the limit is {MAX_LABEL_VALUE}"
+                f"labels: label {key!r} has a value of {len(value)} characters, "
+                f"the limit is MAX_LABEL_VALUE = {MAX_LABEL_VALUE}"
             )
         if not value.isprintable():
-            raise InvalidArgument(f"label {key!r} has a non-printable character in its value")
+            raise InvalidArgument(
+                f"labels: label {key!r} has a non-printable character in its value"
+            )
         total += len(key.encode()) + len(value.encode())
     if total > MAX_LABELS_BYTES:
-        raise InvalidArgument(f"labels take {total} bytes, the limit is {MAX_LABELS_BYTES}")
+        raise InvalidArgument(
+            f"labels: they take {total} bytes, the limit is MAX_LABELS_BYTES = {MAX_LABELS_BYTES}"
+        )
     return labels
 
 
@@ -127,21 +133,28 @@ def validate_status(
         InvalidArgument: naming what breaks a limit.
     """
     if len(phase) > MAX_PHASE:
-        raise InvalidArgument(f"status phase is {len(phase)} characters, the limit is {MAX_PHASE}")
+        raise InvalidArgument(
+            f"status: phase is {len(phase)} characters, the limit is MAX_PHASE = {MAX_PHASE}"
+        )
     if not phase.isprintable():
-        raise InvalidArgument("status phase has a non-printable character")
+        raise InvalidArgument("status: phase has a non-printable character")
     if len(gauges) > MAX_GAUGES:
-        raise InvalidArgument(f"{len(gauges)} status gauges, the limit is {MAX_GAUGES}")
+        raise InvalidArgument(
+            f"status: {len(gauges)} gauges, the limit is MAX_GAUGES = {MAX_GAUGES}"
+        )
     for key, value in gauges.items():
         if not key or len(key) > MAX_LABEL_KEY or not NAME_PATTERN.fullmatch(key):
-            raise InvalidArgument(f"status gauge name {key[:80]!r} is not a valid name")
+            raise InvalidArgument(
+                f"status: gauge name {key[:80]!r} is not 1 to MAX_LABEL_KEY = {MAX_LABEL_KEY} "
+                "characters of letters, digits, '.', '_', '/', '-', starting alphanumeric"
+            )
         if not math.isfinite(value):
-            raise InvalidArgument(f"status gauge {key!r} is {value}, not a finite number")
+            raise InvalidArgument(f"status: gauge {key!r} is {value}, not a finite number")
     for name, value in (numbers or {}).items():
         if not math.isfinite(value) or value < 0:
-            raise InvalidArgument(f"status {name} is {value}, not a finite number >= 0")
+            raise InvalidArgument(f"status: {name} is {value}, not a finite number >= 0")
         if name in STATUS_FRACTIONS and value > 1:
-            raise InvalidArgument(f"status {name} is {value}, not a fraction in 0..1")
+            raise InvalidArgument(f"status: {name} is {value}, not a fraction in 0..1")
 
 
 def validate_cluster_name(name: str) -> str:

@@ -51,7 +51,7 @@ class MembershipStub:
     max_heartbeat_rate (20/s by default) is throttled (its acks come later),
     and ended with RESOURCE_EXHAUSTED once throttled for more than
     heartbeat_rate_margin (2 s). RESOURCE_EXHAUSTED also when the replica
-    has max_heartbeat_streams open (20,000), or tracks max_nodes (10,000)
+    has max_heartbeat_streams open (10,000), or tracks max_nodes (5,000)
     and the node_id is new to it. Every refusal's message starts with the
     name of the rule or limit ("seq: ...", "max_nodes: ...").
     """
@@ -85,7 +85,7 @@ class MembershipAsyncStub(MembershipStub):
     max_heartbeat_rate (20/s by default) is throttled (its acks come later),
     and ended with RESOURCE_EXHAUSTED once throttled for more than
     heartbeat_rate_margin (2 s). RESOURCE_EXHAUSTED also when the replica
-    has max_heartbeat_streams open (20,000), or tracks max_nodes (10,000)
+    has max_heartbeat_streams open (10,000), or tracks max_nodes (5,000)
     and the node_id is new to it. Every refusal's message starts with the
     name of the rule or limit ("seq: ...", "max_nodes: ...").
     """
@@ -122,7 +122,7 @@ class MembershipServicer(metaclass=_abc_1.ABCMeta):
         max_heartbeat_rate (20/s by default) is throttled (its acks come later),
         and ended with RESOURCE_EXHAUSTED once throttled for more than
         heartbeat_rate_margin (2 s). RESOURCE_EXHAUSTED also when the replica
-        has max_heartbeat_streams open (20,000), or tracks max_nodes (10,000)
+        has max_heartbeat_streams open (10,000), or tracks max_nodes (5,000)
         and the node_id is new to it. Every refusal's message starts with the
         name of the rule or limit ("seq: ...", "max_nodes: ...").
         """

@@ -61,14 +61,14 @@ async def _stream_error(addr: str, *requests: pb.HeartbeatRequest) -> tuple[grpc
 
 BAD_HEARTBEATS = [
     pytest.param(_heartbeat(""), "node_id is empty", id="empty-id"),
-    pytest.param(_heartbeat("x" * 129), "limit is 128", id="long-id"),
+    pytest.param(_heartbeat("x" * 129), "the limit is MAX_NODE_ID = 128", id="long-id"),
     pytest.param(_heartbeat("bad id!"), "characters other than", id="bad-chars"),
     pytest.param(
         pb.HeartbeatRequest(node_id="ok", incarnation=0, seq=1),
         "incarnation",
         id="zero-incarnation",
     ),
-    pytest.param(_heartbeat(labels={"rack": "x" * 300}), "limit is 256", id="long-label"),
+    pytest.param(_heartbeat(labels={"rack": "x" * 300}), "MAX_LABEL_VALUE = 256", id="long-label"),
     pytest.param(
         _heartbeat(labels={f"k{i}": "v" for i in range(40)}), "40 labels", id="too-many-labels"
     ),

@@ -12,13 +12,15 @@ else, and that its resident memory stayed bounded:
   from a1 at least every ``WITNESS_GAP`` seconds, each with a lease;
 - a1's VmRSS (/proc/<pid>/status) stays below its resident memory before the
   first attack plus ``RSS_MARGIN``. What the limits let the attacks make a1
-  hold is about 4 MiB: 100 streams of one connection (max_concurrent_streams,
-  ~10 KiB each), 150 heartbeat streams (--max-heartbeat-streams), 12
-  subscriptions (--max-subscribers) each with an event gRPC could not send
-  (< 64 KiB), 64 node ids (--max-nodes, a few KiB each). The rest of the
-  margin is allocator slack (pymalloc and gRPC core's arenas keep freed
-  memory): 48 MiB is ten times what the limits allow, and far below what
-  one unbounded attack makes (10,000 heartbeat streams cost over 100 MiB).
+  hold is under 9 MiB (per-item costs measured by bench/limits_memory.py):
+  100 streams of one connection (max_concurrent_streams, ~28 KiB each),
+  150 heartbeat streams (--max-heartbeat-streams, 4.2 MiB), 12
+  subscriptions (--max-subscribers, ~44 KiB each and one event gRPC could
+  not send, < 64 KiB), 64 node ids (--max-nodes, ~5 KiB each). The rest of
+  the margin is allocator slack (pymalloc and gRPC core's arenas keep freed
+  memory): 48 MiB is over five times what the limits allow, and far below
+  what one unbounded attack would make: the 10,000 streams of one client,
+  were they all accepted, would take some 270 MiB.
 
 To add an RPC (the Admin service): give it a strategy in ``REQUESTS`` and a
 caller in ``CALLS``.
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import math
 import random
 import re
 import socket
@@ -685,4 +686,3 @@ def test_wire_new_node_ids_past_max_nodes_are_refused_known_ones_go_on(
         )
         assert code == grpc.StatusCode.OK and acks == 1
     undisturbed()
-    assert math.isfinite(wire.rss_before)
