@@ -213,6 +213,12 @@ def undisturbed(wire: Wire, request: pytest.FixtureRequest) -> Iterator[Callable
             ln for ln in wire.cluster.procs["good"].stderr().splitlines() if " fenced (epoch" in ln
         ]
         assert not fenced, fenced
+        refused = [
+            ln
+            for ln in wire.cluster.procs["good"].stderr().splitlines()
+            if "refused our heartbeats" in ln
+        ]
+        assert not refused, refused  # the SDK never trips the wire contract
         now_rss = rss(wire.pid)
         wire.rss_seen.append(now_rss)
         assert now_rss < wire.rss_before + RSS_MARGIN, (
@@ -656,6 +662,51 @@ def test_wire_subscribers_that_never_read_are_cut_off(
     finally:
         for ch in channels:
             ch.close()
+
+
+# --- the SDK never trips the rules ----------------------------------------------------
+
+
+def _record(wire: Wire, node_id: str) -> list[tuple[int, int]]:
+    """(incarnation, state) of ``node_id`` in every replica's view."""
+    out = []
+    for view in wire.views().values():
+        out += [(m.incarnation, m.state) for m in view.view.members if m.node_id == node_id]
+    return out
+
+
+def test_wire_sdk_node_moving_to_a_new_incarnation_opens_new_streams(
+    wire: Wire, undisturbed: Callable[[], None]
+) -> None:
+    """A node started below the incarnation the cluster records moves up on every link
+    (membership/session.py rule 4): it must do so on new streams, never refused."""
+    # The cluster records incarnation 5 for "rejoiner" (heard by all three, then gone).
+    stubs = [wire.stub(a) for a in wire.cluster.addresses]
+    try:
+        for i in range(1, 15):
+            for stub, _ in stubs:
+                stub.Heartbeat(
+                    iter([pb.HeartbeatRequest(node_id="rejoiner", incarnation=5, seq=i)]), timeout=5
+                ).next()
+            if (5, pb.MEMBER_STATE_ALIVE) in _record(wire, "rejoiner"):
+                break
+            time.sleep(0.15)
+    finally:
+        for _, ch in stubs:
+            ch.close()
+    node = wire.cluster.start_node("rejoiner", "--no-status-probes", "--incarnation", "1")
+    wait_until(
+        lambda: (
+            all(inc > 5 and st == pb.MEMBER_STATE_ALIVE for inc, st in _record(wire, "rejoiner"))
+            and len(_record(wire, "rejoiner")) == 3
+        ),
+        20,
+        "rejoiner ALIVE above incarnation 5 on every replica",
+    )
+    assert "rejoining as" in node.stderr()  # it did move up on its links
+    refused = [ln for ln in node.stderr().splitlines() if "refused our heartbeats" in ln]
+    assert not refused, refused  # the node keeps running (stopped with the cluster)
+    undisturbed()
 
 
 # --- nodes (last: the node ids it adds stay tracked) -----------------------------------
