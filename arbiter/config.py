@@ -192,11 +192,15 @@ class ArbiterConfig:
     # smallest value RFC 9113 (section 6.5.2) recommends.
     max_concurrent_streams: int = 100
     # A subscriber whose stream takes no event for this long (seconds) is not
-    # reading: its call ends with RESOURCE_EXHAUSTED, and what gRPC holds for
-    # it (its HTTP/2 window, up to a few MiB once grown, and one write
-    # buffer) is released; its queue is bounded by subscriber_queue meanwhile.
-    # A reading subscriber takes an event in a round trip: even a snapshot of
-    # max_nodes members (about 1 MiB) on a 1 Mbit/s link takes 8 s.
+    # reading: its subscription ends with RESOURCE_EXHAUSTED (the status
+    # comes after what gRPC already buffered for it, should it ever read),
+    # and its slot, queue and handler are released at once. Meanwhile its
+    # queue is bounded by subscriber_queue and what gRPC holds by the
+    # window its client announced (64 KiB, up to a few MiB once grown) plus
+    # one event; gRPC keeps that one event until the client reads or its
+    # connection ends (keepalive). A reading subscriber takes an event
+    # within a round trip: even a snapshot of max_nodes members (about
+    # 0.5 MiB) on a 1 Mbit/s link takes 4 s.
     subscriber_write_timeout: float = 10.0
 
     # --- transport -------------------------------------------------------------
