@@ -67,7 +67,12 @@ _TUNABLES = (
 
 # (flag, ArbiterConfig field, help) of the wire contract's limits (docs/protocol.md).
 _LIMITS = (
-    ("--max-message-bytes", "max_message_bytes", "largest message accepted, bytes"),
+    ("--max-message-bytes", "max_message_bytes", "largest request of a client, bytes"),
+    (
+        "--max-peer-message-bytes",
+        "max_peer_message_bytes",
+        "largest message at all (Raft traffic), bytes",
+    ),
     ("--max-heartbeat-rate", "max_heartbeat_rate", "heartbeats per second per stream"),
     (
         "--heartbeat-rate-margin",

@@ -135,14 +135,22 @@ class ArbiterConfig:
     # Each is enforced on every call; breaking one ends only the offending
     # call, with a status whose message starts with the limit's name.
     #
-    # Largest message the replica accepts, on every RPC of its port (bytes;
-    # gRPC's grpc.max_receive_message_length, checked before decoding, so a
-    # big message costs no memory): RESOURCE_EXHAUSTED from gRPC itself. A
-    # heartbeat at the label and status limits (membership/validation.py) is
-    # under 12 KiB, a Raft message under 40 KiB (snapshots travel in 32 KiB
-    # chunks: arbiter/server/peers.py); 64 KiB leaves room for both and keeps
-    # what one call can make the replica buffer small.
+    # Largest request a node, subscriber or other client may send, on every
+    # RPC but the replicas' own (bytes): a larger one ends its call with
+    # RESOURCE_EXHAUSTED "max_message_bytes: ..." before it is decoded
+    # (arbiter/server/decoding.py). A heartbeat at every label and status
+    # limit (membership/validation.py) is under 12 KiB; 64 KiB leaves room
+    # and keeps what one call can make the replica decode small.
     max_message_bytes: int = 64 * 1024
+    # Largest message gRPC takes in at all (bytes; its
+    # grpc.max_receive_message_length, checked before anything is buffered
+    # further), which is also the limit of Raft traffic between replicas: a
+    # log entry carries one replica's batch of observations, about 100 bytes
+    # per node plus its labels (1,000 nodes joining at once make a 104 KB
+    # entry, which the 64 KiB client limit would refuse, halting
+    # replication), and an append carries up to 64 entries. gRPC's own
+    # default, 4 MiB.
+    max_peer_message_bytes: int = 4 * 1024 * 1024
     # Heartbeats per second one stream may send (a token bucket holding one
     # second's worth, so short bursts pass). A node asked for the shortest
     # interval sends 1 / heartbeat_interval (6.7/s): 20 is three times that,
@@ -401,9 +409,13 @@ class ArbiterConfig:
             )
         if self.max_message_bytes < 48 * 1024:
             raise InvalidArgument(
-                f"max_message_bytes must be >= 49152 (a Raft snapshot chunk of 32 KiB with "
-                f"its envelope, and a heartbeat at every label and status limit, must fit), "
-                f"got {self.max_message_bytes}"
+                f"max_message_bytes must be >= 49152 (a heartbeat at every label and status "
+                f"limit must fit, with room), got {self.max_message_bytes}"
+            )
+        if self.max_peer_message_bytes < self.max_message_bytes:
+            raise InvalidArgument(
+                f"max_peer_message_bytes ({self.max_peer_message_bytes}) must be >= "
+                f"max_message_bytes ({self.max_message_bytes}): it is the limit of the whole port"
             )
         for name in ("max_nodes", "max_heartbeat_streams", "max_subscribers"):
             if getattr(self, name) < 1:

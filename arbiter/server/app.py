@@ -39,6 +39,8 @@ __all__ = [
 log = logging.getLogger("arbiter")
 
 SERVICE_NAME = "membership.v1.Membership"
+# Raft traffic between replicas: held to max_peer_message_bytes only.
+PEER_SERVICE = "/arbiter.v1.Peer/"
 
 
 def server_options(config: ArbiterConfig) -> list[tuple[str, int]]:
@@ -57,7 +59,7 @@ def server_options(config: ArbiterConfig) -> list[tuple[str, int]]:
     """
     keepalive_timeout_ms = int(config.keepalive_timeout * 1000)
     return [
-        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_receive_message_length", config.max_peer_message_bytes),
         ("grpc.max_concurrent_streams", config.max_concurrent_streams),
         ("grpc.keepalive_time_ms", int(config.keepalive_time * 1000)),
         ("grpc.keepalive_timeout_ms", keepalive_timeout_ms),
@@ -350,7 +352,10 @@ class ArbiterServer:
             raise StorageError(f"data dir {self.data_dir}: {e}") from None
         self.api = MembershipServicer(self.driver, self.hub, cluster=identity)
         self.health = health.aio.HealthServicer()
-        server = grpc.aio.server(options=server_options(cfg), interceptors=[DecodeRefusal()])
+        server = grpc.aio.server(
+            options=server_options(cfg),
+            interceptors=[DecodeRefusal(cfg.max_message_bytes, exempt=PEER_SERVICE)],
+        )
         membership_pb2_grpc.add_MembershipServicer_to_server(self.api, server)
         self.peer_api = PeerServicer(
             cluster=identity,

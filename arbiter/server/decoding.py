@@ -1,4 +1,9 @@
-"""Requests that do not decode get INVALID_ARGUMENT, on every RPC of the replica's port.
+"""Requests that are too big or do not decode end their call with a status, on every RPC.
+
+gRPC takes in messages up to ``max_peer_message_bytes`` (the replicas' Raft
+traffic needs that much); every other service's requests are held to
+``max_message_bytes`` here, on their raw bytes, before they are decoded:
+RESOURCE_EXHAUSTED "max_message_bytes: ...".
 
 grpcio decodes a request before (unary) or while (streams) the handler runs;
 a message that is not the request type raises there, and the call ends with
@@ -26,30 +31,38 @@ log = logging.getLogger("arbiter.api")
 
 
 class _Undecodable:
-    """What the wrapped deserializer returns for bytes that are not the request."""
+    """What the wrapped deserializer returns for bytes it refuses (the refusal inside)."""
 
-    def __init__(self, error: DecodeError) -> None:
-        self.error = error
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        self.code = code
+        self.message = message
 
 
-def _tolerant(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+def _tolerant(
+    deserialize: Callable[[bytes], Any] | None, limit: int | None
+) -> Callable[[bytes], Any] | None:
     if deserialize is None:
         return None
 
     def decode(raw: bytes) -> Any:
+        if limit is not None and len(raw) > limit:
+            return _Undecodable(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"max_message_bytes: the message is {len(raw)} bytes, the limit is {limit}",
+            )
         try:
             return deserialize(raw)
         except DecodeError as e:
-            return _Undecodable(e)
+            return _Undecodable(
+                grpc.StatusCode.INVALID_ARGUMENT, f"request: the message does not decode ({e})"
+            )
 
     return decode
 
 
 async def _refuse(context: grpc.aio.ServicerContext, bad: _Undecodable) -> None:
-    log.info("undecodable request from %s: %s", context.peer(), bad.error)
-    await context.abort(
-        grpc.StatusCode.INVALID_ARGUMENT, f"request: the message does not decode ({bad.error})"
-    )
+    log.info("request refused from %s: %s", context.peer(), bad.message)
+    await context.abort(bad.code, bad.message)
 
 
 def _checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
@@ -63,7 +76,16 @@ def _checked(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) ->
 
 
 class DecodeRefusal(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Server interceptor: undecodable requests end their call with INVALID_ARGUMENT."""
+    """Server interceptor: requests too big or undecodable end their call (module docstring).
+
+    Args:
+        limit: bytes a request may have (``max_message_bytes``).
+        exempt: method path prefix held to gRPC's own limit only (the Raft service).
+    """
+
+    def __init__(self, limit: int, exempt: str = "") -> None:
+        self._limit = limit
+        self._exempt = exempt
 
     async def intercept_service(
         self,
@@ -73,7 +95,8 @@ class DecodeRefusal(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(handler_call_details)
         if handler is None or handler.request_deserializer is None:
             return handler
-        decode = _tolerant(handler.request_deserializer)
+        exempt = bool(self._exempt) and handler_call_details.method.startswith(self._exempt)
+        decode = _tolerant(handler.request_deserializer, None if exempt else self._limit)
         out = handler.response_serializer
         if handler.unary_unary:
             inner = handler.unary_unary

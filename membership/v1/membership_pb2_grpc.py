@@ -26,10 +26,11 @@ if _version_not_supported:
 
 
 class MembershipStub:
-    """Every RPC: a message larger than the replica's max_message_bytes (64 KiB by
-    default) is refused by gRPC with RESOURCE_EXHAUSTED; a connection carries
-    at most max_concurrent_streams (100) streams at once (HTTP/2
-    SETTINGS_MAX_CONCURRENT_STREAMS; a stream past it is refused).
+    """Every RPC: a request larger than the replica's max_message_bytes (64 KiB by
+    default) ends its call with RESOURCE_EXHAUSTED, one that does not decode
+    with INVALID_ARGUMENT; a connection carries at most max_concurrent_streams
+    (100) streams at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a stream
+    past it is refused with RST_STREAM REFUSED_STREAM).
     """
 
     def __init__(self, channel):
@@ -61,10 +62,11 @@ class MembershipStub:
 
 
 class MembershipServicer:
-    """Every RPC: a message larger than the replica's max_message_bytes (64 KiB by
-    default) is refused by gRPC with RESOURCE_EXHAUSTED; a connection carries
-    at most max_concurrent_streams (100) streams at once (HTTP/2
-    SETTINGS_MAX_CONCURRENT_STREAMS; a stream past it is refused).
+    """Every RPC: a request larger than the replica's max_message_bytes (64 KiB by
+    default) ends its call with RESOURCE_EXHAUSTED, one that does not decode
+    with INVALID_ARGUMENT; a connection carries at most max_concurrent_streams
+    (100) streams at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a stream
+    past it is refused with RST_STREAM REFUSED_STREAM).
     """
 
     def Heartbeat(self, request_iterator, context):
@@ -141,10 +143,11 @@ def add_MembershipServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Membership:
-    """Every RPC: a message larger than the replica's max_message_bytes (64 KiB by
-    default) is refused by gRPC with RESOURCE_EXHAUSTED; a connection carries
-    at most max_concurrent_streams (100) streams at once (HTTP/2
-    SETTINGS_MAX_CONCURRENT_STREAMS; a stream past it is refused).
+    """Every RPC: a request larger than the replica's max_message_bytes (64 KiB by
+    default) ends its call with RESOURCE_EXHAUSTED, one that does not decode
+    with INVALID_ARGUMENT; a connection carries at most max_concurrent_streams
+    (100) streams at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a stream
+    past it is refused with RST_STREAM REFUSED_STREAM).
     """
 
     @staticmethod

@@ -33,10 +33,11 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class MembershipStub:
-    """Every RPC: a message larger than the replica's max_message_bytes (64 KiB by
-    default) is refused by gRPC with RESOURCE_EXHAUSTED; a connection carries
-    at most max_concurrent_streams (100) streams at once (HTTP/2
-    SETTINGS_MAX_CONCURRENT_STREAMS; a stream past it is refused).
+    """Every RPC: a request larger than the replica's max_message_bytes (64 KiB by
+    default) ends its call with RESOURCE_EXHAUSTED, one that does not decode
+    with INVALID_ARGUMENT; a connection carries at most max_concurrent_streams
+    (100) streams at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a stream
+    past it is refused with RST_STREAM REFUSED_STREAM).
     """
 
     @_typing.overload
@@ -70,10 +71,11 @@ class MembershipStub:
 
 @_typing.type_check_only
 class MembershipAsyncStub(MembershipStub):
-    """Every RPC: a message larger than the replica's max_message_bytes (64 KiB by
-    default) is refused by gRPC with RESOURCE_EXHAUSTED; a connection carries
-    at most max_concurrent_streams (100) streams at once (HTTP/2
-    SETTINGS_MAX_CONCURRENT_STREAMS; a stream past it is refused).
+    """Every RPC: a request larger than the replica's max_message_bytes (64 KiB by
+    default) ends its call with RESOURCE_EXHAUSTED, one that does not decode
+    with INVALID_ARGUMENT; a connection carries at most max_concurrent_streams
+    (100) streams at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a stream
+    past it is refused with RST_STREAM REFUSED_STREAM).
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
@@ -103,10 +105,11 @@ class MembershipAsyncStub(MembershipStub):
     """Graceful departure: the member becomes LEFT, never DEAD."""
 
 class MembershipServicer(metaclass=_abc_1.ABCMeta):
-    """Every RPC: a message larger than the replica's max_message_bytes (64 KiB by
-    default) is refused by gRPC with RESOURCE_EXHAUSTED; a connection carries
-    at most max_concurrent_streams (100) streams at once (HTTP/2
-    SETTINGS_MAX_CONCURRENT_STREAMS; a stream past it is refused).
+    """Every RPC: a request larger than the replica's max_message_bytes (64 KiB by
+    default) ends its call with RESOURCE_EXHAUSTED, one that does not decode
+    with INVALID_ARGUMENT; a connection carries at most max_concurrent_streams
+    (100) streams at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a stream
+    past it is refused with RST_STREAM REFUSED_STREAM).
     """
 
     @_abc_1.abstractmethod
