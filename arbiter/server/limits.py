@@ -20,17 +20,41 @@ Rules of a heartbeat stream (:class:`HeartbeatStreamRules`):
    the stream meanwhile, so gRPC's flow control holds the sender back). A
    stream throttled without a pause for more than ``heartbeat_rate_margin``
    seconds is ended with RESOURCE_EXHAUSTED.
+
+Limits of the replica as a whole, RESOURCE_EXHAUSTED each:
+
+4. Slots (:func:`stream_slot`): at most ``max_heartbeat_streams`` heartbeat
+   streams and ``max_subscribers`` subscriptions are open at once; a call
+   past either is refused when it starts.
+5. Nodes (:func:`check_new_node`): once the replica tracks ``max_nodes``
+   node ids, a stream whose first heartbeat names an id it does not know
+   (no opinion of it, no record in the view) is refused; known ids go on.
+6. Readers (:class:`NotReading`): a subscriber whose event gRPC does not
+   take within ``subscriber_write_timeout`` seconds is ended (the servicer
+   frees its slot and queue at once).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 
 from membership.errors import InvalidArgument
 
-__all__ = ["HeartbeatStreamRules", "LimitExceeded", "Throttle"]
+if TYPE_CHECKING:
+    from arbiter.config import ArbiterConfig
+    from arbiter.server.driver import Driver
+
+__all__ = [
+    "HeartbeatStreamRules",
+    "LimitExceeded",
+    "NotReading",
+    "Throttle",
+    "check_new_node",
+    "stream_slot",
+]
 
 
 class LimitExceeded(Exception):
@@ -120,3 +144,57 @@ class HeartbeatStreamRules:
             )
         self.seq = seq
         return False
+
+
+_SLOTS = {
+    "max_heartbeat_streams": ("heartbeat streams", "try another arbiter"),
+    "max_subscribers": ("subscriptions", "subscribe to another arbiter"),
+}
+
+
+def stream_slot(limit: str, open_now: int, config: ArbiterConfig, replica: str) -> str | None:
+    """The refusal of one more call counted by ``limit`` (None when there is room).
+
+    Args:
+        limit: ``max_heartbeat_streams`` or ``max_subscribers``.
+        open_now: how many such calls are open.
+        config: the replica's configuration (the limit's value).
+        replica: this replica's id, for the message.
+    """
+    most = getattr(config, limit)
+    if open_now < most:
+        return None
+    what, advice = _SLOTS[limit]
+    return (
+        f"{limit}: {open_now} {what} are open on arbiter {replica} (the limit is {most}); {advice}"
+    )
+
+
+def check_new_node(driver: Driver, max_nodes: int, node_id: str) -> None:
+    """Refuses a node id the replica does not know once it tracks ``max_nodes``.
+
+    Known: its failure detector has an opinion of the id, or the view records it.
+
+    Raises:
+        LimitExceeded: naming max_nodes.
+    """
+    tracked = driver.observer.tracked()
+    if (
+        tracked >= max_nodes
+        and driver.observer.opinion(node_id) is None
+        and driver.state.member(node_id) is None
+    ):
+        raise LimitExceeded(
+            f"max_nodes: arbiter {driver.replica_id} tracks {tracked} nodes (the limit is "
+            f"{max_nodes}) and does not know {node_id!r}"
+        )
+
+
+class NotReading(Exception):
+    """A subscriber's event waited ``timeout`` seconds (subscriber_write_timeout)."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(
+            f"subscriber_write_timeout: an event waited more than {timeout:g}s to be sent "
+            "(the subscriber does not read); resume from the last epoch received"
+        )

@@ -31,6 +31,7 @@ import grpc
 
 from arbiter.core.raft import ProposalDropped
 from arbiter.core.tally import ViewChange
+from arbiter.server import limits
 from arbiter.server.driver import Driver
 from arbiter.server.hub import Hub, HubStatus
 from arbiter.server.limits import HeartbeatStreamRules, LimitExceeded, Throttle
@@ -70,10 +71,6 @@ def _check_heartbeat(req: pb.HeartbeatRequest, min_interval: float, max_interval
             f"[{min_interval:g}, {max_interval:g}] (an interval the arbiters suggest), "
             f"got {req.interval_seconds}"
         )
-
-
-class _NotReading(Exception):
-    """A subscriber's event waited subscriber_write_timeout: the message is the status's."""
 
 
 class MembershipServicer(pb_grpc.MembershipServicer):
@@ -173,13 +170,11 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         """One node's heartbeat stream: an ack for every heartbeat (the stream rules of
         :mod:`arbiter.server.limits`, then the driver's verdict)."""
         cfg = self._config
-        if self.heartbeat_streams >= cfg.max_heartbeat_streams:
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"max_heartbeat_streams: {self.heartbeat_streams} heartbeat streams are open "
-                f"on arbiter {self._driver.replica_id} (the limit is "
-                f"{cfg.max_heartbeat_streams}); try another arbiter",
-            )
+        refusal = limits.stream_slot(
+            "max_heartbeat_streams", self.heartbeat_streams, cfg, self._driver.replica_id
+        )
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         rules = HeartbeatStreamRules()
         throttle = Throttle(cfg.max_heartbeat_rate, cfg.heartbeat_rate_margin)
         self.heartbeat_streams += 1
@@ -192,7 +187,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     _check_heartbeat(req, cfg.heartbeat_interval, cfg.max_heartbeat_interval)
                     first = rules.check(req.node_id, req.incarnation, req.seq)
                     if first:
-                        self._check_new_node(req.node_id)
+                        limits.check_new_node(self._driver, cfg.max_nodes, req.node_id)
                 except InvalidArgument as e:
                     log.info("heartbeat refused from %s: %s", context.peer(), e)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -233,24 +228,6 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         finally:
             self.heartbeat_streams -= 1
 
-    def _check_new_node(self, node_id: str) -> None:
-        """Refuses a node id this replica does not know once it tracks ``max_nodes``.
-
-        Raises:
-            LimitExceeded: naming max_nodes.
-        """
-        driver = self._driver
-        tracked = driver.observer.tracked()
-        if (
-            tracked >= self._config.max_nodes
-            and driver.observer.opinion(node_id) is None
-            and driver.state.member(node_id) is None
-        ):
-            raise LimitExceeded(
-                f"max_nodes: arbiter {driver.replica_id} tracks {tracked} nodes (the limit is "
-                f"{self._config.max_nodes}) and does not know {node_id!r}"
-            )
-
     async def Subscribe(  # type: ignore[override]  # writes with context.write (a timeout)
         self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
     ) -> None:
@@ -264,17 +241,15 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         ends the call, both with RESOURCE_EXHAUSTED.
         """
         cfg = self._config
-        if self.subscriptions >= cfg.max_subscribers:
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"max_subscribers: {self.subscriptions} subscriptions are open on arbiter "
-                f"{self._driver.replica_id} (the limit is {cfg.max_subscribers}); "
-                "subscribe to another arbiter",
-            )
+        refusal = limits.stream_slot(
+            "max_subscribers", self.subscriptions, cfg, self._driver.replica_id
+        )
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         self.subscriptions += 1
         try:
             await self._subscription(request, context)
-        except _NotReading as e:
+        except limits.NotReading as e:
             # Not context.abort(): its status would wait behind the event gRPC
             # cannot send, and so would this handler, holding the slot. Ended
             # so, the handler returns now; gRPC sends the status after that
@@ -292,10 +267,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 await context.write(event)
         except TimeoutError:
             log.info("subscriber %s does not read: its subscription is ended", context.peer())
-            raise _NotReading(
-                f"subscriber_write_timeout: an event waited more than {timeout:g}s to be sent "
-                "(the subscriber does not read); resume from the last epoch received"
-            ) from None
+            raise limits.NotReading(timeout) from None
 
     async def _subscription(
         self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
