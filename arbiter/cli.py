@@ -75,6 +75,31 @@ _TUNABLES = (
     ("--status-interval", "status_interval", "seconds between status events to subscribers"),
 )
 
+# (flag, ArbiterConfig field, help) of the wire contract's limits (docs/protocol.md).
+_LIMITS = (
+    ("--max-message-bytes", "max_message_bytes", "largest request of a client, bytes"),
+    (
+        "--max-peer-message-bytes",
+        "max_peer_message_bytes",
+        "largest message at all (Raft traffic), bytes",
+    ),
+    ("--max-heartbeat-rate", "max_heartbeat_rate", "heartbeats per second per stream"),
+    (
+        "--heartbeat-rate-margin",
+        "heartbeat_rate_margin",
+        "seconds a stream may stay throttled before it is cut",
+    ),
+    ("--max-nodes", "max_nodes", "node ids one replica tracks"),
+    ("--max-heartbeat-streams", "max_heartbeat_streams", "heartbeat streams open at once"),
+    ("--max-subscribers", "max_subscribers", "subscriptions open at once"),
+    ("--max-concurrent-streams", "max_concurrent_streams", "streams per client connection"),
+    (
+        "--subscriber-write-timeout",
+        "subscriber_write_timeout",
+        "seconds an event may wait for a subscriber that does not read",
+    ),
+)
+
 
 def _defaults_help() -> str:
     cfg = ArbiterConfig.lan()
@@ -121,6 +146,19 @@ def register(sub: Any) -> None:
             metavar=type(default).__name__.upper(),
             help=f"{text} (default {default:g})",
         )
+    limits = p.add_argument_group(
+        "limits of the wire contract (each refusal names its limit; see arbiter/config.py)"
+    )
+    for flag, field, text in _LIMITS:
+        default = getattr(cfg, field)
+        limits.add_argument(
+            flag,
+            dest=field,
+            type=type(default),
+            default=None,
+            metavar=type(default).__name__.upper(),
+            help=f"{text} (default {default:g})",
+        )
     p.add_argument(
         "--detector",
         dest="detector_kind",
@@ -148,7 +186,7 @@ def register(sub: Any) -> None:
 def _config(args: argparse.Namespace) -> ArbiterConfig:
     base = ArbiterConfig.local() if args.preset == "local" else ArbiterConfig.lan()
     overrides: dict[str, Any] = {"cluster": args.cluster}
-    for name in [field for _, field, _ in _TUNABLES] + ["detector_kind"]:
+    for name in [field for _, field, _ in (*_TUNABLES, *_LIMITS)] + ["detector_kind"]:
         value = getattr(args, name)
         if value is not None:
             overrides[name] = value

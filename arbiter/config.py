@@ -131,12 +131,87 @@ class ArbiterConfig:
     # less often, never more. Coalesced per node: only the latest is sent.
     status_interval: float = 1.0
 
-    # --- transport -------------------------------------------------------------
-    # Largest message accepted from a node or subscriber (bytes).
+    # --- limits: the wire contract (docs/protocol.md; arbiter/server/limits.py) --
+    # Each is enforced on every call; breaking one ends only the offending
+    # call, with a status whose message starts with the limit's name.
+    #
+    # Largest request a node, subscriber or other client may send, on every
+    # RPC but the replicas' own (bytes): a larger one ends its call with
+    # RESOURCE_EXHAUSTED "max_message_bytes: ..." before it is decoded
+    # (arbiter/server/decoding.py). A heartbeat at every label and status
+    # limit (membership/validation.py) is under 12 KiB; 64 KiB leaves room
+    # and keeps what one call can make the replica decode small.
     max_message_bytes: int = 64 * 1024
-    # Heartbeats accepted per second on one stream before it is cut with
-    # RESOURCE_EXHAUSTED (a healthy node sends 1 / heartbeat_interval).
-    max_heartbeat_rate: float = 100.0
+    # Largest message gRPC takes in at all (bytes; its
+    # grpc.max_receive_message_length, checked before anything is buffered
+    # further), which is also the limit of Raft traffic between replicas: a
+    # log entry carries one replica's batch of observations, about 100 bytes
+    # per node plus its labels (1,000 nodes joining at once make a 104 KB
+    # entry, which the 64 KiB client limit would refuse, halting
+    # replication), and an append carries up to 64 entries. gRPC's own
+    # default, 4 MiB.
+    max_peer_message_bytes: int = 4 * 1024 * 1024
+    # Heartbeats per second one stream may send (a token bucket holding one
+    # second's worth, so short bursts pass). A node asked for the shortest
+    # interval sends 1 / heartbeat_interval (6.7/s): 20 is three times that,
+    # so timer jitter, a replica's own stall (heartbeats read in a burst
+    # after it) and reconnects never come near it. Beyond it the stream is
+    # throttled: each heartbeat waits for its token (its ack comes later,
+    # and the replica never handles more than this many per second on it);
+    # the node is told the interval to follow in every ack.
+    max_heartbeat_rate: float = 20.0
+    # A stream throttled without a pause for this long (seconds) is ended with
+    # RESOURCE_EXHAUSTED: it ignores both the acks' interval and the delay.
+    # Long enough for any burst to drain at max_heartbeat_rate (one second's
+    # worth of tokens drains in one second), short enough that a flood ends
+    # quickly (it costs max_heartbeat_rate heartbeats per second meanwhile).
+    heartbeat_rate_margin: float = 2.0
+    # Node ids one replica tracks (those its failure detector has an opinion
+    # of). A heartbeat stream for a new id beyond it gets RESOURCE_EXHAUSTED;
+    # ids it already tracks, or that the view records, keep working. Past
+    # heartbeat_budget * max_heartbeat_interval nodes (3,000) a replica
+    # cannot keep the heartbeat budget anyway; 5,000 leaves a real cluster
+    # room above that and bounds what a client spraying ids can make a
+    # replica hold: about 5 KiB per id (detector, opinion, status; measured
+    # by bench/limits_memory.py), 26 MiB at the limit.
+    max_nodes: int = 5_000
+    # Heartbeat streams open on one replica at once. Two per node at
+    # max_nodes: a node opens a second stream beside a late one (hedging,
+    # membership/heartbeats.py), and after a network blip the server keeps a
+    # node's old stream until keepalive ends it (15 s) while the node's new
+    # one is open. A stream costs about 28 KiB here (gRPC's call and HTTP/2
+    # stream, the handler: bench/limits_memory.py), so the limit bounds them
+    # to some 270 MiB. Beyond it RESOURCE_EXHAUSTED (the node tries again
+    # after its backoff; its other replicas are unaffected).
+    max_heartbeat_streams: int = 10_000
+    # Subscribe calls open on one replica at once. Each costs about 44 KiB
+    # (bench/limits_memory.py), plus its queue (at most subscriber_queue
+    # events, or one snapshot), and a share of every change's fan-out; a
+    # watcher uses one (two for a moment while it fails over). 1,000: 43 MiB
+    # and one change sent 1,000 times, still far from the heartbeat load.
+    # Beyond it RESOURCE_EXHAUSTED: the SDK subscribes to another replica.
+    max_subscribers: int = 1000
+    # Concurrent streams per client connection (HTTP/2
+    # SETTINGS_MAX_CONCURRENT_STREAMS, gRPC's grpc.max_concurrent_streams). A
+    # gRPC client queues its calls beyond it until a stream ends; a client
+    # that ignores the setting gets RST_STREAM(REFUSED_STREAM) for each
+    # stream too many (its call fails UNAVAILABLE). The SDK opens one stream
+    # per heartbeat connection and a few calls on its shared one; 100 is the
+    # smallest value RFC 9113 (section 6.5.2) recommends.
+    max_concurrent_streams: int = 100
+    # A subscriber whose stream takes no event for this long (seconds) is not
+    # reading: its subscription ends with RESOURCE_EXHAUSTED (the status
+    # comes after what gRPC already buffered for it, should it ever read),
+    # and its slot, queue and handler are released at once. Meanwhile its
+    # queue is bounded by subscriber_queue and what gRPC holds by the
+    # window its client announced (64 KiB, up to a few MiB once grown) plus
+    # one event; gRPC keeps that one event until the client reads or its
+    # connection ends (keepalive). A reading subscriber takes an event
+    # within a round trip: even a snapshot of max_nodes members (about
+    # 0.5 MiB) on a 1 Mbit/s link takes 4 s.
+    subscriber_write_timeout: float = 10.0
+
+    # --- transport -------------------------------------------------------------
     # HTTP/2 keepalive, the safety net under the heartbeats (seconds): the
     # replica pings a connection (from a node, a subscriber or another
     # replica, in both roles) that brought nothing for keepalive_time, and
@@ -270,6 +345,8 @@ class ArbiterConfig:
             "progress_interval",
             "status_interval",
             "max_heartbeat_rate",
+            "heartbeat_rate_margin",
+            "subscriber_write_timeout",
             "heartbeat_budget",
             "keepalive_time",
             "keepalive_timeout",
@@ -330,8 +407,25 @@ class ArbiterConfig:
                 f"{2 / self.max_heartbeat_rate:g}s: streams are cut above max_heartbeat_rate "
                 f"({self.max_heartbeat_rate:g}/s), which must allow twice the heartbeat rate"
             )
-        if self.max_message_bytes < 4096:
-            raise InvalidArgument("max_message_bytes must be >= 4096")
+        if self.max_message_bytes < 48 * 1024:
+            raise InvalidArgument(
+                f"max_message_bytes must be >= 49152 (a heartbeat at every label and status "
+                f"limit must fit, with room), got {self.max_message_bytes}"
+            )
+        if self.max_peer_message_bytes < self.max_message_bytes:
+            raise InvalidArgument(
+                f"max_peer_message_bytes ({self.max_peer_message_bytes}) must be >= "
+                f"max_message_bytes ({self.max_message_bytes}): it is the limit of the whole port"
+            )
+        for name in ("max_nodes", "max_heartbeat_streams", "max_subscribers"):
+            if getattr(self, name) < 1:
+                raise InvalidArgument(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_concurrent_streams < 4:
+            raise InvalidArgument(
+                f"max_concurrent_streams must be >= 4 (a client's watch, its hedged "
+                f"subscription and a unary call share a connection), "
+                f"got {self.max_concurrent_streams}"
+            )
         validate_cluster_name(self.cluster)
         if self.min_ping_interval > MIN_KEEPALIVE_TIME:
             raise InvalidArgument(

@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from membership import calls
+from membership import calls, validation
 from membership.agent import NodeAgent
 from membership.aiotools import reap
 from membership.backoff import Backoff
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 __all__ = ["MAX_INCARNATION", "MembershipClient", "ViewInfo", "reap"]
 
 # Incarnations travel as uint64; leave room for rejoins above any given start.
-MAX_INCARNATION = 2**62
+MAX_INCARNATION = validation.MAX_INCARNATION  # 2**53 - 1: docs/protocol.md
 
 log = logging.getLogger("membership.client")
 

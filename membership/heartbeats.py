@@ -30,7 +30,10 @@ Rules:
 5. After a stream that never acked, the next one waits a jittered
    exponential backoff (:class:`membership.backoff.Backoff`); after one that
    was healthy, a short jitter only.
-6. The link never ends silently: it logs what failed and goes on, until the
+6. A stream speaks for one incarnation (the replica refuses another on it):
+   when the node moves to a new incarnation, its streams are closed and a
+   new one is opened at once for the new life.
+7. The link never ends silently: it logs what failed and goes on, until the
    session ends or the client closes. A refusal that names a cluster
    mismatch (FAILED_PRECONDITION from a replica of another cluster) ends it
    with :class:`~membership.errors.ClusterMismatch`, for the client to end;
@@ -120,6 +123,7 @@ class _Stream:
         self.call = call
         self.acked = False
         self.hedge = False  # opened beside a late stream (rule 3)
+        self.incarnation = 0  # of the heartbeats it carries (rule 6); 0 before the first
         # (seq, monotonic time handed over) of heartbeats not yet acked, oldest first.
         self.unacked: collections.deque[tuple[int, float]] = collections.deque()
         self._pending: pb.HeartbeatRequest | None = None
@@ -132,6 +136,7 @@ class _Stream:
 
     def offer(self, seq: int, request: pb.HeartbeatRequest, now: float) -> None:
         """Hands over the newest heartbeat; an older one not yet written is dropped."""
+        self.incarnation = request.incarnation
         self.unacked.append((seq, now))
         while len(self.unacked) > 64:
             self.unacked.popleft()
@@ -226,7 +231,7 @@ class HeartbeatLink:
         self._closing: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
-        """Supervises the link until the owner is finished (rule 6).
+        """Supervises the link until the owner is finished (rule 7).
 
         Raises:
             ClusterMismatch: the arbiter belongs to another cluster.
@@ -282,8 +287,22 @@ class HeartbeatLink:
 
     def _beat(self, now: float) -> None:
         seq, request = self._owner.next_request(self.address, now)
+        stale = [st for st in self._streams if st.incarnation not in (0, request.incarnation)]
+        if stale:
+            # Rule 6: a new life gets a new stream, at once (no backoff: nothing failed).
+            for st in stale:
+                self._close_later(st)
+            if not self._streams:
+                self._open()
         for st in self._streams:
             st.offer(seq, request, now)
+
+    def _close_later(self, st: _Stream) -> None:
+        """Takes ``st`` out of the link and closes it in the background."""
+        self._streams.remove(st)
+        task = asyncio.get_running_loop().create_task(st.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     def _open(self) -> _Stream:
         channel, stub = self._channels.fresh(self.address)
@@ -361,10 +380,7 @@ class HeartbeatLink:
         if losers:
             # Rule 3: of two open streams, the first to ack wins.
             for other in losers:
-                self._streams.remove(other)
-                task = asyncio.get_running_loop().create_task(other.close())
-                self._closing.add(task)
-                task.add_done_callback(self._closing.discard)
+                self._close_later(other)
             log.info(
                 "heartbeats to %s go on over the %s connection",
                 self.address,

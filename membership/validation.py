@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from membership.errors import InvalidArgument
 
 __all__ = [
+    "MAX_INCARNATION",
     "MAX_LABELS",
     "MAX_LABELS_BYTES",
     "MAX_LABEL_KEY",
@@ -23,6 +24,7 @@ __all__ = [
     "parse_address",
     "parse_arbiters",
     "validate_cluster_name",
+    "validate_incarnation",
     "validate_labels",
     "validate_node_id",
 ]
@@ -34,10 +36,28 @@ MAX_LABEL_VALUE = 256
 MAX_LABELS_BYTES = 4096
 MAX_GAUGES = 64
 MAX_PHASE = 64
+# The largest incarnation: 2**53 - 1, the largest integer an IEEE 754 double
+# holds exactly, so that clients in languages whose numbers are doubles
+# (JavaScript, many JSON decoders) read the value they sent
+# (docs/protocol.md, "Incarnations"). Wall-clock milliseconds, the SDK's
+# default, stay below it for another 285,000 years.
+MAX_INCARNATION = 2**53 - 1
 
 _NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # Label keys, status gauge names and the phase (membership.status uses it too).
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/-]*")
+
+
+def validate_incarnation(incarnation: int) -> None:
+    """Checks an incarnation number: 1 to :data:`MAX_INCARNATION`.
+
+    Raises:
+        InvalidArgument: naming the range.
+    """
+    if not 1 <= incarnation <= MAX_INCARNATION:
+        raise InvalidArgument(
+            f"incarnation must be in 1..{MAX_INCARNATION} (2**53 - 1), got {incarnation}"
+        )
 
 
 def validate_node_id(node_id: str) -> str:
@@ -53,11 +73,11 @@ def validate_node_id(node_id: str) -> str:
         raise InvalidArgument("node_id is empty")
     if len(node_id) > MAX_NODE_ID:
         raise InvalidArgument(
-            f"node_id is {len(node_id)} characters long, the limit is {MAX_NODE_ID}"
+            f"node_id is {len(node_id)} characters long, the limit is MAX_NODE_ID = {MAX_NODE_ID}"
         )
     if not _NODE_ID.fullmatch(node_id):
         raise InvalidArgument(
-            f"node_id {node_id!r} has characters other than letters, digits, '.', '_', '-' "
+            f"node_id {node_id[:80]!r} has characters other than letters, digits, '.', '_', '-' "
             "or does not start with a letter or digit"
         )
     return node_id
@@ -74,26 +94,32 @@ def validate_labels(labels: Mapping[str, str]) -> Mapping[str, str]:
         InvalidArgument: naming the first label that breaks a limit.
     """
     if len(labels) > MAX_LABELS:
-        raise InvalidArgument(f"{len(labels)} labels, the limit is {MAX_LABELS}")
+        raise InvalidArgument(
+            f"labels: {len(labels)} labels, the limit is MAX_LABELS = {MAX_LABELS}"
+        )
     total = 0
     for key, value in labels.items():
         if not isinstance(key, str) or not isinstance(value, str):
             raise InvalidArgument("labels must map strings to strings")
         if not key or len(key) > MAX_LABEL_KEY or not NAME_PATTERN.fullmatch(key):
             raise InvalidArgument(
-                f"label key {key[:80]!r} must be 1 to {MAX_LABEL_KEY} characters of "
-                "letters, digits, '.', '_', '/', '-', starting with a letter or digit"
+                f"labels: label key {key[:80]!r} must be 1 to MAX_LABEL_KEY = {MAX_LABEL_KEY} "
+                "characters of letters, digits, '.', '_', '/', '-', starting with a letter or digit"
             )
         if len(value) > MAX_LABEL_VALUE:
             raise InvalidArgument(
-                f"label {key!r} has a value of {len(value)} characters, "
-                f"the limit is {MAX_LABEL_VALUE}"
+                f"labels: label {key!r} has a value of {len(value)} characters, "
+                f"the limit is MAX_LABEL_VALUE = {MAX_LABEL_VALUE}"
             )
         if not value.isprintable():
-            raise InvalidArgument(f"label {key!r} has a non-printable character in its value")
+            raise InvalidArgument(
+                f"labels: label {key!r} has a non-printable character in its value"
+            )
         total += len(key.encode()) + len(value.encode())
     if total > MAX_LABELS_BYTES:
-        raise InvalidArgument(f"labels take {total} bytes, the limit is {MAX_LABELS_BYTES}")
+        raise InvalidArgument(
+            f"labels: they take {total} bytes, the limit is MAX_LABELS_BYTES = {MAX_LABELS_BYTES}"
+        )
     return labels
 
 
@@ -127,21 +153,28 @@ def validate_status(
         InvalidArgument: naming what breaks a limit.
     """
     if len(phase) > MAX_PHASE:
-        raise InvalidArgument(f"status phase is {len(phase)} characters, the limit is {MAX_PHASE}")
+        raise InvalidArgument(
+            f"status: phase is {len(phase)} characters, the limit is MAX_PHASE = {MAX_PHASE}"
+        )
     if not phase.isprintable():
-        raise InvalidArgument("status phase has a non-printable character")
+        raise InvalidArgument("status: phase has a non-printable character")
     if len(gauges) > MAX_GAUGES:
-        raise InvalidArgument(f"{len(gauges)} status gauges, the limit is {MAX_GAUGES}")
+        raise InvalidArgument(
+            f"status: {len(gauges)} gauges, the limit is MAX_GAUGES = {MAX_GAUGES}"
+        )
     for key, value in gauges.items():
         if not key or len(key) > MAX_LABEL_KEY or not NAME_PATTERN.fullmatch(key):
-            raise InvalidArgument(f"status gauge name {key[:80]!r} is not a valid name")
+            raise InvalidArgument(
+                f"status: gauge name {key[:80]!r} is not 1 to MAX_LABEL_KEY = {MAX_LABEL_KEY} "
+                "characters of letters, digits, '.', '_', '/', '-', starting alphanumeric"
+            )
         if not math.isfinite(value):
-            raise InvalidArgument(f"status gauge {key!r} is {value}, not a finite number")
+            raise InvalidArgument(f"status: gauge {key!r} is {value}, not a finite number")
     for name, value in (numbers or {}).items():
         if not math.isfinite(value) or value < 0:
-            raise InvalidArgument(f"status {name} is {value}, not a finite number >= 0")
+            raise InvalidArgument(f"status: {name} is {value}, not a finite number >= 0")
         if name in STATUS_FRACTIONS and value > 1:
-            raise InvalidArgument(f"status {name} is {value}, not a fraction in 0..1")
+            raise InvalidArgument(f"status: {name} is {value}, not a fraction in 0..1")
 
 
 def validate_cluster_name(name: str) -> str:

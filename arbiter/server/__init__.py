@@ -14,6 +14,13 @@ made by :mod:`arbiter.core`, fed by the driver loop. Modules:
   and encodes.
 * ``admin.py``: the Admin service (``RemoveNode``), an administrator's
   removal of another node, asked of the ``Authorizer`` first.
+* ``admin.py``: the Admin service (``RemoveNode``: an administrator's removal).
+* ``authz.py``: who may do what (``AllowAll`` for ``--insecure``, ``MutualTLS``
+  reading identities from certificates); ``security.py``: the replica's own
+  TLS files, their check at start and their reload on SIGHUP.
+* ``limits.py``: the wire contract of every stream (seq, rate, slots, sizes);
+  ``decoding.py``: undecodable or oversized requests end with a status.
+* ``encoding.py``: views and status reports as sent to subscribers and GetView.
 * ``peers.py``: the replica-to-replica transport for Raft messages.
 * ``storage.py``: the durable Raft state (SQLite, fsynced before a message
   that depends on it leaves).

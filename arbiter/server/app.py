@@ -17,6 +17,7 @@ from arbiter.core.replica import RestoreError
 from arbiter.core.tally import ViewChange
 from arbiter.server.admin import AdminServicer
 from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
+from arbiter.server.decoding import DecodeRefusal
 from arbiter.server.driver import Driver, ReplicaStatus
 from arbiter.server.hub import Hub, HubStatus
 from arbiter.server.peers import PeerServicer, PeerTransport
@@ -42,6 +43,8 @@ __all__ = [
 log = logging.getLogger("arbiter")
 
 SERVICE_NAME = "membership.v1.Membership"
+# Raft traffic between replicas: held to max_peer_message_bytes only.
+PEER_SERVICE = "/arbiter.v1.Peer/"
 
 
 def server_options(config: ArbiterConfig) -> list[tuple[str, int]]:
@@ -60,7 +63,8 @@ def server_options(config: ArbiterConfig) -> list[tuple[str, int]]:
     """
     keepalive_timeout_ms = int(config.keepalive_timeout * 1000)
     return [
-        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_receive_message_length", config.max_peer_message_bytes),
+        ("grpc.max_concurrent_streams", config.max_concurrent_streams),
         ("grpc.keepalive_time_ms", int(config.keepalive_time * 1000)),
         ("grpc.keepalive_timeout_ms", keepalive_timeout_ms),
         ("grpc.http2.ping_timeout_ms", keepalive_timeout_ms),
@@ -364,7 +368,10 @@ class ArbiterServer:
             raise StorageError(f"data dir {self.data_dir}: {e}") from None
         self.api = MembershipServicer(self.driver, self.hub, cluster=identity, authz=self.authz)
         self.health = health.aio.HealthServicer()
-        server = grpc.aio.server(options=server_options(cfg))
+        server = grpc.aio.server(
+            options=server_options(cfg),
+            interceptors=[DecodeRefusal(cfg.max_message_bytes, exempt=PEER_SERVICE)],
+        )
         membership_pb2_grpc.add_MembershipServicer_to_server(self.api, server)
         self.admin_api = AdminServicer(self.driver, cluster=identity, authz=self.authz)
         membership_pb2_grpc.add_AdminServicer_to_server(self.admin_api, server)

@@ -31,26 +31,30 @@ import grpc
 
 from arbiter.core.raft import ProposalDropped
 from arbiter.core.tally import ViewChange
+from arbiter.server import limits
 from arbiter.server.admin import refusal_status
 from arbiter.server.authz import AllowAll, Authorizer, Refusal
 from arbiter.server.driver import Driver
+from arbiter.server.encoding import ViewEncoder
 from arbiter.server.hub import Hub, HubStatus
+from arbiter.server.limits import HeartbeatStreamRules, LimitExceeded, Throttle
 from arbiter.server.statusboard import StatusBoard
 from membership import convert
 from membership.errors import InvalidArgument
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
-from membership.validation import validate_labels, validate_node_id, validate_status
+from membership.validation import (
+    validate_incarnation,
+    validate_labels,
+    validate_node_id,
+    validate_status,
+)
 from membership.view import MemberState, View
 
 __all__ = ["MembershipServicer"]
 
 log = logging.getLogger("arbiter.api")
 
-
-# Nodes per StatusUpdate message: keeps each well under the 4 MiB gRPC default
-# receive limit (a report is at most a few KiB with 64 gauges).
-_STATUS_CHUNK = 256
 
 # Seconds a subscription resuming after an epoch this replica has not applied
 # waits for it before OUT_OF_RANGE. A follower in a quorum learns its leader's
@@ -61,8 +65,7 @@ FUTURE_EPOCH_WAIT = 1.0
 
 def _check_heartbeat(req: pb.HeartbeatRequest, min_interval: float, max_interval: float) -> None:
     validate_node_id(req.node_id)
-    if req.incarnation < 1:
-        raise InvalidArgument("incarnation must be >= 1")
+    validate_incarnation(req.incarnation)
     validate_labels(req.labels)
     validate_status(req.status.phase, req.status.gauges, convert.status_numbers(req.status))
     if not (req.interval_seconds == 0 or min_interval <= req.interval_seconds <= max_interval):
@@ -95,7 +98,9 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         self._config = driver.config
         self._closing = asyncio.Event()
         self.heartbeat_streams = 0
+        self.subscriptions = 0
         self.board = StatusBoard()
+        self._views = ViewEncoder(driver, self.board)
         self._pruned_at = time.monotonic()
 
     def close(self) -> None:
@@ -136,107 +141,51 @@ class MembershipServicer(pb_grpc.MembershipServicer):
             f"the {who} expects {expected}: list the replicas of one cluster"
         )
 
-    def _suspected_by(self, node_id: str) -> tuple[str, ...]:
-        member = self._driver.state.member(node_id)
-        # A life that is over (DEAD, or LEFT by choice) is suspected of nothing more.
-        if member is not None and member.state.is_final:
-            return ()
-        return self._driver.state.suspected_by(node_id)
-
-    def _view_pb(self, view: View, with_status: bool = False) -> pb.View:
-        members = []
-        for m in view.members:
-            msg = convert.member_to_pb(m, self._suspected_by(m.node_id))
-            entry = self.board.get(m.node_id) if with_status else None
-            if (
-                entry is not None
-                and entry.incarnation == m.incarnation
-                and m.state is MemberState.ALIVE
-            ):
-                msg.status.CopyFrom(entry.status)
-            members.append(msg)
-        return pb.View(epoch=view.epoch, members=members)
-
-    def _status_updates(
-        self, sent: dict[str, tuple[int, tuple[str, ...]]]
-    ) -> list[pb.StatusUpdate]:
-        """Reports of the nodes whose status or suspicions changed since ``sent`` (updated)."""
-        now = time.monotonic()
-        reports = []
-        state = self._driver.state
-        for node_id, entry in self.board.items():
-            member = state.member(node_id)
-            if member is not None and (
-                member.incarnation > entry.incarnation
-                or (member.incarnation == entry.incarnation and member.state.is_final)
-            ):
-                continue  # a life that is over reports nothing more
-            suspected = self._suspected_by(node_id)
-            key = (entry.version, suspected)
-            if sent.get(node_id) == key:
-                continue
-            sent[node_id] = key
-            reports.append(
-                pb.NodeStatusReport(
-                    node_id=node_id,
-                    incarnation=entry.incarnation,
-                    status=entry.status,
-                    suspected_by=suspected,
-                    silence_seconds=round(max(0.0, now - entry.heard), 3),
-                )
-            )
-        return [
-            pb.StatusUpdate(nodes=reports[i : i + _STATUS_CHUNK])
-            for i in range(0, len(reports), _STATUS_CHUNK)
-        ]
-
     async def Heartbeat(
         self,
         request_iterator: AsyncIterator[pb.HeartbeatRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.HeartbeatAck]:
-        """One node's heartbeat stream: an ack for every heartbeat."""
+        """One node's heartbeat stream: an ack for every heartbeat (the stream rules of
+        :mod:`arbiter.server.limits`, then the driver's verdict)."""
+        cfg = self._config
+        refusal = limits.stream_slot(
+            "max_heartbeat_streams", self.heartbeat_streams, cfg, self._driver.replica_id
+        )
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+        rules = HeartbeatStreamRules()
+        throttle = Throttle(cfg.max_heartbeat_rate, cfg.heartbeat_rate_margin)
         if not isinstance(self.authz, AllowAll):  # --insecure: no hop per heartbeat
             request_iterator = self._as_node(request_iterator, context)
-        node_id: str | None = None
-        window_start = time.monotonic()
-        in_window = 0
         self.heartbeat_streams += 1
         try:
             async for req in request_iterator:
                 if self._closing.is_set():
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
                 try:
-                    _check_heartbeat(
-                        req, self._config.heartbeat_interval, self._config.max_heartbeat_interval
-                    )
+                    wait = throttle.admit(time.monotonic())
+                    _check_heartbeat(req, cfg.heartbeat_interval, cfg.max_heartbeat_interval)
+                    first = rules.check(req.node_id, req.incarnation, req.seq)
+                    if first:
+                        limits.check_new_node(self._driver, cfg.max_nodes, req.node_id)
                 except InvalidArgument as e:
                     log.info("heartbeat refused from %s: %s", context.peer(), e)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                except LimitExceeded as e:
+                    log.info("heartbeat stream cut from %s: %s", context.peer(), e)
+                    await context.abort(e.code, str(e))
                 refusal = self._cluster_mismatch(req.cluster, f"node {req.node_id}")
                 if refusal is not None:
                     log.info("heartbeat refused from %s: %s", context.peer(), refusal)
                     await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
-                if node_id is None:
-                    node_id = req.node_id
-                elif req.node_id != node_id:
-                    await context.abort(
-                        grpc.StatusCode.INVALID_ARGUMENT,
-                        f"node_id changed from {node_id!r} to {req.node_id!r} within one stream",
-                    )
-                now = time.monotonic()
-                if now - window_start >= 1.0:
-                    window_start, in_window = now, 0
-                in_window += 1
-                if in_window > self._config.max_heartbeat_rate:
-                    await context.abort(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"more than {self._config.max_heartbeat_rate:g} heartbeats per second "
-                        f"on one stream; follow next_interval_seconds",
-                    )
+                if wait > 0:
+                    # Throttled (limits rule 3): handled, and acked, once its token is there.
+                    await asyncio.sleep(wait)
                 verdict = self._driver.on_heartbeat(
                     req.node_id, req.incarnation, req.labels, req.interval_seconds or None
                 )
+                now = time.monotonic()
                 if verdict.accepted:
                     self.board.update(req.node_id, req.incarnation, req.status, now)
                     if now - self._pruned_at > 10.0:
@@ -260,15 +209,51 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         finally:
             self.heartbeat_streams -= 1
 
-    async def Subscribe(
+    async def Subscribe(  # type: ignore[override]  # writes with context.write (a timeout)
         self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.MembershipEvent]:
+    ) -> None:
         """Snapshot or resumed changes, then every change, quorum status and progress.
 
         With ``include_status``, also StatusUpdate events: every node whose
         status or suspicions changed, at most once per status interval.
+
+        At most ``max_subscribers`` at once; an event that gRPC does not take
+        within ``subscriber_write_timeout`` (the subscriber does not read)
+        ends the call, both with RESOURCE_EXHAUSTED.
         """
         await self._deny(context, self.authz.reader(context))
+        cfg = self._config
+        refusal = limits.stream_slot(
+            "max_subscribers", self.subscriptions, cfg, self._driver.replica_id
+        )
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+        self.subscriptions += 1
+        try:
+            await self._subscription(request, context)
+        except limits.NotReading as e:
+            # Not context.abort(): its status would wait behind the event gRPC
+            # cannot send, and so would this handler, holding the slot. Ended
+            # so, the handler returns now; gRPC sends the status after that
+            # event, should the subscriber ever read.
+            context.set_code(grpc.StatusCode.RESOURCE_EXHAUSTED)
+            context.set_details(str(e))
+        finally:
+            self.subscriptions -= 1
+
+    async def _send(self, context: grpc.aio.ServicerContext, event: pb.MembershipEvent) -> None:
+        """Writes one event to a subscriber, or ends the call if it does not read."""
+        timeout = self._config.subscriber_write_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                await context.write(event)
+        except TimeoutError:
+            log.info("subscriber %s does not read: its subscription is ended", context.peer())
+            raise limits.NotReading(timeout) from None
+
+    async def _subscription(
+        self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
+    ) -> None:
         refusal = self._cluster_mismatch(request.cluster, "subscriber")
         if refusal is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
@@ -286,8 +271,13 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         loop = asyncio.get_running_loop()
         next_status = loop.time() if request.include_status else math.inf
         status = self._driver.status()
-        yield self._quorum_event(
-            HubStatus(in_quorum=status.in_quorum, leader_id=status.leader_id, epoch=status.epoch)
+        await self._send(
+            context,
+            self._quorum_event(
+                HubStatus(
+                    in_quorum=status.in_quorum, leader_id=status.leader_id, epoch=status.epoch
+                )
+            ),
         )
         state = self._driver.state
         if request.since_epoch > 0 and (
@@ -302,28 +292,31 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 # Status only once the snapshot or catch-up changes are out:
                 # a status must never arrive before the view it refers to.
                 if loop.time() >= next_status and not sub.queue:
-                    for update in self._status_updates(sent):
-                        yield self._event(status=update)
+                    for update in self._views.status_updates(sent):
+                        await self._send(context, self._event(status=update))
                     next_status = loop.time() + status_every
                 item = await sub.get(max(0.0, min(next_progress, next_status) - loop.time()))
                 if item is None:
                     if sub.closed:
                         break
                     if loop.time() >= next_progress:
-                        yield self._event(
-                            progress=pb.Progress(
-                                epoch=self._driver.state.epoch,
-                                in_quorum=self._driver.status().in_quorum,
-                                progress_interval_seconds=self._config.progress_interval,
+                        await self._send(
+                            context,
+                            self._event(
+                                progress=pb.Progress(
+                                    epoch=self._driver.state.epoch,
+                                    in_quorum=self._driver.status().in_quorum,
+                                    progress_interval_seconds=self._config.progress_interval,
+                                ),
                             ),
                         )
                         next_progress = loop.time() + self._config.progress_interval
                     continue
                 next_progress = loop.time() + self._config.progress_interval
                 if isinstance(item, View):
-                    yield self._event(snapshot=pb.ViewSnapshot(view=self._view_pb(item)))
+                    event = self._event(snapshot=pb.ViewSnapshot(view=self._views.view_pb(item)))
                 elif isinstance(item, ViewChange):
-                    yield self._event(
+                    event = self._event(
                         change=pb.ViewChange(
                             epoch=item.epoch,
                             changes=[convert.change_to_pb(c) for c in item.changes],
@@ -331,7 +324,8 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     )
                 else:
                     assert isinstance(item, HubStatus)
-                    yield self._quorum_event(item)
+                    event = self._quorum_event(item)
+                await self._send(context, event)
         finally:
             self._hub.unsubscribe(sub)
 
@@ -407,7 +401,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         if request.summary:
             view = pb.View(epoch=status.epoch)
         else:
-            view = self._view_pb(self._driver.state.view(), with_status=True)
+            view = self._views.view_pb(self._driver.state.view(), with_status=True)
         return pb.GetViewResponse(
             view=view,
             arbiter_id=status.arbiter_id,
@@ -440,8 +434,10 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         refusal = self._cluster_mismatch(request.cluster, f"node {request.node_id}")
         if refusal is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
-        if request.incarnation < 1:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "incarnation must be >= 1")
+        try:
+            validate_incarnation(request.incarnation)
+        except InvalidArgument as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         node_id, incarnation = request.node_id, request.incarnation
         me = self._driver.replica_id
 

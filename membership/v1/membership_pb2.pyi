@@ -98,7 +98,7 @@ class NodeStatus(_message.Message):
     gpu_utilization: _builtins.float
     """0..1, mean over the node's GPUs"""
     phase: _builtins.str
-    """training phase, e.g. "allreduce" """
+    """training phase, e.g. "allreduce"; <= 64 printable characters"""
     step: _builtins.int
     """training step, >= 0"""
     progress: _builtins.float
@@ -111,7 +111,7 @@ class NodeStatus(_message.Message):
     """0..1, over the node's GPUs"""
     @_builtins.property
     def gauges(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
-        """application gauges (at most 32)"""
+        """application gauges: at most 64, named like label keys, finite"""
 
     def __init__(
         self,
@@ -198,16 +198,25 @@ class HeartbeatRequest(_message.Message):
     INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
     CLUSTER_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
+    """1 to 128 characters of [A-Za-z0-9._-], starting with a letter or digit;
+    the same on every heartbeat of a stream (INVALID_ARGUMENT otherwise).
+    """
     incarnation: _builtins.int
-    """which life of the node; a restart uses a higher one"""
+    """Which life of the node, >= 1; a restart uses a higher one. The same on
+    every heartbeat of a stream (INVALID_ARGUMENT otherwise).
+    """
     seq: _builtins.int
-    """per stream, strictly increasing"""
+    """Per stream, strictly increasing (the first may be any value):
+    INVALID_ARGUMENT otherwise.
+    """
     send_time_unix: _builtins.float
     """node's wall clock, seconds; informational only"""
     interval_seconds: _builtins.float
     """The interval the node sends heartbeats at, seconds: the one the replica
     suggested in its last ack. The replica's failure detector expects this
-    cadence from this node. 0 = the replica's configured default.
+    cadence from this node. 0 = the replica's configured default; otherwise
+    within [heartbeat_interval, max_heartbeat_interval] of the replica
+    (0.15 to 0.6 s by default): INVALID_ARGUMENT otherwise.
     """
     cluster: _builtins.str
     """The cluster identity the node expects (see above); empty = not checked.
@@ -216,7 +225,10 @@ class HeartbeatRequest(_message.Message):
     """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """static; read when the node joins"""
+        """Static; read when the node joins. At most 32; keys 1 to 63 characters of
+        [A-Za-z0-9._/-] starting with a letter or digit; values at most 256
+        printable characters; 4096 bytes in all (UTF-8): INVALID_ARGUMENT otherwise.
+        """
 
     @_builtins.property
     def status(self) -> Global___NodeStatus: ...

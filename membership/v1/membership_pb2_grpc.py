@@ -26,7 +26,12 @@ if _version_not_supported:
 
 
 class MembershipStub:
-    """Missing associated documentation comment in .proto file."""
+    """Every RPC: a request larger than the replica's max_message_bytes (64 KiB by
+    default) ends its call with RESOURCE_EXHAUSTED, one that does not decode
+    with INVALID_ARGUMENT; a connection carries at most max_concurrent_streams
+    (100) streams at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a stream
+    past it is refused with RST_STREAM REFUSED_STREAM).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -57,11 +62,24 @@ class MembershipStub:
 
 
 class MembershipServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Every RPC: a request larger than the replica's max_message_bytes (64 KiB by
+    default) ends its call with RESOURCE_EXHAUSTED, one that does not decode
+    with INVALID_ARGUMENT; a connection carries at most max_concurrent_streams
+    (100) streams at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a stream
+    past it is refused with RST_STREAM REFUSED_STREAM).
+    """
 
     def Heartbeat(self, request_iterator, context):
         """One stream per (node, replica): the node sends a HeartbeatRequest every
         suggested interval, the replica answers each with a HeartbeatAck.
+        One stream speaks for one node_id at one incarnation (a new incarnation
+        opens a new stream). A stream sending faster than the replica's
+        max_heartbeat_rate (20/s by default) is throttled (its acks come later),
+        and ended with RESOURCE_EXHAUSTED once throttled for more than
+        heartbeat_rate_margin (2 s). RESOURCE_EXHAUSTED also when the replica
+        has max_heartbeat_streams open (10,000), or tracks max_nodes (5,000)
+        and the node_id is new to it. Every refusal's message starts with the
+        name of the rule or limit ("seq: ...", "max_nodes: ...").
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -70,7 +88,10 @@ class MembershipServicer:
     def Subscribe(self, request, context):
         """The view as a stream: a snapshot (or, when resuming, the changes after
         since_epoch), then every committed change, quorum transitions and
-        periodic progress markers.
+        periodic progress markers. RESOURCE_EXHAUSTED when the replica has
+        max_subscribers open (1,000 by default), and for a subscriber that does
+        not read: an event gRPC cannot send for subscriber_write_timeout (10 s)
+        ends the call (the status comes after what was already sent).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -129,7 +150,12 @@ def add_MembershipServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Membership:
-    """Missing associated documentation comment in .proto file."""
+    """Every RPC: a request larger than the replica's max_message_bytes (64 KiB by
+    default) ends its call with RESOURCE_EXHAUSTED, one that does not decode
+    with INVALID_ARGUMENT; a connection carries at most max_concurrent_streams
+    (100) streams at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a stream
+    past it is refused with RST_STREAM REFUSED_STREAM).
+    """
 
     @staticmethod
     def Heartbeat(request_iterator,

@@ -33,6 +33,13 @@ GRPC_GENERATED_VERSION: str
 GRPC_VERSION: str
 
 class MembershipStub:
+    """Every RPC: a request larger than the replica's max_message_bytes (64 KiB by
+    default) ends its call with RESOURCE_EXHAUSTED, one that does not decode
+    with INVALID_ARGUMENT; a connection carries at most max_concurrent_streams
+    (100) streams at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a stream
+    past it is refused with RST_STREAM REFUSED_STREAM).
+    """
+
     @_typing.overload
     def __new__(cls, channel: _grpc.Channel) -> _Self: ...
     @_typing.overload
@@ -40,11 +47,22 @@ class MembershipStub:
     Heartbeat: _grpc.StreamStreamMultiCallable[_membership_pb2.HeartbeatRequest, _membership_pb2.HeartbeatAck]
     """One stream per (node, replica): the node sends a HeartbeatRequest every
     suggested interval, the replica answers each with a HeartbeatAck.
+    One stream speaks for one node_id at one incarnation (a new incarnation
+    opens a new stream). A stream sending faster than the replica's
+    max_heartbeat_rate (20/s by default) is throttled (its acks come later),
+    and ended with RESOURCE_EXHAUSTED once throttled for more than
+    heartbeat_rate_margin (2 s). RESOURCE_EXHAUSTED also when the replica
+    has max_heartbeat_streams open (10,000), or tracks max_nodes (5,000)
+    and the node_id is new to it. Every refusal's message starts with the
+    name of the rule or limit ("seq: ...", "max_nodes: ...").
     """
     Subscribe: _grpc.UnaryStreamMultiCallable[_membership_pb2.SubscribeRequest, _membership_pb2.MembershipEvent]
     """The view as a stream: a snapshot (or, when resuming, the changes after
     since_epoch), then every committed change, quorum transitions and
-    periodic progress markers.
+    periodic progress markers. RESOURCE_EXHAUSTED when the replica has
+    max_subscribers open (1,000 by default), and for a subscriber that does
+    not read: an event gRPC cannot send for subscriber_write_timeout (10 s)
+    ends the call (the status comes after what was already sent).
     """
     GetView: _grpc.UnaryUnaryMultiCallable[_membership_pb2.GetViewRequest, _membership_pb2.GetViewResponse]
     """The replica's current committed view (may lag; see in_quorum)."""
@@ -61,15 +79,33 @@ class MembershipStub:
 
 @_typing.type_check_only
 class MembershipAsyncStub(MembershipStub):
+    """Every RPC: a request larger than the replica's max_message_bytes (64 KiB by
+    default) ends its call with RESOURCE_EXHAUSTED, one that does not decode
+    with INVALID_ARGUMENT; a connection carries at most max_concurrent_streams
+    (100) streams at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a stream
+    past it is refused with RST_STREAM REFUSED_STREAM).
+    """
+
     def __init__(self, channel: _aio.Channel) -> None: ...
     Heartbeat: _aio.StreamStreamMultiCallable[_membership_pb2.HeartbeatRequest, _membership_pb2.HeartbeatAck]  # type: ignore[assignment]
     """One stream per (node, replica): the node sends a HeartbeatRequest every
     suggested interval, the replica answers each with a HeartbeatAck.
+    One stream speaks for one node_id at one incarnation (a new incarnation
+    opens a new stream). A stream sending faster than the replica's
+    max_heartbeat_rate (20/s by default) is throttled (its acks come later),
+    and ended with RESOURCE_EXHAUSTED once throttled for more than
+    heartbeat_rate_margin (2 s). RESOURCE_EXHAUSTED also when the replica
+    has max_heartbeat_streams open (10,000), or tracks max_nodes (5,000)
+    and the node_id is new to it. Every refusal's message starts with the
+    name of the rule or limit ("seq: ...", "max_nodes: ...").
     """
     Subscribe: _aio.UnaryStreamMultiCallable[_membership_pb2.SubscribeRequest, _membership_pb2.MembershipEvent]  # type: ignore[assignment]
     """The view as a stream: a snapshot (or, when resuming, the changes after
     since_epoch), then every committed change, quorum transitions and
-    periodic progress markers.
+    periodic progress markers. RESOURCE_EXHAUSTED when the replica has
+    max_subscribers open (1,000 by default), and for a subscriber that does
+    not read: an event gRPC cannot send for subscriber_write_timeout (10 s)
+    ends the call (the status comes after what was already sent).
     """
     GetView: _aio.UnaryUnaryMultiCallable[_membership_pb2.GetViewRequest, _membership_pb2.GetViewResponse]  # type: ignore[assignment]
     """The replica's current committed view (may lag; see in_quorum)."""
@@ -85,6 +121,13 @@ class MembershipAsyncStub(MembershipStub):
     """
 
 class MembershipServicer(metaclass=_abc_1.ABCMeta):
+    """Every RPC: a request larger than the replica's max_message_bytes (64 KiB by
+    default) ends its call with RESOURCE_EXHAUSTED, one that does not decode
+    with INVALID_ARGUMENT; a connection carries at most max_concurrent_streams
+    (100) streams at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; a stream
+    past it is refused with RST_STREAM REFUSED_STREAM).
+    """
+
     @_abc_1.abstractmethod
     def Heartbeat(
         self,
@@ -93,6 +136,14 @@ class MembershipServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_membership_pb2.HeartbeatAck], _abc.AsyncIterator[_membership_pb2.HeartbeatAck]]:
         """One stream per (node, replica): the node sends a HeartbeatRequest every
         suggested interval, the replica answers each with a HeartbeatAck.
+        One stream speaks for one node_id at one incarnation (a new incarnation
+        opens a new stream). A stream sending faster than the replica's
+        max_heartbeat_rate (20/s by default) is throttled (its acks come later),
+        and ended with RESOURCE_EXHAUSTED once throttled for more than
+        heartbeat_rate_margin (2 s). RESOURCE_EXHAUSTED also when the replica
+        has max_heartbeat_streams open (10,000), or tracks max_nodes (5,000)
+        and the node_id is new to it. Every refusal's message starts with the
+        name of the rule or limit ("seq: ...", "max_nodes: ...").
         """
 
     @_abc_1.abstractmethod
@@ -103,7 +154,10 @@ class MembershipServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_membership_pb2.MembershipEvent], _abc.AsyncIterator[_membership_pb2.MembershipEvent]]:
         """The view as a stream: a snapshot (or, when resuming, the changes after
         since_epoch), then every committed change, quorum transitions and
-        periodic progress markers.
+        periodic progress markers. RESOURCE_EXHAUSTED when the replica has
+        max_subscribers open (1,000 by default), and for a subscriber that does
+        not read: an event gRPC cannot send for subscriber_write_timeout (10 s)
+        ends the call (the status comes after what was already sent).
         """
 
     @_abc_1.abstractmethod
