@@ -7,6 +7,9 @@ Every node keeps one Heartbeat stream open to every arbiter replica. A node
 is declared DEAD only when a quorum of replicas suspect it, and every view
 change is ordered by the replicas' Raft log, so all subscribers see one
 sequence of views numbered by epoch.
+
+The contract for implementers (units, limits, incarnations, leases, the
+ack deadline, the order of events, keepalive): docs/protocol.md.
 """
 
 from collections import abc as _abc
@@ -202,8 +205,9 @@ class HeartbeatRequest(_message.Message):
     the same on every heartbeat of a stream (INVALID_ARGUMENT otherwise).
     """
     incarnation: _builtins.int
-    """Which life of the node, >= 1; a restart uses a higher one. The same on
-    every heartbeat of a stream (INVALID_ARGUMENT otherwise).
+    """Which life of the node, 1 to 2^53 - 1 (safe as a double); a restart uses
+    a higher one. The same on every heartbeat of a stream (INVALID_ARGUMENT
+    otherwise).
     """
     seq: _builtins.int
     """Per stream, strictly increasing (the first may be any value):

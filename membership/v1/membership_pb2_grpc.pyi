@@ -7,6 +7,9 @@ Every node keeps one Heartbeat stream open to every arbiter replica. A node
 is declared DEAD only when a quorum of replicas suspect it, and every view
 change is ordered by the replicas' Raft log, so all subscribers see one
 sequence of views numbered by epoch.
+
+The contract for implementers (units, limits, incarnations, leases, the
+ack deadline, the order of events, keepalive): docs/protocol.md.
 """
 
 from collections import abc as _abc
