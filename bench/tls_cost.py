@@ -162,6 +162,8 @@ class Generator:
                     if st.first_ack_at is None:
                         st.first_ack_at = loop.time()
                     due += self.interval
+                    if due < loop.time() - self.interval:
+                        due = loop.time()  # far behind: skip, never burst to catch up (as the SDK)
                     await asyncio.sleep(max(0.0, due - loop.time()))
             except asyncio.CancelledError:
                 raise
@@ -228,6 +230,15 @@ def _creds(folder: Path | None) -> Credentials:
     )
 
 
+async def _wait_listening(cluster: LocalCluster) -> None:
+    try:
+        await _wait(lambda: all(_port_open(a) for a in cluster.addresses), 60, "replicas")
+    except TimeoutError:
+        for name, child in cluster.children.items():
+            print(f"--- {name} (alive: {child.alive()})\n{child.stderr()[-2000:]}", file=sys.stderr)
+        raise
+
+
 def _start_cluster(tmp: Path, certs: Path | None) -> LocalCluster:
     cluster = LocalCluster(tmp, merge_output=True)
     cluster.arbiters = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(3))}
@@ -247,12 +258,19 @@ async def cpu_per_heartbeat(
     cluster = _start_cluster(tmp, certs)
     gen: Generator | None = None
     try:
-        await _wait(lambda: all(_port_open(a) for a in cluster.addresses), 30, "replicas")
+        await _wait_listening(cluster)
         gen = Generator(
             [f"n{i}" for i in range(nodes)], cluster.addresses, interval, _creds(certs), rng
         )
         gen.start()
-        await asyncio.sleep(max(5.0, 3 * interval))  # warm-up: joins committed, streams steady
+        # Warm-up: every stream connected (with TLS, a handshake each) and acked,
+        # then a few seconds for the joins to commit and the streams to settle.
+        await _wait(
+            lambda: all(s.first_ack_at is not None for s in gen.stats.values()),
+            120,
+            f"{len(gen.stats)} streams acked",
+        )
+        await asyncio.sleep(max(5.0, 5 * interval))
         pids = [c.pid for c in cluster.children.values() if c.name.startswith("a")]
         before_cpu = [cpu_seconds(p) for p in pids]
         before_acked = sum(s.acked for s in gen.stats.values())
@@ -287,7 +305,7 @@ async def reconnect_after_restart(
     cluster = _start_cluster(tmp, certs)
     gen: Generator | None = None
     try:
-        await _wait(lambda: all(_port_open(a) for a in cluster.addresses), 30, "replicas")
+        await _wait_listening(cluster)
         a1 = cluster.arbiters["a1"]
         gen = Generator([f"n{i}" for i in range(fleet)], [a1], interval, _creds(certs), rng)
         gen.start()
