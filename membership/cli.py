@@ -22,12 +22,25 @@ Rules:
 
 from __future__ import annotations
 
+import os
+
+# Before anything imports grpc (membership.commands does, below): gRPC reads
+# these once, when it is first imported, so main() is too late.
+# - gRPC core's own informational lines (GOAWAY received, ...) are not the
+#   command's output; its errors still show.
+# - No fork handlers: the demo forks children (subprocess with a preexec_fn)
+#   while its own gRPC client runs; they exec at once and never use gRPC.
+#   With the handlers on, a fork that races gRPC's threads could leave a
+#   child with a broken poller ("epoll_wait error: Bad file descriptor"),
+#   grpc/grpc#43055. No other command forks.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import argparse
 import asyncio
 import contextlib
 import logging
 import math
-import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -376,9 +389,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     Raises:
         SystemExit: for ``--help``, ``--version`` (0) and malformed flags (2).
     """
-    # gRPC core's own informational lines (GOAWAY received, ...) are not the
-    # command's output; its errors still show. Before grpc is first imported.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     interrupt = Interrupt()
     interrupt.install()
     args: argparse.Namespace | None = None
@@ -386,10 +396,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         # A server logs what it decides (elections, deaths); clients stay quiet.
         _setup_logging(args.log_level or ("info" if args.command == "arbiter" else "warning"))
-        if args.command == "demo":
-            # The demo forks children while its own gRPC client runs; they exec
-            # at once, so gRPC's fork handlers (and their warnings) are not needed.
-            os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
         result = args.func(args, interrupt)
         if asyncio.iscoroutine(result):
             result = asyncio.run(interrupt.run(result))

@@ -38,3 +38,30 @@ def test_cli_output_quorum_lines() -> None:
         "leader": None,
     }
     assert event_lines(ev, as_json=False) == ["arbiter a3 lost its quorum (leader: none)"]
+
+
+def test_cli_configures_grpc_before_grpc_is_first_imported() -> None:
+    # gRPC reads GRPC_ENABLE_FORK_SUPPORT and GRPC_VERBOSITY once, on import:
+    # set later, the demo's children could inherit a broken poller from a
+    # fork racing gRPC's threads (a demo node died so about one run in six).
+    import subprocess
+    import sys
+
+    probe = (
+        "import os, sys\n"
+        "class Spy:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'grpc':\n"
+        "            print(os.environ.get('GRPC_ENABLE_FORK_SUPPORT'), "
+        "os.environ.get('GRPC_VERBOSITY'))\n"
+        "            sys.meta_path.remove(self)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Spy())\n"
+        "os.environ.pop('GRPC_ENABLE_FORK_SUPPORT', None)\n"
+        "os.environ.pop('GRPC_VERBOSITY', None)\n"
+        "import membership.cli\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    assert out[:2] == ["false", "ERROR"], out
