@@ -12,7 +12,7 @@ from membership.errors import InvalidArgument
 if TYPE_CHECKING:
     from membership.tls import TLSFiles
 
-__all__ = ["MIN_KEEPALIVE_TIME", "MIN_KEEPALIVE_TIMEOUT", "ClientConfig"]
+__all__ = ["MAX_RECEIVE_BYTES", "MIN_KEEPALIVE_TIME", "MIN_KEEPALIVE_TIMEOUT", "ClientConfig"]
 
 # The keepalive contract between the SDK and the arbiters, in seconds (failure
 # class "keepalive policy mismatch" in docs/architecture.md).
@@ -29,6 +29,9 @@ MIN_KEEPALIVE_TIME = 4.0
 # second a few retransmissions (Linux's minimum RTO is 0.2 s) would abort a
 # healthy connection.
 MIN_KEEPALIVE_TIMEOUT = 1.0
+# The largest message a client accepts, bytes: a whole view (a snapshot, a
+# GetView answer) at the replicas' default limits fits with room to spare.
+MAX_RECEIVE_BYTES = 128 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -238,4 +241,9 @@ class ClientConfig:
             ("grpc.initial_reconnect_backoff_ms", int(self.backoff_initial * 1000)),
             ("grpc.max_reconnect_backoff_ms", int(self.backoff_max * 1000)),
             ("grpc.enable_retries", 0),
+            # A snapshot or GetView is one message holding the whole view: at
+            # the replicas' default limits (5,000 nodes, 4 KiB of labels and
+            # up to 64 gauges each) about 50 MiB, far above gRPC's default
+            # 4 MiB receive limit (docs/protocol.md, "Limits").
+            ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
         ]
