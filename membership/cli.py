@@ -77,7 +77,8 @@ log = logging.getLogger("membership.cli")
 EXIT_CODES = """\
 exit status:
   0        success; node, watch and arbiter also exit 0 when stopped by SIGINT or
-           SIGTERM (that is how they stop; a node leaves the cluster first)
+           SIGTERM or SIGHUP (that is how they stop; a node leaves the cluster
+           first; an arbiter takes SIGHUP as "reload the TLS files" instead)
   1        runtime failure: no arbiter reachable, leave not committed, data dir or
            listen address unusable; admin remove refused (no such member, already
            DEAD or LEFT, not an administrator)

@@ -53,7 +53,11 @@ log = logging.getLogger("membership.cli")
 T = TypeVar("T")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_ENDED = 0, 1, 2, 3
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP too: a node whose terminal closes, or that an operator signals as
+# replicas are signalled to reload their certificates, stops gracefully (it
+# leaves) instead of dying at once and being declared DEAD. ``arbiter``
+# replaces the SIGHUP handler with its reload of the TLS files.
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class CliError(Exception):
@@ -73,7 +77,7 @@ class Interrupted(Exception):
 
 
 class Interrupt:
-    """SIGINT and SIGTERM while a command runs (rule 3).
+    """SIGINT, SIGTERM and SIGHUP while a command runs (rule 3).
 
     The first signal sets :attr:`stop` once the event loop is attached (before
     that, the handler raises :class:`Interrupted` where the program is). A

@@ -112,7 +112,7 @@ class Identity:
         replicas = [g.name for g in grants if g.role == "arbiter"]
         nodes = [g.name for g in grants if g.role == "node"]
         if replicas:
-            parts.append("replica traffic as " + ", ".join(replicas))
+            parts.append("send raft traffic as replica " + ", ".join(replicas))
         if nodes:
             parts.append("heartbeat and leave as node " + ", ".join(nodes))
         if any(g.role == "admin" for g in grants):

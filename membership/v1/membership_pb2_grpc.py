@@ -110,9 +110,10 @@ class MembershipServicer:
         the node is joining with (heard by an arbiter, not yet a member: it is
         retired, and never joins). Anything else changes nothing and commits
         nothing: NOT_FOUND for an id the cluster never heard, FAILED_PRECONDITION
-        for an incarnation below the recorded one, one already DEAD or LEFT, or
-        one above it that no arbiter heard; the message says what the cluster
-        records. Removing another node is the Admin service's RemoveNode.
+        for an incarnation below the recorded one, one already DEAD, or one
+        above it that no arbiter heard; the message says what the cluster
+        records. A second leave of an incarnation already LEFT (or retired) is
+        answered as the first was. Removing another node is Admin.RemoveNode.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -75,9 +75,10 @@ class MembershipStub:
     the node is joining with (heard by an arbiter, not yet a member: it is
     retired, and never joins). Anything else changes nothing and commits
     nothing: NOT_FOUND for an id the cluster never heard, FAILED_PRECONDITION
-    for an incarnation below the recorded one, one already DEAD or LEFT, or
-    one above it that no arbiter heard; the message says what the cluster
-    records. Removing another node is the Admin service's RemoveNode.
+    for an incarnation below the recorded one, one already DEAD, or one
+    above it that no arbiter heard; the message says what the cluster
+    records. A second leave of an incarnation already LEFT (or retired) is
+    answered as the first was. Removing another node is Admin.RemoveNode.
     """
 
 @_typing.type_check_only
@@ -118,9 +119,10 @@ class MembershipAsyncStub(MembershipStub):
     the node is joining with (heard by an arbiter, not yet a member: it is
     retired, and never joins). Anything else changes nothing and commits
     nothing: NOT_FOUND for an id the cluster never heard, FAILED_PRECONDITION
-    for an incarnation below the recorded one, one already DEAD or LEFT, or
-    one above it that no arbiter heard; the message says what the cluster
-    records. Removing another node is the Admin service's RemoveNode.
+    for an incarnation below the recorded one, one already DEAD, or one
+    above it that no arbiter heard; the message says what the cluster
+    records. A second leave of an incarnation already LEFT (or retired) is
+    answered as the first was. Removing another node is Admin.RemoveNode.
     """
 
 class MembershipServicer(metaclass=_abc_1.ABCMeta):
@@ -182,9 +184,10 @@ class MembershipServicer(metaclass=_abc_1.ABCMeta):
         the node is joining with (heard by an arbiter, not yet a member: it is
         retired, and never joins). Anything else changes nothing and commits
         nothing: NOT_FOUND for an id the cluster never heard, FAILED_PRECONDITION
-        for an incarnation below the recorded one, one already DEAD or LEFT, or
-        one above it that no arbiter heard; the message says what the cluster
-        records. Removing another node is the Admin service's RemoveNode.
+        for an incarnation below the recorded one, one already DEAD, or one
+        above it that no arbiter heard; the message says what the cluster
+        records. A second leave of an incarnation already LEFT (or retired) is
+        answered as the first was. Removing another node is Admin.RemoveNode.
         """
 
 def add_MembershipServicer_to_server(servicer: MembershipServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

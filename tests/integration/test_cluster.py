@@ -117,12 +117,15 @@ def test_cluster_single_replica_left_decides_nothing(cluster: ProcCluster) -> No
     assert states["n1"] == "ALIVE"
 
 
-def test_cluster_sigterm_node_leaves_never_dead(cluster: ProcCluster) -> None:
+# SIGHUP too: an operator who signals every membership process as replicas are
+# signalled to reload their certificates must not get nodes declared DEAD.
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_cluster_sigterm_node_leaves_never_dead(cluster: ProcCluster, sig: int) -> None:
     _start(cluster)
     w = cluster.start_watch("w", first="a2")
     wait_until(lambda: alive_set(w) == set(NODES), 20, "every node ALIVE")
     node = cluster.procs["n3"]
-    node.signal(signal.SIGTERM)
+    node.signal(sig)
     wait_until(lambda: any(c["state"] == "LEFT" for c in changes(w, "n3")), 10, "n3 LEFT")
     assert node.popen.wait(10) == 0, node.stderr()
     out = "\n".join(node.lines())
