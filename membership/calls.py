@@ -251,7 +251,8 @@ async def get_view(
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 channels.discard(addr)
-            errors[addr] = e.code().name
+            # The reason too: a refused certificate says which one and why.
+            errors[addr] = f"{e.code().name} {e.details()}".rstrip()
             return None
         return resp
 
