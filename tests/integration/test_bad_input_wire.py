@@ -22,8 +22,7 @@ else, and that its resident memory stayed bounded:
   what one unbounded attack would make: the 10,000 streams of one client,
   were they all accepted, would take some 270 MiB.
 
-To add an RPC (the Admin service): give it a strategy in ``REQUESTS`` and a
-caller in ``CALLS``.
+To add an RPC: give it a strategy in ``REQUESTS`` and a caller in ``CALLS``.
 """
 
 from __future__ import annotations
@@ -324,9 +323,19 @@ REQUESTS: dict[str, st.SearchStrategy[Any]] = {
     "Leave": st.builds(
         pb.LeaveRequest, node_id=_ids.filter(_safe), incarnation=_u64, cluster=st.text(max_size=80)
     ),
+    # The Admin service: under --insecure anyone may administer, so the ids are
+    # never the checked nodes' (nor any member's: the fuzz's own ids only join
+    # one replica, never a quorum); a removal of a real member is no garbage.
+    "RemoveNode": st.builds(
+        pb.RemoveNodeRequest,
+        node_id=_ids.filter(_safe),
+        incarnation=_u64,
+        cluster=st.text(max_size=80),
+    ),
     # Any bytes as the request of any method: what a client of another language might send.
     "raw": st.tuples(
-        st.sampled_from(["Heartbeat", "Subscribe", "GetView", "Leave"]), st.binary(max_size=300)
+        st.sampled_from(["Heartbeat", "Subscribe", "GetView", "Leave", "RemoveNode"]),
+        st.binary(max_size=300),
     ),
 }
 
@@ -351,6 +360,8 @@ def _call_raw(channel: grpc.Channel, request: tuple[str, bytes]) -> None:
             next(call)
         finally:
             call.cancel()
+    elif method == "RemoveNode":
+        channel.unary_unary("/membership.v1.Admin/" + method)(payload, timeout=5)
     else:
         channel.unary_unary(SERVICE + method)(payload, timeout=5)
 
@@ -360,6 +371,7 @@ CALLS: dict[str, Callable[[Any, grpc.Channel, Any], object]] = {
     "Subscribe": lambda stub, ch, req: _call_subscribe(stub, req),
     "GetView": lambda stub, ch, req: stub.GetView(req, timeout=5),
     "Leave": lambda stub, ch, req: stub.Leave(req, timeout=5),
+    "RemoveNode": lambda stub, ch, req: pb_grpc.AdminStub(ch).RemoveNode(req, timeout=5),
     "raw": lambda stub, ch, req: _call_raw(ch, req),
 }
 # A refusal, or a call cut short by the test (CANCELLED). UNKNOWN (a handler
