@@ -21,6 +21,8 @@ made by :mod:`arbiter.core`, fed by the driver loop. Modules:
 * ``limits.py``: the wire contract of every stream (seq, rate, slots, sizes);
   ``decoding.py``: undecodable or oversized requests end with a status.
 * ``encoding.py``: views and status reports as sent to subscribers and GetView.
+* ``surfaces.py``: the standard gRPC surfaces, health per service (SERVING
+  only in a quorum) and server reflection.
 * ``peers.py``: the replica-to-replica transport for Raft messages.
 * ``storage.py``: the durable Raft state (SQLite, fsynced before a message
   that depends on it leaves).

@@ -10,11 +10,12 @@ import socket
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health
 
 from arbiter.config import ArbiterConfig
 from arbiter.core.replica import RestoreError
 from arbiter.core.tally import ViewChange
+from arbiter.server import surfaces
 from arbiter.server.admin import AdminServicer
 from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
 from arbiter.server.decoding import DecodeRefusal
@@ -42,7 +43,7 @@ __all__ = [
 
 log = logging.getLogger("arbiter")
 
-SERVICE_NAME = "membership.v1.Membership"
+SERVICE_NAME = surfaces.SERVICE_NAME
 # Raft traffic between replicas: held to max_peer_message_bytes only.
 PEER_SERVICE = "/arbiter.v1.Peer/"
 
@@ -382,7 +383,7 @@ class ArbiterServer:
             authz=self.authz,
         )
         peer_pb2_grpc.add_PeerServicer_to_server(self.peer_api, server)
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        surfaces.add_standard_services(server, self.health)
         try:
             if self._server_credentials is None:
                 port = server.add_insecure_port(self.listen)
@@ -395,8 +396,7 @@ class ArbiterServer:
         self.port = port
         await server.start()
         self._server = server
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        await self.health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await surfaces.set_starting(self.health)
         self.driver.start()
         self.transport.start()
         announce_security(self.replica_id, self.listen, self.tls)
@@ -437,12 +437,9 @@ class ArbiterServer:
         self.hub.publish_status(
             HubStatus(in_quorum=status.in_quorum, leader_id=status.leader_id, epoch=status.epoch)
         )
-        serving = (
-            health_pb2.HealthCheckResponse.SERVING
-            if status.in_quorum
-            else health_pb2.HealthCheckResponse.NOT_SERVING
+        asyncio.get_running_loop().create_task(
+            surfaces.set_quorum(self.health, in_quorum=status.in_quorum)
         )
-        asyncio.get_running_loop().create_task(self.health.set(SERVICE_NAME, serving))
 
     async def stop(self, grace: float | None = None) -> None:
         """Graceful shutdown: NOT_SERVING, stop the cores, end every stream, stop the server.

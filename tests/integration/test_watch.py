@@ -122,6 +122,10 @@ async def test_health_serving_and_graceful_stop(replicas: list[ArbiterServer]) -
             await asyncio.sleep(0.05)
         else:
             raise AssertionError("membership service never SERVING")
+        # The Admin service follows the quorum too; the replicas' Raft service
+        # is up regardless (the others must reach it to form one).
+        assert await status("membership.v1.Admin") == health_pb2.HealthCheckResponse.SERVING
+        assert await status("arbiter.v1.Peer") == health_pb2.HealthCheckResponse.SERVING
 
         # An open subscription does not keep the replica from stopping.
         watcher = MembershipClient(
@@ -138,3 +142,38 @@ async def test_health_serving_and_graceful_stop(replicas: list[ArbiterServer]) -
         finally:
             await asyncio.wait_for(stream.aclose(), 5)
             await asyncio.wait_for(watcher.close(), 5)
+
+
+async def test_reflection_lists_every_service(replicas: list[ArbiterServer]) -> None:
+    # grpcurl and other generic tools discover the services without the protos.
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{replicas[0].port}") as ch:
+        stub = reflection_pb2_grpc.ServerReflectionStub(ch)
+        call = stub.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+        )
+        names = set()
+        async for resp in call:
+            names = {s.name for s in resp.list_services_response.service}
+            break
+        assert {
+            "membership.v1.Membership",
+            "membership.v1.Admin",
+            "arbiter.v1.Peer",
+            "grpc.health.v1.Health",
+        } <= names, names
+        # The descriptors are served too: a tool can build requests from them.
+        call = stub.ServerReflectionInfo(
+            iter(
+                [
+                    reflection_pb2.ServerReflectionRequest(
+                        file_containing_symbol="membership.v1.Admin"
+                    )
+                ]
+            ),
+            timeout=5,
+        )
+        async for resp in call:
+            assert resp.file_descriptor_response.file_descriptor_proto, resp
+            break
