@@ -331,7 +331,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace, interrupt: object) -> int:
     """The command: plans (exit 2 on bad flags), writes (exit 1 on existing files)."""
-    from membership.commands import EXIT_OK, CliError
+    from membership.exits import EXIT_OK, CliError
 
     hosts = [h.strip() for item in args.hosts for h in item.split(",") if h.strip()]
     members = plan(

@@ -31,6 +31,7 @@ from typing import Any, NoReturn, TypeVar
 
 from membership import tls
 from membership.errors import InvalidArgument, MembershipError, UnavailableError
+from membership.exits import EXIT_ENDED, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CliError
 from membership.output import event_lines, session_event_line, view_json, view_text
 from membership.session import SessionEvent, StateChanged, Superseded
 from membership.view import MemberState
@@ -52,20 +53,11 @@ __all__ = [
 log = logging.getLogger("membership.cli")
 T = TypeVar("T")
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_ENDED = 0, 1, 2, 3
 # SIGHUP too: a node whose terminal closes, or that an operator signals as
 # replicas are signalled to reload their certificates, stops gracefully (it
 # leaves) instead of dying at once and being declared DEAD. ``arbiter``
 # replaces the SIGHUP handler with its reload of the TLS files.
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-class CliError(Exception):
-    """A failure to report as one line on stderr, with exit code :attr:`code`."""
-
-    def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 class Interrupted(Exception):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from membership.errors import InvalidArgument
 from membership.tls import LoadedTLS, ServerCredentials, channel_credentials
+from membership.validation import parse_address
 
 if TYPE_CHECKING:
     from arbiter.server.peers import PeerTransport
@@ -43,9 +44,7 @@ def is_loopback(listen: str) -> bool:
 
     A host name other than ``localhost`` is not resolved: it counts as not loopback.
     """
-    from arbiter.server.app import split_host_port
-
-    host, _ = split_host_port(listen)
+    host = parse_address(listen).rpartition(":")[0].removeprefix("[").removesuffix("]")
     if host.lower() == "localhost":
         return True
     try:
