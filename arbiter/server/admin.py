@@ -23,30 +23,17 @@ import logging
 
 import grpc
 
-from arbiter.core.raft import ProposalDropped
-from arbiter.core.tally import LeaveRefusal
 from arbiter.server.authz import AllowAll, Authorizer
 from arbiter.server.driver import Driver
+from arbiter.server.replies import cluster_mismatch, committed, deny, refusal_status
 from membership.errors import InvalidArgument
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
 from membership.validation import validate_node_id
 
-__all__ = ["AdminServicer", "refusal_status"]
+__all__ = ["AdminServicer"]
 
 log = logging.getLogger("arbiter.admin")
-
-
-def refusal_status(refusal: LeaveRefusal) -> grpc.StatusCode:
-    """The gRPC status for a refused Leave or Remove (tally rules 5 and 5a).
-
-    Returns:
-        NOT_FOUND for an id the cluster has no record of (UNKNOWN),
-        FAILED_PRECONDITION for every other refusal (STALE, FINAL, NOT_JOINING).
-    """
-    if refusal is LeaveRefusal.UNKNOWN:
-        return grpc.StatusCode.NOT_FOUND
-    return grpc.StatusCode.FAILED_PRECONDITION
 
 
 class AdminServicer(pb_grpc.AdminServicer):
@@ -56,8 +43,8 @@ class AdminServicer(pb_grpc.AdminServicer):
         driver: the replica's driver.
         cluster: this replica's cluster identity, ``name@digest``; "" checks nothing.
         authz: who may administer; :class:`AllowAll` (``--insecure``) by default.
-            If it has an ``identity(context) -> str`` method, its answer is
-            recorded as ``removed_by``; otherwise the caller's address is.
+            Its ``identity`` of the caller is recorded as ``removed_by``; the
+            caller's address when it knows none.
     """
 
     def __init__(self, driver: Driver, cluster: str = "", authz: Authorizer | None = None) -> None:
@@ -67,48 +54,35 @@ class AdminServicer(pb_grpc.AdminServicer):
 
     def _caller(self, context: grpc.aio.ServicerContext) -> str:
         """Who is asking, for ``removed_by``: the authorizer's identity, else the peer address."""
-        identity = getattr(self._authz, "identity", None)
-        who = identity(context) if callable(identity) else ""
-        if isinstance(who, str) and who:
-            return who
-        return f"unauthenticated client {context.peer() or 'unknown'}"
+        return self._authz.identity(context) or (
+            f"unauthenticated client {context.peer() or 'unknown'}"
+        )
 
     async def RemoveNode(
         self, request: pb.RemoveNodeRequest, context: grpc.aio.ServicerContext
     ) -> pb.RemoveNodeResponse:
         """Commits LEFT for the member (tally rule 5a); answers once applied here."""
-        refusal = self._authz.admin(context)
-        if refusal is not None:
-            log.warning("admin call refused from %s: %s", context.peer(), refusal)
-            await context.abort(refusal.code, str(refusal))
+        await deny(context, self._authz.admin(context), logging.WARNING)
         try:
             validate_node_id(request.node_id)
         except InvalidArgument as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         me = self._driver.replica_id
-        if request.cluster and self.cluster and request.cluster != self.cluster:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"cluster mismatch: arbiter {me} is in cluster {self.cluster}, the "
-                f"administrator expects {request.cluster}: list the replicas of one cluster",
-            )
+        mismatch = cluster_mismatch(self.cluster, me, request.cluster, "administrator")
+        if mismatch is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, mismatch)
         node_id, incarnation = request.node_id, request.incarnation
         judged, reason = self._driver.state.judge_remove(node_id, incarnation)
         if judged is not None:
             await context.abort(refusal_status(judged), f"arbiter {me}: {reason}")
         by = self._caller(context)
-        try:
-            outcome = await self._driver.remove(
+        outcome = await committed(
+            context,
+            self._driver.remove(
                 node_id, incarnation, by, timeout=self._driver.config.election_timeout * 3
-            )
-        except ProposalDropped:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, "no leader known to this arbiter; try another"
-            )
-        except TimeoutError:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, "removal not committed in time (no quorum?)"
-            )
+            ),
+            "removal",
+        )
         if outcome.refusal is not None:
             await context.abort(refusal_status(outcome.refusal), f"arbiter {me}: {outcome.reason}")
         log.warning(

@@ -43,6 +43,9 @@ class Authorizer(Protocol):
     def admin(self, context: grpc.aio.ServicerContext) -> Refusal | None:
         """May the caller administer the cluster (remove another node)?"""
 
+    def identity(self, context: grpc.aio.ServicerContext) -> str:
+        """Who the caller is, for records such as ``removed_by`` ("" when unknown)."""
+
 
 class AllowAll:
     """``--insecure``: every caller may do everything (no TLS, no identities)."""
@@ -58,6 +61,9 @@ class AllowAll:
 
     def admin(self, context: grpc.aio.ServicerContext) -> Refusal | None:
         return None
+
+    def identity(self, context: grpc.aio.ServicerContext) -> str:
+        return ""  # nobody is authenticated
 
 
 class MutualTLS:

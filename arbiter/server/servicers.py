@@ -29,15 +29,14 @@ from typing import Any
 
 import grpc
 
-from arbiter.core.raft import ProposalDropped
 from arbiter.core.tally import ViewChange
 from arbiter.server import limits
-from arbiter.server.admin import refusal_status
 from arbiter.server.authz import AllowAll, Authorizer, Refusal
 from arbiter.server.driver import Driver
 from arbiter.server.encoding import ViewEncoder
 from arbiter.server.hub import Hub, HubStatus
 from arbiter.server.limits import HeartbeatStreamRules, LimitExceeded, Throttle
+from arbiter.server.replies import cluster_mismatch, committed, deny, refusal_status
 from arbiter.server.statusboard import StatusBoard
 from membership import convert
 from membership.errors import InvalidArgument
@@ -111,9 +110,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
     @staticmethod
     async def _deny(context: grpc.aio.ServicerContext, refusal: Refusal | None) -> None:
         """Ends the call with the authorizer's refusal, if there is one."""
-        if refusal is not None:
-            log.info("refused %s: %s", context.peer(), refusal)
-            await context.abort(refusal.code, str(refusal))
+        await deny(context, refusal)
 
     async def _as_node(
         self,
@@ -134,12 +131,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
 
     def _cluster_mismatch(self, expected: str, who: str) -> str | None:
         """The refusal for a request expecting cluster ``expected`` (None when it matches)."""
-        if not expected or not self.cluster or expected == self.cluster:
-            return None
-        return (
-            f"cluster mismatch: arbiter {self._driver.replica_id} is in cluster {self.cluster}, "
-            f"the {who} expects {expected}: list the replicas of one cluster"
-        )
+        return cluster_mismatch(self.cluster, self._driver.replica_id, expected, who)
 
     async def Heartbeat(
         self,
@@ -459,18 +451,11 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 return done
             log.info("leave of %s incarnation %d refused: %s", node_id, incarnation, reason)
             await context.abort(refusal_status(judged), f"arbiter {me}: {reason}")
-        try:
-            outcome = await self._driver.leave(
-                node_id, incarnation, timeout=self._config.election_timeout * 3
-            )
-        except ProposalDropped:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, "no leader known to this arbiter; try another"
-            )
-        except TimeoutError:
-            await context.abort(
-                grpc.StatusCode.UNAVAILABLE, "leave not committed in time (no quorum?)"
-            )
+        outcome = await committed(
+            context,
+            self._driver.leave(node_id, incarnation, timeout=self._config.election_timeout * 3),
+            "leave",
+        )
         if outcome.refusal is not None:
             done = already_left()
             if done is not None:

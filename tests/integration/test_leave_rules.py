@@ -252,6 +252,9 @@ class _NotAdmin:
     def admin(self, context: Any) -> Refusal | None:
         return Refusal("spiffe://test/node/n1 may not administer: it may heartbeat as n1")
 
+    def identity(self, context: Any) -> str:
+        return "spiffe://test/node/n1"
+
 
 async def test_admin_remove_refused_by_the_authorizer_is_permission_denied(
     replicas: list[ArbiterServer],
