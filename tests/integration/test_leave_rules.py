@@ -159,6 +159,12 @@ def test_admin_remove_makes_a_live_node_left_and_the_cli_node_exits_three(
     cluster.start_arbiters(3)
     wait_until(cluster.leader, 20, "a leader")
     watch = cluster.start_watch("w", "a2")
+    # n1's admission must come as a change, not inside the watcher's snapshot.
+    wait_until(
+        lambda: any(ev["type"] == "snapshot" for ev in watch.json_lines()),
+        20,
+        "the watcher's snapshot",
+    )
     node = cluster.start_node("n1", "--no-status-probes")  # rejoins when DEAD, by default
     k = _alive_incarnation(node, "n1")
     r = run_cli("admin", "remove", "n1", "--arbiters", cluster.arbiter_list())
@@ -183,7 +189,17 @@ def test_admin_remove_makes_a_live_node_left_and_the_cli_node_exits_three(
         lambda: [c for c in changes(watch, "n1") if c["state"] == "LEFT"], 10, "the LEFT change"
     )
     assert (left[0]["epoch"], left[0]["incarnation"], left[0]["removed_by"]) == (epoch, k, by)
-    for rid, view in _views(cluster).items():
+
+    # Every replica applies it; one the watcher is not on may be a Raft round behind.
+    def final_everywhere() -> dict[str, dict[str, Any]] | None:
+        views = _views(cluster)
+        final = all(
+            (n := _member(v, "n1")) is not None and n["state"] in ("LEFT", "DEAD")
+            for v in views.values()
+        )
+        return views if final else None
+
+    for rid, view in wait_until(final_everywhere, 10, "n1 final on every replica").items():
         n1 = _member(view, "n1")
         assert n1 is not None and (n1["state"], n1["incarnation"]) == ("LEFT", k), (rid, n1)
     # Removing it again, or a node the cluster never had: exit 1, one line.
