@@ -133,32 +133,24 @@ def register(sub: Any) -> None:
         help="configuration preset (default: lan)",
     )
     cfg = ArbiterConfig.lan()
-    timing = p.add_argument_group(
-        "detection and timing (defaults of the lan preset; see arbiter/config.py)"
-    )
-    for flag, field, text in _TUNABLES:
-        default = getattr(cfg, field)
-        timing.add_argument(
-            flag,
-            dest=field,
-            type=type(default),
-            default=None,
-            metavar=type(default).__name__.upper(),
-            help=f"{text} (default {default:g})",
-        )
-    limits = p.add_argument_group(
-        "limits of the wire contract (each refusal names its limit; see arbiter/config.py)"
-    )
-    for flag, field, text in _LIMITS:
-        default = getattr(cfg, field)
-        limits.add_argument(
-            flag,
-            dest=field,
-            type=type(default),
-            default=None,
-            metavar=type(default).__name__.upper(),
-            help=f"{text} (default {default:g})",
-        )
+    for title, table in (
+        ("detection and timing (defaults of the lan preset; see arbiter/config.py)", _TUNABLES),
+        (
+            "limits of the wire contract (each refusal names its limit; see arbiter/config.py)",
+            _LIMITS,
+        ),
+    ):
+        group = p.add_argument_group(title)
+        for flag, field, text in table:
+            default = getattr(cfg, field)
+            group.add_argument(
+                flag,
+                dest=field,
+                type=type(default),
+                default=None,
+                metavar=type(default).__name__.upper(),
+                help=f"{text} (default {default:g})",
+            )
     p.add_argument(
         "--detector",
         dest="detector_kind",
