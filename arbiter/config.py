@@ -245,6 +245,12 @@ class ArbiterConfig:
     # stall is deafness: no ack leaves while it lasts, and nodes give up a
     # stream after their ack_timeout (0.6 s by default).
     loop_lag_warning: float = 0.2
+    # host:port to serve Prometheus metrics on at /metrics (plain HTTP;
+    # arbiter/server/metrics.py lists them); "" serves none. Off by default:
+    # the endpoint has no authentication (the gRPC port's mutual TLS does not
+    # cover it) and tells whoever reaches it the group's leader, size and
+    # churn, so an operator opens it on purpose, where only the scraper reaches.
+    metrics_listen: str = ""
 
     @classmethod
     def lan(cls, **overrides: object) -> ArbiterConfig:

@@ -16,8 +16,8 @@ Rules:
    node leaves first) and exit 0 then.
 2. An error is one line on stderr, ``membership <command>: error: ...``, never
    a traceback.
-3. Global flags (``--log-level``, ``--version``) are accepted before and
-   after the sub-command.
+3. Global flags (``--log-level``, ``--log-format``, ``--version``) are
+   accepted before and after the sub-command.
 """
 
 from __future__ import annotations
@@ -143,12 +143,10 @@ def _folder(value: str) -> Path:
     return path
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _setup_logging(level: str, log_format: str | None = None) -> None:
+    from membership.logfmt import setup_logging
+
+    setup_logging(level, log_format)
 
 
 # --- parser -------------------------------------------------------------------------------
@@ -175,6 +173,13 @@ def _add_global_flags(p: argparse.ArgumentParser, top: bool) -> None:
         default=None if top else argparse.SUPPRESS,
         choices=["debug", "info", "warning", "error"],
         help="log level on stderr (default: info for arbiter, warning otherwise)",
+    )
+    p.add_argument(
+        "--log-format",
+        default=None if top else argparse.SUPPRESS,
+        choices=["text", "json"],
+        help="log lines on stderr: text, or json (one object per line with ts, level, logger, "
+        "msg and the event's fields); default text, or MEMBERSHIP_LOG_FORMAT",
     )
     p.add_argument(
         "--version", action="version", version=f"membership {_version()}", help="print the version"
@@ -396,7 +401,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         # A server logs what it decides (elections, deaths); clients stay quiet.
-        _setup_logging(args.log_level or ("info" if args.command == "arbiter" else "warning"))
+        _setup_logging(
+            args.log_level or ("info" if args.command == "arbiter" else "warning"),
+            args.log_format,
+        )
         result = args.func(args, interrupt)
         if asyncio.iscoroutine(result):
             result = asyncio.run(interrupt.run(result))

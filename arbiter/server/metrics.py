@@ -1,0 +1,353 @@
+"""Prometheus metrics of one replica (``membership arbiter --metrics-listen HOST:PORT``).
+
+Rules:
+
+1. The hot path never calls prometheus-client. Heartbeats, acks and the
+   heartbeat inter-arrival histogram are counted with plain integer
+   increments on :class:`Counters` (one object per replica, owned by the
+   driver, touched only on the event loop thread); :class:`ReplicaCollector`
+   reads them, and the replica's state, when Prometheus scrapes. A scrape
+   runs on the HTTP server's thread and only reads: an int or a list slot
+   read there is atomic under the GIL, and a scrape that sees a histogram
+   mid-update is off by one observation at most (the next scrape is exact).
+2. Every replica has its own :class:`prometheus_client.CollectorRegistry`,
+   so several replicas (tests) run in one process; the process-wide default
+   registry (process and GC metrics of prometheus-client) is not served.
+3. Names follow the Prometheus conventions (https://prometheus.io/docs/practices/naming/):
+   the ``membership_`` prefix, base units in the name (``_seconds``), ``_total``
+   for counters. Counters start at 0 when the process starts (``rate()``
+   handles the reset); a restarted replica replaying its log counts no
+   death again.
+4. Off by default (``metrics_listen = ""``): the endpoint is plain HTTP
+   without authentication (the gRPC port's mutual TLS does not cover it),
+   and it tells whoever reaches it the cluster's size, leader and churn; an
+   operator opens it on purpose, on an address that only the scraper
+   reaches. README.md lists every metric with its meaning.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from arbiter.server.app import ArbiterServer
+
+__all__ = [
+    "RAFT_ROLES",
+    "Buckets",
+    "Counters",
+    "MetricsServer",
+    "ReplicaCollector",
+    "serve",
+]
+
+log = logging.getLogger("arbiter.metrics")
+
+# Raft roles as the ``role`` label of membership_raft_role (1 for the current one).
+RAFT_ROLES = ("follower", "pre_candidate", "candidate", "leader")
+# The member states of membership_nodes{state=...}.
+NODE_STATES = ("ALIVE", "DEAD", "LEFT")
+
+# Bucket upper bounds (seconds). Heartbeats come every 0.15 s by default
+# (up to max_heartbeat_interval, 0.6 s): the buckets resolve the interval
+# and the gaps that lead to a suspicion (D = 0.75 s by default).
+INTERARRIVAL_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
+# One fsync of a Ready: milliseconds on an SSD, tens on a busy disk.
+FSYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+# Event-loop lag per wake-up of the monitor (0.05 s period): 0.2 s is a stall.
+LOOP_LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5)
+# From applying a committed change to handing it to a subscriber's stream.
+DELIVERY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+# Changes whose apply time is kept for the commit-to-subscriber latency.
+_APPLIED_KEPT = 1024
+
+
+class Buckets:
+    """A histogram as plain numbers: one bisect and two additions per observation.
+
+    Args:
+        bounds: the buckets' upper bounds, increasing (seconds); +Inf is added.
+    """
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        if list(bounds) != sorted(set(bounds)):
+            raise ValueError(f"bucket bounds must increase strictly: {bounds}")
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        """Adds one observation (seconds)."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def family(self, name: str, documentation: str, arbiter: str) -> HistogramMetricFamily:
+        """The Prometheus histogram (cumulative buckets) of what was observed so far,
+        labelled ``arbiter``."""
+        counts = list(self.counts)  # one copy: the loop may observe meanwhile
+        total = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, n in zip((*self.bounds, float("inf")), counts, strict=True):
+            total += n
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), total))
+        fam = HistogramMetricFamily(name, documentation, labels=["arbiter"])
+        fam.add_metric([arbiter], buckets, self.sum)
+        return fam
+
+
+class Counters:
+    """What the replica counts as it goes (rule 1); read by :class:`ReplicaCollector`.
+
+    Attributes:
+        heartbeats: heartbeats received on every stream (refused ones included).
+        acks: heartbeat acks handed to gRPC.
+        deaths: members this replica applied as DEAD (not while replaying its log).
+        interarrival: seconds between two heartbeats of one stream.
+        fsync: seconds per write of a Ready (SQLite commit with fsync).
+        loop_lag: seconds the event loop woke up late, per monitor wake-up.
+        delivery: seconds from applying a committed change here to handing it
+            to a subscriber's stream (per subscriber).
+    """
+
+    __slots__ = (
+        "_applied",
+        "acks",
+        "deaths",
+        "delivery",
+        "fsync",
+        "heartbeats",
+        "interarrival",
+        "loop_lag",
+    )
+
+    def __init__(self) -> None:
+        self.heartbeats = 0
+        self.acks = 0
+        self.deaths = 0
+        self.interarrival = Buckets(INTERARRIVAL_BUCKETS)
+        self.fsync = Buckets(FSYNC_BUCKETS)
+        self.loop_lag = Buckets(LOOP_LAG_BUCKETS)
+        self.delivery = Buckets(DELIVERY_BUCKETS)
+        self._applied: collections.OrderedDict[int, float] = collections.OrderedDict()
+
+    def applied(self, epoch: int, now: float) -> None:
+        """Records that the change to ``epoch`` was applied at ``now`` (monotonic seconds)."""
+        self._applied[epoch] = now
+        if len(self._applied) > _APPLIED_KEPT:
+            self._applied.popitem(last=False)
+
+    def delivered(self, epoch: int, now: float) -> None:
+        """A subscriber's stream took the change to ``epoch`` at ``now``: observes the latency."""
+        at = self._applied.get(epoch)
+        if at is not None:
+            self.delivery.observe(max(0.0, now - at))
+
+
+@dataclass(frozen=True, slots=True)
+class _Gauge:
+    name: str
+    doc: str
+    read: Callable[[ArbiterServer], float]
+
+
+def _raft(server: ArbiterServer) -> Any:
+    return server.driver.raft.status()
+
+
+_GAUGES = (
+    _Gauge(
+        "membership_epoch",
+        "Epoch of the view this replica has applied.",
+        lambda s: s.driver.state.epoch,
+    ),
+    _Gauge(
+        "membership_in_quorum",
+        "1 while this replica is in a quorum (has a leader it can reach), else 0.",
+        lambda s: float(s.driver.status().in_quorum),
+    ),
+    _Gauge("membership_raft_term", "Current Raft term.", lambda s: _raft(s).term),
+    _Gauge("membership_raft_commit_index", "Raft commit index.", lambda s: _raft(s).commit),
+    _Gauge(
+        "membership_raft_applied_index",
+        "Highest Raft log index applied to the state machine.",
+        lambda s: _raft(s).applied,
+    ),
+    _Gauge(
+        "membership_suspected_nodes",
+        "Nodes this replica's own failure detector currently suspects.",
+        lambda s: len(s.driver.local_suspects()),
+    ),
+    _Gauge(
+        "membership_subscribers",
+        "Subscriptions (watch streams) open on this replica.",
+        lambda s: s.api.subscriptions,
+    ),
+    _Gauge(
+        "membership_heartbeat_streams",
+        "Heartbeat streams open on this replica.",
+        lambda s: s.api.heartbeat_streams,
+    ),
+    _Gauge(
+        "membership_arbiters",
+        "Replicas in the arbiter configuration this replica knows.",
+        lambda s: len(s.configuration()["voters"]),
+    ),
+)
+
+
+class ReplicaCollector(Collector):
+    """Reads one replica's state and :class:`Counters` at scrape time (rule 1).
+
+    Args:
+        server: the running replica (its driver, API servicer and configuration).
+    """
+
+    def __init__(self, server: ArbiterServer) -> None:
+        self._server = server
+
+    def collect(self) -> Iterator[Any]:
+        """Every metric of the replica (README.md lists them)."""
+        s = self._server
+        rid = s.replica_id
+        for g in _GAUGES:
+            fam = GaugeMetricFamily(g.name, g.doc, labels=["arbiter"])
+            fam.add_metric([rid], float(g.read(s)))
+            yield fam
+        role = _raft(s).role.value
+        fam = GaugeMetricFamily(
+            "membership_raft_role",
+            "1 for this replica's current Raft role (label role), 0 for the others.",
+            labels=["arbiter", "role"],
+        )
+        for r in RAFT_ROLES:
+            fam.add_metric([rid, r], 1.0 if r == role else 0.0)
+        yield fam
+        by_state = dict.fromkeys(NODE_STATES, 0)
+        for m in s.driver.state.view().members:
+            by_state[m.state.value] = by_state.get(m.state.value, 0) + 1
+        fam = GaugeMetricFamily(
+            "membership_nodes",
+            "Members of the applied view by state (DEAD and LEFT are tombstones).",
+            labels=["arbiter", "state"],
+        )
+        for state, n in by_state.items():
+            fam.add_metric([rid, state], float(n))
+        yield fam
+        c = s.driver.counters
+        replica = s.driver.replica
+        for name, doc, value in (
+            ("membership_heartbeats_received", "Heartbeats received.", c.heartbeats),
+            ("membership_acks_sent", "Heartbeat acks sent.", c.acks),
+            (
+                "membership_observations_proposed",
+                "Observations (ALIVE or SUSPECT opinions) this replica proposed to the log.",
+                replica.observations_proposed,
+            ),
+            (
+                "membership_deaths",
+                "Members this replica applied as DEAD (the same on every replica).",
+                c.deaths,
+            ),
+        ):
+            counter = CounterMetricFamily(name, doc, labels=["arbiter"])
+            counter.add_metric([rid], float(value))
+            yield counter
+        for buckets, name, doc in (
+            (
+                c.interarrival,
+                "membership_heartbeat_interarrival_seconds",
+                "Seconds between two heartbeats of one stream.",
+            ),
+            (c.fsync, "membership_fsync_duration_seconds", "Seconds per durable write of a Ready."),
+            (
+                c.loop_lag,
+                "membership_event_loop_lag_seconds",
+                "Seconds the event loop woke up late (monitor period 0.05 s).",
+            ),
+            (
+                c.delivery,
+                "membership_commit_to_subscriber_seconds",
+                "Seconds from applying a committed view change to handing it to a subscriber.",
+            ),
+        ):
+            yield buckets.family(name, doc, rid)
+
+
+class MetricsServer:
+    """Serves one replica's registry at ``http://HOST:PORT/metrics`` from a daemon thread.
+
+    Args:
+        server: the replica to describe.
+        listen: ``host:port`` to bind (port 0 picks a free one; see :attr:`port`).
+    """
+
+    def __init__(self, server: ArbiterServer, listen: str) -> None:
+        self.listen = listen
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(ReplicaCollector(server))
+        self.port = 0
+        self._http: Any = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Binds and starts serving.
+
+        Raises:
+            OSError: ``cannot serve metrics on ADDRESS: <reason>``.
+        """
+        from arbiter.server.app import split_host_port
+
+        host, port = split_host_port(self.listen)
+        try:
+            self._http, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as e:
+            raise OSError(f"cannot serve metrics on {self.listen}: {e.strerror or e}") from None
+        self.port = int(self._http.server_address[1])
+
+    def stop(self) -> None:
+        """Stops serving and releases the port (idempotent)."""
+        http, self._http = self._http, None
+        if http is not None:
+            http.shutdown()
+            http.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+            self._thread = None
+
+
+def serve(server: ArbiterServer) -> MetricsServer | None:
+    """Starts serving ``server``'s metrics at ``config.metrics_listen``; None when it is "".
+
+    Raises:
+        OSError: the address cannot be bound (:meth:`MetricsServer.start`).
+    """
+    listen = server.config.metrics_listen
+    if not listen:
+        return None
+    metrics = MetricsServer(server, listen)
+    metrics.start()
+    return metrics
+
+
+def where(metrics: MetricsServer | None) -> str:
+    """``http://HOST:PORT/metrics`` for the replica's start line, or ``off``."""
+    if metrics is None:
+        return "off (--metrics-listen)"
+    host = metrics.listen.rpartition(":")[0]
+    return f"http://{host}:{metrics.port}/metrics"
