@@ -163,7 +163,7 @@ class Counters:
 class _Gauge:
     name: str
     doc: str
-    read: Callable[[ArbiterServer], float]
+    read: Callable[[Any], float]  # of the ArbiterServer
 
 
 def _raft(server: ArbiterServer) -> Any:
