@@ -485,7 +485,7 @@ class ArbiterServer:
                 d.persist_seconds / d.persists * 1000,
             )
         if self.metrics is not None:
-            self.metrics.stop()
+            await self.metrics.stop()
         if self._storage is not None:
             self._storage.close()  # every Ready was fsynced when saved; this releases the lock
             self._storage = None

@@ -27,6 +27,7 @@ Rules:
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import collections
 import logging
@@ -320,15 +321,19 @@ class MetricsServer:
             raise OSError(f"cannot serve metrics on {self.listen}: {e.strerror or e}") from None
         self.port = int(self._http.server_address[1])
 
-    def stop(self) -> None:
-        """Stops serving and releases the port (idempotent)."""
+    async def stop(self) -> None:
+        """Stops serving and releases the port (idempotent).
+
+        The HTTP server notices a shutdown at its next poll (up to 0.5 s):
+        waited for in a thread, so the event loop goes on meanwhile.
+        """
         http, self._http = self._http, None
         if http is not None:
-            http.shutdown()
+            await asyncio.to_thread(http.shutdown)
             http.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            await asyncio.to_thread(thread.join, 2.0)
 
 
 def serve(server: ArbiterServer) -> MetricsServer | None:

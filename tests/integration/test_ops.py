@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -246,3 +247,53 @@ def test_ops_metrics_logs_status_and_health(ops: tuple[ProcCluster, dict[str, st
     code, lines = _status(c, *admin)
     mine = next(line for line in lines if line.get("arbiter") == last)
     assert code == 0 and mine["in_quorum"] is False
+
+
+async def test_ops_metrics_registry_per_replica_in_one_process(replicas: list[Any]) -> None:
+    """Three replicas in this process serve metrics side by side, each its own."""
+    import asyncio
+
+    from arbiter.server.metrics import MetricsServer
+
+    ports = free_ports(len(replicas))
+    servers = [MetricsServer(s, f"127.0.0.1:{p}") for s, p in zip(replicas, ports, strict=True)]
+    for m in servers:
+        m.start()
+    try:
+        for s, p in zip(replicas, ports, strict=True):
+            families, samples = await asyncio.to_thread(_families, f"127.0.0.1:{p}")
+            assert set(METRICS) <= families
+            arbiters = {dict(labels)["arbiter"] for _, labels in samples}
+            assert arbiters == {s.replica_id}
+            term = _value(samples, "membership_raft_term", s.replica_id)
+            assert term == s.driver.raft.status().term
+    finally:
+        for m in servers:
+            await m.stop()
+    # Stopped: the ports are free again (as a server rebinds them: TIME_WAIT allowed).
+    for p in ports:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", p))
+
+
+def test_ops_metrics_address_in_use_exits_one_before_the_data_dir(tmp_path: Path) -> None:
+    ports = free_ports(2)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", ports[1]))
+        taken.listen()
+        data = tmp_path / "a1.data"
+        r = subprocess.run(
+            [
+                *(sys.executable, "-m", "membership", "arbiter", "--insecure", "--id", "a1"),
+                *("--listen", f"127.0.0.1:{ports[0]}", "--peers", f"a1=127.0.0.1:{ports[0]}"),
+                *("--data-dir", str(data), "--metrics-listen", f"127.0.0.1:{ports[1]}"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+    assert r.returncode == 1, r.stderr
+    assert f"cannot listen on 127.0.0.1:{ports[1]}: address in use" in r.stderr
+    assert not data.exists()
