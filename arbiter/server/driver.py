@@ -394,6 +394,7 @@ class Driver:
                 # class "death never declared", docs/architecture.md): log it
                 # loudly and go on with the next turn.
                 log.exception("driver turn failed; continuing")
+                self.counters.turn_failures += 1
             t = time.monotonic()
             timeout = max(0.0, min(self.replica.next_deadline(), now + 0.05) - t)
             if timeout > 0 and not self._wake.is_set():

@@ -6,10 +6,16 @@ Rules:
    heartbeat inter-arrival histogram are counted with plain integer
    increments on :class:`Counters` (one object per replica, owned by the
    driver, touched only on the event loop thread); :class:`ReplicaCollector`
-   reads them, and the replica's state, when Prometheus scrapes. A scrape
-   runs on the HTTP server's thread and only reads: an int or a list slot
-   read there is atomic under the GIL, and a scrape that sees a histogram
-   mid-update is off by one observation at most (the next scrape is exact).
+   reads them when Prometheus scrapes, on the HTTP server's thread: an int
+   or a list copied there is read atomically under the GIL, and a scrape
+   that sees a histogram mid-update is off by one observation at most (the
+   next scrape is exact). The replica's state (Raft, the view, the
+   detector's suspects) is read on the event loop thread, since the cores
+   are not thread-safe: a callback scheduled there, waited for up to
+   ``STATE_TIMEOUT`` seconds. A loop stalled longer gets the previous
+   reading of the state (and a WARNING), while the counters and histograms,
+   loop lag included, are still served fresh: a stalled replica is what the
+   metrics must still show.
 2. Every replica has its own :class:`prometheus_client.CollectorRegistry`,
    so several replicas (tests) run in one process; the process-wide default
    registry (process and GC metrics of prometheus-client) is not served.
@@ -30,9 +36,10 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
+import concurrent.futures
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -119,6 +126,7 @@ class Counters:
         heartbeats: heartbeats received on every stream (refused ones included).
         acks: heartbeat acks handed to gRPC.
         deaths: members this replica applied as DEAD (not while replaying its log).
+        turn_failures: driver turns that raised (a bug; logged, and the loop went on).
         interarrival: seconds between two heartbeats of one stream.
         fsync: seconds per write of a Ready (SQLite commit with fsync).
         loop_lag: seconds the event loop woke up late, per monitor wake-up.
@@ -135,12 +143,14 @@ class Counters:
         "heartbeats",
         "interarrival",
         "loop_lag",
+        "turn_failures",
     )
 
     def __init__(self) -> None:
         self.heartbeats = 0
         self.acks = 0
         self.deaths = 0
+        self.turn_failures = 0
         self.interarrival = Buckets(INTERARRIVAL_BUCKETS)
         self.fsync = Buckets(FSYNC_BUCKETS)
         self.loop_lag = Buckets(LOOP_LAG_BUCKETS)
@@ -160,56 +170,61 @@ class Counters:
             self.delivery.observe(max(0.0, now - at))
 
 
-@dataclass(frozen=True, slots=True)
-class _Gauge:
-    name: str
-    doc: str
-    read: Callable[[Any], float]  # of the ArbiterServer
-
-
-def _raft(server: ArbiterServer) -> Any:
-    return server.driver.raft.status()
-
-
+# Gauges read from the replica's state: (name, help). Their values come from
+# _state(), on the event loop thread (rule 1).
 _GAUGES = (
-    _Gauge(
-        "membership_epoch",
-        "Epoch of the view this replica has applied.",
-        lambda s: s.driver.state.epoch,
-    ),
-    _Gauge(
+    ("membership_epoch", "Epoch of the view this replica has applied."),
+    (
         "membership_in_quorum",
         "1 while this replica is in a quorum (has a leader it can reach), else 0.",
-        lambda s: float(s.driver.status().in_quorum),
     ),
-    _Gauge("membership_raft_term", "Current Raft term.", lambda s: _raft(s).term),
-    _Gauge("membership_raft_commit_index", "Raft commit index.", lambda s: _raft(s).commit),
-    _Gauge(
-        "membership_raft_applied_index",
-        "Highest Raft log index applied to the state machine.",
-        lambda s: _raft(s).applied,
-    ),
-    _Gauge(
-        "membership_suspected_nodes",
-        "Nodes this replica's own failure detector currently suspects.",
-        lambda s: len(s.driver.local_suspects()),
-    ),
-    _Gauge(
-        "membership_subscribers",
-        "Subscriptions (watch streams) open on this replica.",
-        lambda s: s.api.subscriptions,
-    ),
-    _Gauge(
-        "membership_heartbeat_streams",
-        "Heartbeat streams open on this replica.",
-        lambda s: s.api.heartbeat_streams,
-    ),
-    _Gauge(
-        "membership_arbiters",
-        "Replicas in the arbiter configuration this replica knows.",
-        lambda s: len(s.configuration()["voters"]),
-    ),
+    ("membership_raft_term", "Current Raft term."),
+    ("membership_raft_commit_index", "Raft commit index."),
+    ("membership_raft_applied_index", "Highest Raft log index applied to the state machine."),
+    ("membership_suspected_nodes", "Nodes this replica's own failure detector currently suspects."),
+    ("membership_subscribers", "Subscriptions (watch streams) open on this replica."),
+    ("membership_heartbeat_streams", "Heartbeat streams open on this replica."),
+    ("membership_arbiters", "Replicas in the arbiter configuration this replica knows."),
 )
+# Seconds a scrape waits for the event loop to read the replica's state; a
+# loop stalled longer gets the previous reading (rule 1).
+STATE_TIMEOUT = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    """The replica's state as read on the event loop thread at one scrape."""
+
+    gauges: dict[str, float]
+    role: str
+    nodes: dict[str, int]
+    observations_proposed: int
+
+
+def _state(server: ArbiterServer) -> _State:
+    """Reads the replica's state (on the event loop thread: the cores are not thread-safe)."""
+    d = server.driver
+    st = d.raft.status()
+    nodes = dict.fromkeys(NODE_STATES, 0)
+    for m in d.state.view().members:
+        nodes[m.state.value] = nodes.get(m.state.value, 0) + 1
+    values = (
+        d.state.epoch,
+        d.status().in_quorum,
+        st.term,
+        st.commit,
+        st.applied,
+        len(d.local_suspects()),
+        server.api.subscriptions,
+        server.api.heartbeat_streams,
+        len(server.configuration()["voters"]),
+    )
+    return _State(
+        gauges={name: float(v) for (name, _), v in zip(_GAUGES, values, strict=True)},
+        role=st.role.value,
+        nodes=nodes,
+        observations_proposed=d.replica.observations_proposed,
+    )
 
 
 class ReplicaCollector(Collector):
@@ -217,58 +232,60 @@ class ReplicaCollector(Collector):
 
     Args:
         server: the running replica (its driver, API servicer and configuration).
+        loop: the replica's event loop, where its state is read.
     """
 
-    def __init__(self, server: ArbiterServer) -> None:
+    def __init__(self, server: ArbiterServer, loop: asyncio.AbstractEventLoop) -> None:
         self._server = server
+        self._loop = loop
+        self._last: _State | None = None
+
+    def _read_state(self) -> _State | None:
+        """The state read on the loop, or the previous one if the loop does not answer."""
+        fut: concurrent.futures.Future[_State] = concurrent.futures.Future()
+
+        def read() -> None:
+            try:
+                fut.set_result(_state(self._server))
+            except BaseException as e:
+                fut.set_exception(e)
+
+        try:
+            self._loop.call_soon_threadsafe(read)
+            self._last = fut.result(timeout=STATE_TIMEOUT)
+        except concurrent.futures.TimeoutError:
+            log.warning(
+                "%s: metrics scrape: the event loop did not answer within %gs; serving the "
+                "previous reading of its state",
+                self._server.replica_id,
+                STATE_TIMEOUT,
+            )
+        except RuntimeError:  # the loop is closed: the replica stopped
+            pass
+        return self._last
 
     def collect(self) -> Iterator[Any]:
         """Every metric of the replica (README.md lists them)."""
-        s = self._server
-        rid = s.replica_id
-        for g in _GAUGES:
-            fam = GaugeMetricFamily(g.name, g.doc, labels=["arbiter"])
-            fam.add_metric([rid], float(g.read(s)))
-            yield fam
-        role = _raft(s).role.value
-        fam = GaugeMetricFamily(
-            "membership_raft_role",
-            "1 for this replica's current Raft role (label role), 0 for the others.",
-            labels=["arbiter", "role"],
-        )
-        for r in RAFT_ROLES:
-            fam.add_metric([rid, r], 1.0 if r == role else 0.0)
-        yield fam
-        by_state = dict.fromkeys(NODE_STATES, 0)
-        for m in s.driver.state.view().members:
-            by_state[m.state.value] = by_state.get(m.state.value, 0) + 1
-        fam = GaugeMetricFamily(
-            "membership_nodes",
-            "Members of the applied view by state (DEAD and LEFT are tombstones).",
-            labels=["arbiter", "state"],
-        )
-        for state, n in by_state.items():
-            fam.add_metric([rid, state], float(n))
-        yield fam
-        c = s.driver.counters
-        replica = s.driver.replica
+        rid = self._server.replica_id
+        state = self._read_state()
+        if state is not None:
+            yield from self._state_families(rid, state)
+        c = self._server.driver.counters
         for name, doc, value in (
             ("membership_heartbeats_received", "Heartbeats received.", c.heartbeats),
             ("membership_acks_sent", "Heartbeat acks sent.", c.acks),
-            (
-                "membership_observations_proposed",
-                "Observations (ALIVE or SUSPECT opinions) this replica proposed to the log.",
-                replica.observations_proposed,
-            ),
             (
                 "membership_deaths",
                 "Members this replica applied as DEAD (the same on every replica).",
                 c.deaths,
             ),
+            (
+                "membership_driver_turn_failures",
+                "Driver loop turns that raised (a bug: logged, detection went on).",
+                c.turn_failures,
+            ),
         ):
-            counter = CounterMetricFamily(name, doc, labels=["arbiter"])
-            counter.add_metric([rid], float(value))
-            yield counter
+            yield _counter(name, doc, rid, value)
         for buckets, name, doc in (
             (
                 c.interarrival,
@@ -289,19 +306,56 @@ class ReplicaCollector(Collector):
         ):
             yield buckets.family(name, doc, rid)
 
+    @staticmethod
+    def _state_families(rid: str, state: _State) -> Iterator[Any]:
+        for name, doc in _GAUGES:
+            fam = GaugeMetricFamily(name, doc, labels=["arbiter"])
+            fam.add_metric([rid], state.gauges[name])
+            yield fam
+        fam = GaugeMetricFamily(
+            "membership_raft_role",
+            "1 for this replica's current Raft role (label role), 0 for the others.",
+            labels=["arbiter", "role"],
+        )
+        for r in RAFT_ROLES:
+            fam.add_metric([rid, r], 1.0 if r == state.role else 0.0)
+        yield fam
+        fam = GaugeMetricFamily(
+            "membership_nodes",
+            "Members of the applied view by state (DEAD and LEFT are tombstones).",
+            labels=["arbiter", "state"],
+        )
+        for node_state, n in state.nodes.items():
+            fam.add_metric([rid, node_state], float(n))
+        yield fam
+        yield _counter(
+            "membership_observations_proposed",
+            "Observations (ALIVE or SUSPECT opinions) this replica proposed to the log.",
+            rid,
+            state.observations_proposed,
+        )
+
+
+def _counter(name: str, doc: str, rid: str, value: float) -> CounterMetricFamily:
+    counter = CounterMetricFamily(name, doc, labels=["arbiter"])
+    counter.add_metric([rid], float(value))
+    return counter
+
 
 class MetricsServer:
     """Serves one replica's registry at ``http://HOST:PORT/metrics`` from a daemon thread.
 
+    Created on the replica's running event loop (where its state is read).
+
     Args:
         server: the replica to describe.
-        listen: ``host:port`` to bind (port 0 picks a free one; see :attr:`port`).
+        listen: ``host:port`` to bind; :attr:`port` is the port bound.
     """
 
     def __init__(self, server: ArbiterServer, listen: str) -> None:
         self.listen = listen
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(ReplicaCollector(server))
+        self.registry.register(ReplicaCollector(server, asyncio.get_running_loop()))
         self.port = 0
         self._http: Any = None
         self._thread: threading.Thread | None = None
