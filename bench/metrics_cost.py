@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tls_cost import Credentials, Generator, _port_open, _wait, cpu_seconds
+from tls_cost import Credentials, Generator, _wait, _wait_listening, cpu_seconds
 
 from membership.localcluster import LocalCluster, free_ports
 
@@ -87,7 +87,7 @@ async def run_cluster(
     gen: Generator | None = None
     scraper: Scraper | None = None
     try:
-        await _wait(lambda: all(_port_open(a) for a in cluster.addresses), 60, "replicas")
+        await _wait_listening(cluster)  # prints the replicas' logs if they do not come up
         gen = Generator(
             [f"n{i}" for i in range(nodes)],
             cluster.addresses,
