@@ -24,7 +24,7 @@ from arbiter.core.raft import RaftConfig
 from arbiter.core.replica import ReplicaSettings
 from membership.config import MIN_KEEPALIVE_TIME, MIN_KEEPALIVE_TIMEOUT
 from membership.errors import InvalidArgument
-from membership.validation import validate_cluster_name
+from membership.validation import parse_address, validate_cluster_name
 
 __all__ = ["ArbiterConfig"]
 
@@ -366,6 +366,11 @@ class ArbiterConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise InvalidArgument(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.metrics_listen:
+            try:
+                parse_address(self.metrics_listen)
+            except InvalidArgument as e:
+                raise InvalidArgument(f"metrics_listen: {e}") from None
         if self.missed_heartbeats < 2:
             raise InvalidArgument(
                 f"missed_heartbeats must be >= 2 (one late heartbeat must not suspect), "

@@ -205,3 +205,12 @@ def test_cli_admin_status_exit_one_when_no_replica_answers() -> None:
     assert [line["arbiter"] for line in lines] == addrs.split(",")
     assert all(line["error"].startswith(("UNAVAILABLE", "DEADLINE_EXCEEDED")) for line in lines)
     assert r.stderr.strip() == "membership admin: error: none of the 2 arbiter(s) answered"
+
+
+def test_config_metrics_listen_is_off_by_default_and_validated() -> None:
+    from arbiter.config import ArbiterConfig
+
+    assert ArbiterConfig.lan().metrics_listen == ""
+    assert ArbiterConfig(metrics_listen="[::1]:9101").validate().metrics_listen == "[::1]:9101"
+    with pytest.raises(InvalidArgument, match="metrics_listen: address 'x' is not host:port"):
+        ArbiterConfig(metrics_listen="x").validate()
