@@ -10,7 +10,10 @@ and Raft messages stepped while the disk is slow; the Ready's messages leave
 only once it is done. The replica starts from what the storage recovered and
 replays the committed log before it serves anything; it snapshots its state
 machine every ``config.snapshot_every`` applied entries. The loop's own lag
-is watched by :mod:`arbiter.server.looplag`.
+is watched by :mod:`arbiter.server.looplag`. What it decides is logged as
+structured events (:mod:`arbiter.server.events`: one line per view change
+and per change of its Raft standing), and counted on ``counters``
+(:class:`arbiter.server.metrics.Counters`, plain integers) for the metrics.
 """
 
 from __future__ import annotations
