@@ -22,6 +22,11 @@ Rules:
    listen address is not loopback; neither is a usage error (exit 2).
    SIGHUP re-reads the TLS files for new connections (streams stay up; bad
    files are logged as an ERROR and the old ones kept).
+5. ``--metrics-listen HOST:PORT`` (or ``MEMBERSHIP_METRICS_LISTEN``; the flag
+   wins) serves Prometheus metrics at ``/metrics`` (arbiter/server/metrics.py);
+   off by default. A malformed address, or the ``--listen`` address itself,
+   is a usage error (exit 2); one that cannot be bound exits 1, before the
+   data dir is touched.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import threading
@@ -46,6 +52,9 @@ from membership.tls import LoadedTLS, add_tls_flags, describe, load, resolve_arg
 __all__ = ["register"]
 
 T = TypeVar("T")
+
+# --metrics-listen's environment variable (rule 5).
+ENV_METRICS_LISTEN = "MEMBERSHIP_METRICS_LISTEN"
 
 
 # (flag, ArbiterConfig field, help) of the tunables the command line sets.
@@ -167,6 +176,14 @@ def register(sub: Any) -> None:
         "replica, kept across restarts; a fresh one for a new cluster",
     )
     p.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        default=os.environ.get(ENV_METRICS_LISTEN) or None,
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (plain HTTP, no "
+        f"authentication: bind it where only the scraper reaches); default off, or "
+        f"{ENV_METRICS_LISTEN}",
+    )
+    p.add_argument(
         "--check-config",
         action="store_true",
         help="validate the flags and configuration, print it, and exit",
@@ -178,6 +195,20 @@ def register(sub: Any) -> None:
 def _config(args: argparse.Namespace) -> ArbiterConfig:
     base = ArbiterConfig.local() if args.preset == "local" else ArbiterConfig.lan()
     overrides: dict[str, Any] = {"cluster": args.cluster}
+    if args.metrics_listen:
+        from arbiter.server.app import split_host_port
+        from membership.validation import parse_address
+
+        try:
+            metrics_listen = parse_address(args.metrics_listen)
+        except InvalidArgument as e:
+            raise InvalidArgument(f"--metrics-listen: {e}") from None
+        if split_host_port(metrics_listen) == split_host_port(parse_address(args.listen)):
+            raise InvalidArgument(
+                f"--metrics-listen {metrics_listen} is the --listen address: give metrics a "
+                "port of their own"
+            )
+        overrides["metrics_listen"] = metrics_listen
     for name in [field for _, field, _ in (*_TUNABLES, *_LIMITS)] + ["detector_kind"]:
         value = getattr(args, name)
         if value is not None:

@@ -24,7 +24,7 @@ from arbiter.core.raft import RaftConfig
 from arbiter.core.replica import ReplicaSettings
 from membership.config import MIN_KEEPALIVE_TIME, MIN_KEEPALIVE_TIMEOUT
 from membership.errors import InvalidArgument
-from membership.validation import validate_cluster_name
+from membership.validation import parse_address, validate_cluster_name
 
 __all__ = ["ArbiterConfig"]
 
@@ -245,6 +245,12 @@ class ArbiterConfig:
     # stall is deafness: no ack leaves while it lasts, and nodes give up a
     # stream after their ack_timeout (0.6 s by default).
     loop_lag_warning: float = 0.2
+    # host:port to serve Prometheus metrics on at /metrics (plain HTTP;
+    # arbiter/server/metrics.py lists them); "" serves none. Off by default:
+    # the endpoint has no authentication (the gRPC port's mutual TLS does not
+    # cover it) and tells whoever reaches it the group's leader, size and
+    # churn, so an operator opens it on purpose, where only the scraper reaches.
+    metrics_listen: str = ""
 
     @classmethod
     def lan(cls, **overrides: object) -> ArbiterConfig:
@@ -360,6 +366,11 @@ class ArbiterConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise InvalidArgument(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.metrics_listen:
+            try:
+                parse_address(self.metrics_listen)
+            except InvalidArgument as e:
+                raise InvalidArgument(f"metrics_listen: {e}") from None
         if self.missed_heartbeats < 2:
             raise InvalidArgument(
                 f"missed_heartbeats must be >= 2 (one late heartbeat must not suspect), "

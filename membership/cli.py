@@ -16,8 +16,8 @@ Rules:
    node leaves first) and exit 0 then.
 2. An error is one line on stderr, ``membership <command>: error: ...``, never
    a traceback.
-3. Global flags (``--log-level``, ``--version``) are accepted before and
-   after the sub-command.
+3. Global flags (``--log-level``, ``--log-format``, ``--version``) are
+   accepted before and after the sub-command.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ exit status:
            first; an arbiter takes SIGHUP as "reload the TLS files" instead)
   1        runtime failure: no arbiter reachable, leave not committed, data dir or
            listen address unusable; admin remove refused (no such member, already
-           DEAD or LEFT, not an administrator)
+           DEAD or LEFT, not an administrator); admin status: no arbiter answered
   2        usage: a bad flag or value (also --arbiters of two different clusters, no
            TLS files nor --insecure, a certificate refused for what it asks)
   3        node: the cluster ended it without its asking and it does not rejoin:
@@ -143,12 +143,10 @@ def _folder(value: str) -> Path:
     return path
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _setup_logging(level: str, log_format: str | None = None) -> None:
+    from membership.logfmt import setup_logging
+
+    setup_logging(level, log_format)
 
 
 # --- parser -------------------------------------------------------------------------------
@@ -175,6 +173,13 @@ def _add_global_flags(p: argparse.ArgumentParser, top: bool) -> None:
         default=None if top else argparse.SUPPRESS,
         choices=["debug", "info", "warning", "error"],
         help="log level on stderr (default: info for arbiter, warning otherwise)",
+    )
+    p.add_argument(
+        "--log-format",
+        default=None if top else argparse.SUPPRESS,
+        choices=["text", "json"],
+        help="log lines on stderr: text, or json (one object per line with ts, level, logger, "
+        "msg and the event's fields); default text, or MEMBERSHIP_LOG_FORMAT",
     )
     p.add_argument(
         "--version", action="version", version=f"membership {_version()}", help="print the version"
@@ -297,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     admin = sub.add_parser(
         "admin",
-        help="administer the cluster (remove a node)",
+        help="administer the cluster (remove a node, the replicas' status)",
         description="Administer the cluster. Under mutual TLS these commands need an admin "
         "certificate.",
     )
@@ -328,6 +333,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_tls_flags(p)
     p.set_defaults(func=_admin_remove)
+
+    p = admin_sub.add_parser(
+        "status",
+        help="every replica's raft role, term, leader, log indexes, epoch, quorum and version",
+        description="Ask every replica for its standing (Admin.Status; under mutual TLS an "
+        "admin or observer certificate) and print one line per replica: a table, or with "
+        "--json one JSON object per line (arbiter, role, term, leader, commit_index, "
+        "applied_index, epoch, in_quorum, version, configuration, and on the leader each "
+        "follower's match_index and lag). A replica that does not answer gets a line with "
+        "its address and error. Exit 1 when none answered.",
+    )
+    p.add_argument("--arbiters", required=True, type=_arbiters, help=arb_help)
+    p.add_argument("--json", action="store_true", help="one JSON object per replica and line")
+    p.add_argument(
+        "--timeout",
+        type=positive,
+        default=3.0,
+        help="seconds to wait for each arbiter (default 3)",
+    )
+    add_tls_flags(p)
+    p.set_defaults(func=_admin_status)
 
     p = sub.add_parser(
         "demo",
@@ -380,6 +406,12 @@ def _admin_remove(args: argparse.Namespace, interrupt: Interrupt) -> Any:
     return admin_remove(args, interrupt)
 
 
+def _admin_status(args: argparse.Namespace, interrupt: Interrupt) -> Any:
+    from membership.admin_status import admin_status
+
+    return admin_status(args, interrupt)
+
+
 def _error(command: str | None, message: object) -> None:
     print(f"membership {command or ''}".rstrip() + f": error: {message}", file=sys.stderr)
 
@@ -396,7 +428,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         # A server logs what it decides (elections, deaths); clients stay quiet.
-        _setup_logging(args.log_level or ("info" if args.command == "arbiter" else "warning"))
+        _setup_logging(
+            args.log_level or ("info" if args.command == "arbiter" else "warning"),
+            args.log_format,
+        )
         result = args.func(args, interrupt)
         if asyncio.iscoroutine(result):
             result = asyncio.run(interrupt.run(result))

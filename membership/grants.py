@@ -95,6 +95,10 @@ class Identity:
         """May administer the cluster (remove another node)."""
         return any(g.role == "admin" for g in self.of(cluster))
 
+    def may_operate(self, cluster: str) -> bool:
+        """May read the replicas' standing (Admin.Status): an admin or an observer."""
+        return any(g.role in ("admin", "observer") for g in self.of(cluster))
+
     def names(self) -> str:
         """The URIs, comma-separated (``(no identity URI)`` when there is none)."""
         return (

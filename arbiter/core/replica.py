@@ -224,6 +224,8 @@ class Replica:
             restart_grace=settings.restart_grace,
         )
         self.proposals_dropped = 0
+        # Observations proposed (retries included), for the replica's metrics.
+        self.observations_proposed = 0
 
     # --- inputs ---------------------------------------------------------------------
 
@@ -294,6 +296,7 @@ class Replica:
         self.observer.tick(now, self.state)
         owed = self.observer.observations(now, self.state)
         if owed:
+            self.observations_proposed += len(owed)
             try:
                 self.raft.propose(
                     encode(ObserveBatch(replica_id=self.replica_id, observations=owed)), now
@@ -445,3 +448,9 @@ class Replica:
     def status(self) -> RaftStatus:
         """Raft's role, term, leader and indexes."""
         return self.raft.status()
+
+    def follower_matches(self) -> dict[str, int]:
+        """On a leader: each follower's match index, the highest log index known to be
+        stored there (etcd raft's ``Progress.Match``); empty on any other role."""
+        rep = self.raft._rep if self.raft.status().role is Role.LEADER else None
+        return {} if rep is None else {p: pr.match for p, pr in sorted(rep.progress.items())}

@@ -13,8 +13,12 @@ made by :mod:`arbiter.core`, fed by the driver loop. Modules:
   ``GetView``, ``Leave``). It decodes, hands over to the driver or the hub,
   and encodes.
 * ``admin.py``: the Admin service (``RemoveNode``), an administrator's
-  removal of another node, asked of the ``Authorizer`` first.
-* ``admin.py``: the Admin service (``RemoveNode``: an administrator's removal).
+  removal of another node, asked of the ``Authorizer`` first; ``Status``,
+  the replica's standing (``status.py`` builds it) for admins and observers.
+* ``metrics.py``: Prometheus metrics (``--metrics-listen``), plain integer
+  counters on the hot path read by a collector at scrape time;
+  ``events.py``: the decision log lines as structured events
+  (``membership_change``, ``raft_role``, ``config_change``).
 * ``authz.py``: who may do what (``AllowAll`` for ``--insecure``, ``MutualTLS``
   reading identities from certificates); ``security.py``: the replica's own
   TLS files, their check at start and their reload on SIGHUP.

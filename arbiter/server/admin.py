@@ -1,4 +1,5 @@
-"""The Admin service of a replica: removing another node (``membership admin remove``).
+"""The Admin service of a replica: removing another node (``membership admin remove``)
+and each replica's standing (``Status``, ``membership admin status``).
 
 Removing a node is an administrative act, apart from a node's own Leave: the
 caller must be an administrator (:meth:`Authorizer.admin`; under mutual TLS
@@ -15,11 +16,17 @@ or LEFT, or one not at the incarnation asked for; NOT_FOUND for a node the
 cluster has no record of; UNAVAILABLE when nothing could be committed (no
 leader, no quorum). A refused removal is refused before it is proposed: it
 commits nothing.
+
+``Status`` only reads (:mod:`arbiter.server.status`): allowed to admin and
+observer identities (:meth:`Authorizer.operator`), FAILED_PRECONDITION for
+another cluster's identity. It answers also out of quorum, since that is
+when an operator asks.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import grpc
 
@@ -45,12 +52,21 @@ class AdminServicer(pb_grpc.AdminServicer):
         authz: who may administer; :class:`AllowAll` (``--insecure``) by default.
             Its ``identity`` of the caller is recorded as ``removed_by``; the
             caller's address when it knows none.
+        status: builds this replica's ``StatusResponse``
+            (:func:`arbiter.server.status.describe`); None answers UNIMPLEMENTED.
     """
 
-    def __init__(self, driver: Driver, cluster: str = "", authz: Authorizer | None = None) -> None:
+    def __init__(
+        self,
+        driver: Driver,
+        cluster: str = "",
+        authz: Authorizer | None = None,
+        status: Callable[[], pb.StatusResponse] | None = None,
+    ) -> None:
         self._driver = driver
         self.cluster = cluster
         self._authz: Authorizer = authz if authz is not None else AllowAll()
+        self._status = status
 
     def _caller(self, context: grpc.aio.ServicerContext) -> str:
         """Who is asking, for ``removed_by``: the authorizer's identity, else the peer address."""
@@ -95,3 +111,18 @@ class AdminServicer(pb_grpc.AdminServicer):
         return pb.RemoveNodeResponse(
             epoch=outcome.epoch, incarnation=outcome.incarnation, removed_by=by
         )
+
+    async def Status(
+        self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StatusResponse:
+        """This replica's standing (module docstring; :mod:`arbiter.server.status`)."""
+        await deny(context, self._authz.operator(context), logging.WARNING)
+        mismatch = cluster_mismatch(
+            self.cluster, self._driver.replica_id, request.cluster, "operator"
+        )
+        if mismatch is not None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, mismatch)
+        if self._status is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no status on this replica")
+        assert self._status is not None
+        return self._status()

@@ -15,7 +15,7 @@ from grpc_health.v1 import health
 from arbiter.config import ArbiterConfig
 from arbiter.core.replica import RestoreError
 from arbiter.core.tally import ViewChange
-from arbiter.server import surfaces
+from arbiter.server import metrics, status, surfaces
 from arbiter.server.admin import AdminServicer
 from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
 from arbiter.server.decoding import DecodeRefusal
@@ -305,6 +305,15 @@ class ArbiterServer:
         # Why this replica stopped taking part by itself (None while it is fit).
         self.failure: str | None = None
         self.port = 0
+        self.metrics: metrics.MetricsServer | None = None
+
+    def configuration(self) -> dict[str, dict[str, str]]:
+        """The arbiter configuration in force: ``{"voters": {id: host:port}, "learners": {}}``.
+
+        The one accessor that metrics and ``Admin.Status`` read: today the
+        static ``--peers`` (:attr:`peers`), to repoint once the group changes online.
+        """
+        return {"voters": dict(self.peers), "learners": {}}
 
     async def start(self) -> None:
         """Recovers the durable state, binds the port, starts the driver, transport and server.
@@ -315,8 +324,10 @@ class ArbiterServer:
             StorageError: the data directory cannot be used (an OSError).
         """
         cfg = self.config
-        # The address first: a replica that cannot listen creates no data dir.
+        # The addresses first: a replica that cannot listen creates no data dir.
         check_bindable(self.listen)
+        if cfg.metrics_listen:
+            check_bindable(cfg.metrics_listen)
         storage = Storage.open(
             self.data_dir,
             replica_id=self.replica_id,
@@ -374,7 +385,9 @@ class ArbiterServer:
             interceptors=[DecodeRefusal(cfg.max_message_bytes, exempt=PEER_SERVICE)],
         )
         membership_pb2_grpc.add_MembershipServicer_to_server(self.api, server)
-        self.admin_api = AdminServicer(self.driver, cluster=identity, authz=self.authz)
+        self.admin_api = AdminServicer(
+            self.driver, cluster=identity, authz=self.authz, status=lambda: status.describe(self)
+        )
         membership_pb2_grpc.add_AdminServicer_to_server(self.admin_api, server)
         self.peer_api = PeerServicer(
             cluster=identity,
@@ -394,6 +407,7 @@ class ArbiterServer:
         if port == 0:  # taken since check_bindable, or refused by gRPC alone
             raise OSError(f"cannot listen on {self.listen}: gRPC could not bind it")
         self.port = port
+        self.metrics = metrics.serve(self)  # None unless --metrics-listen
         await server.start()
         self._server = server
         await surfaces.set_starting(self.health)
@@ -402,7 +416,8 @@ class ArbiterServer:
         announce_security(self.replica_id, self.listen, self.tls)
         log.info(
             "arbiter %s listening on %s (peers: %s; %s detector, suspect after %.2fs at the "
-            "%.3gs interval, which grows past %d nodes up to %.3gs: D up to %.2fs; data dir %s)",
+            "%.3gs interval, which grows past %d nodes up to %.3gs: D up to %.2fs; data dir %s; "
+            "metrics %s)",
             self.replica_id,
             self.listen,
             ", ".join(f"{k}={v}" for k, v in self.peers.items()),
@@ -413,6 +428,7 @@ class ArbiterServer:
             cfg.max_heartbeat_interval,
             cfg.suspect_after * cfg.max_heartbeat_interval / cfg.heartbeat_interval,
             self.data_dir or "none (in memory)",
+            metrics.where(self.metrics),
         )
 
     def reload_tls(self) -> bool:
@@ -468,6 +484,8 @@ class ArbiterServer:
                 d.persists,
                 d.persist_seconds / d.persists * 1000,
             )
+        if self.metrics is not None:
+            await self.metrics.stop()
         if self._storage is not None:
             self._storage.close()  # every Ready was fsynced when saved; this releases the lock
             self._storage = None

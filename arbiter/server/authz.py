@@ -43,6 +43,9 @@ class Authorizer(Protocol):
     def admin(self, context: grpc.aio.ServicerContext) -> Refusal | None:
         """May the caller administer the cluster (remove another node)?"""
 
+    def operator(self, context: grpc.aio.ServicerContext) -> Refusal | None:
+        """May the caller read the replicas' standing (Admin.Status): admin or observer?"""
+
     def identity(self, context: grpc.aio.ServicerContext) -> str:
         """Who the caller is, for records such as ``removed_by`` ("" when unknown)."""
 
@@ -60,6 +63,9 @@ class AllowAll:
         return None
 
     def admin(self, context: grpc.aio.ServicerContext) -> Refusal | None:
+        return None
+
+    def operator(self, context: grpc.aio.ServicerContext) -> Refusal | None:
         return None
 
     def identity(self, context: grpc.aio.ServicerContext) -> str:
@@ -130,3 +136,11 @@ class MutualTLS:
         if identity.may_admin(self.cluster):
             return None
         return self._refuse(identity, f"administer cluster {self.cluster}")
+
+    def operator(self, context: grpc.aio.ServicerContext) -> Refusal | None:
+        identity = self._identity(context)
+        if isinstance(identity, Refusal):
+            return identity
+        if identity.may_operate(self.cluster):
+            return None
+        return self._refuse(identity, f"read the replicas' status in cluster {self.cluster}")

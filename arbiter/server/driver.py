@@ -10,7 +10,10 @@ and Raft messages stepped while the disk is slow; the Ready's messages leave
 only once it is done. The replica starts from what the storage recovered and
 replays the committed log before it serves anything; it snapshots its state
 machine every ``config.snapshot_every`` applied entries. The loop's own lag
-is watched by :mod:`arbiter.server.looplag`.
+is watched by :mod:`arbiter.server.looplag`. What it decides is logged as
+structured events (:mod:`arbiter.server.events`: one line per view change
+and per change of its Raft standing), and counted on ``counters``
+(:class:`arbiter.server.metrics.Counters`, plain integers) for the metrics.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ from arbiter.core.observer import HeartbeatVerdict
 from arbiter.core.raft import ConflictingState, Message, RaftError, Ready, Role
 from arbiter.core.replica import Replica, must_persist
 from arbiter.core.tally import LeaveOutcome, MembershipState, ViewChange
+from arbiter.server.events import RaftStanding, log_raft_standing, log_view_change
 from arbiter.server.looplag import LoopLagMonitor
+from arbiter.server.metrics import Counters
 from arbiter.server.storage import DurableState, Storage
 from arbiter.server.writer import DiskWriter
 
@@ -131,9 +136,12 @@ class Driver:
         self._wake = asyncio.Event()
         self._leaves: dict[str, asyncio.Future[LeaveOutcome]] = {}
         self._task: asyncio.Task[None] | None = None
-        self._last_status: tuple[bool, str | None] | None = None
+        self._last_status: RaftStanding | None = None
         self.loop_lag = 0.0
+        # Counted as it goes, read when metrics are scraped (arbiter/server/metrics.py).
+        self.counters = Counters()
         self.lag_monitor = LoopLagMonitor(name=replica_id, warn_after=config.loop_lag_warning)
+        self.lag_monitor.observe = self.counters.loop_lag.observe
         self._last_interval = config.heartbeat_interval
         # Time spent persisting Readies (seconds) and how many needed a write.
         self.persist_seconds = 0.0
@@ -389,6 +397,7 @@ class Driver:
                 # class "death never declared", docs/architecture.md): log it
                 # loudly and go on with the next turn.
                 log.exception("driver turn failed; continuing")
+                self.counters.turn_failures += 1
             t = time.monotonic()
             timeout = max(0.0, min(self.replica.next_deadline(), now + 0.05) - t)
             if timeout > 0 and not self._wake.is_set():
@@ -419,6 +428,7 @@ class Driver:
         """Accounts for one Ready's write of ``took`` seconds; warns when the disk was slow."""
         self.persist_seconds += took
         self.persists += 1
+        self.counters.fsync.observe(took)
         if took > self.config.loop_lag_warning:
             log.warning(
                 "%s: persisting one Ready took %.3fs (fsync; %d entries); its messages waited",
@@ -444,15 +454,9 @@ class Driver:
             if result.error:
                 log.error("log entry %d not applied: %s", result.index, result.error)
             if result.change is not None:
-                if not self._replaying:
-                    for c in result.change.changes:
-                        log.info(
-                            "epoch %d: %s incarnation %d is %s",
-                            result.change.epoch,
-                            c.node_id,
-                            c.incarnation,
-                            c.state.value,
-                        )
+                if not self._replaying:  # one line per decision; deaths counted once
+                    self.counters.deaths += log_view_change(self.replica_id, result.change)
+                    self.counters.applied(result.change.epoch, time.monotonic())
                 self._on_change(result.change)
             if result.leave is not None:
                 fut = self._leaves.get(result.leave.request_id)
@@ -475,19 +479,12 @@ class Driver:
 
     def _check_quorum(self, now: float) -> None:
         st = self.raft.status()
-        key = (self.raft.in_quorum(now), st.leader)
-        if key != self._last_status:
-            if self._last_status is None or key != self._last_status:
-                log.info(
-                    "%s: in_quorum=%s leader=%s term=%d role=%s",
-                    self.replica_id,
-                    key[0],
-                    st.leader,
-                    st.term,
-                    st.role.name.lower(),
-                )
-            self._last_status = key
-            self._on_quorum(self.status())
+        standing = (self.raft.in_quorum(now), st.leader, st.term, st.role.name.lower())
+        last, self._last_status = self._last_status, standing
+        if standing != last:
+            log_raft_standing(self.replica_id, standing, last)  # elections, role changes
+            if last is None or standing[:2] != last[:2]:
+                self._on_quorum(self.status())
 
     @property
     def is_leader(self) -> bool:

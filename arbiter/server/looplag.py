@@ -43,6 +43,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -116,6 +117,8 @@ class LoopLagMonitor:
         self._lags: collections.deque[float] = collections.deque(maxlen=_WINDOW)
         self._samples = 0
         self._max = 0.0
+        # Called with every measured lag (seconds): the replica's metrics histogram.
+        self.observe: Callable[[float], None] = lambda lag: None
         self._stalls = 0
         self._task: asyncio.Task[None] | None = None
         self._last_warning = float("-inf")
@@ -236,6 +239,7 @@ class LoopLagMonitor:
         self._lags.append(lag)
         self._period.append(lag)
         self._max = max(self._max, lag)
+        self.observe(lag)
 
     def _stall(
         self,

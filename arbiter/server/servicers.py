@@ -151,8 +151,10 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         if not isinstance(self.authz, AllowAll):  # --insecure: no hop per heartbeat
             request_iterator = self._as_node(request_iterator, context)
         self.heartbeat_streams += 1
+        counters, last_at = self._driver.counters, None  # metrics: plain ints, no calls
         try:
             async for req in request_iterator:
+                counters.heartbeats += 1
                 if self._closing.is_set():
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
                 try:
@@ -178,12 +180,16 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     req.node_id, req.incarnation, req.labels, req.interval_seconds or None
                 )
                 now = time.monotonic()
+                if last_at is not None:
+                    counters.interarrival.observe(now - last_at)
+                last_at = now
                 if verdict.accepted:
                     self.board.update(req.node_id, req.incarnation, req.status, now)
                     if now - self._pruned_at > 10.0:
                         self._pruned_at = now
                         self.board.prune(now)
                 status = self._driver.status()
+                counters.acks += 1
                 yield pb.HeartbeatAck(
                     seq=req.seq,
                     epoch=status.epoch,
@@ -318,6 +324,8 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     assert isinstance(item, HubStatus)
                     event = self._quorum_event(item)
                 await self._send(context, event)
+                if isinstance(item, ViewChange):
+                    self._driver.counters.delivered(item.epoch, time.monotonic())
         finally:
             self._hub.unsubscribe(sub)
 

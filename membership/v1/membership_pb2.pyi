@@ -946,3 +946,185 @@ class RemoveNodeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RemoveNodeResponse: _TypeAlias = RemoveNodeResponse  # noqa: Y015
+
+@_typing.final
+class StatusRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLUSTER_FIELD_NUMBER: _builtins.int
+    cluster: _builtins.str
+    """The cluster identity the caller expects; "" checks nothing."""
+    def __init__(
+        self,
+        *,
+        cluster: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StatusRequest: _TypeAlias = StatusRequest  # noqa: Y015
+
+@_typing.final
+class FollowerProgress(_message.Message):
+    """A follower's replication progress as its leader sees it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MATCH_INDEX_FIELD_NUMBER: _builtins.int
+    LAG_FIELD_NUMBER: _builtins.int
+    match_index: _builtins.int
+    """highest log index known to be stored on the follower"""
+    lag: _builtins.int
+    """the leader's last log index minus match_index (entries)"""
+    def __init__(
+        self,
+        *,
+        match_index: _builtins.int = ...,
+        lag: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lag", b"lag", "match_index", b"match_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FollowerProgress: _TypeAlias = FollowerProgress  # noqa: Y015
+
+@_typing.final
+class StatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class FollowersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> Global___FollowerProgress: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: Global___FollowerProgress | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class VotersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    @_typing.final
+    class LearnersEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ARBITER_ID_FIELD_NUMBER: _builtins.int
+    ROLE_FIELD_NUMBER: _builtins.int
+    TERM_FIELD_NUMBER: _builtins.int
+    LEADER_ID_FIELD_NUMBER: _builtins.int
+    COMMIT_INDEX_FIELD_NUMBER: _builtins.int
+    APPLIED_INDEX_FIELD_NUMBER: _builtins.int
+    LAST_INDEX_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_INDEX_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    IN_QUORUM_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    FOLLOWERS_FIELD_NUMBER: _builtins.int
+    VOTERS_FIELD_NUMBER: _builtins.int
+    LEARNERS_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
+    INSTANCE_FIELD_NUMBER: _builtins.int
+    arbiter_id: _builtins.str
+    role: _builtins.str
+    """"follower", "pre_candidate", "candidate" or "leader" """
+    term: _builtins.int
+    leader_id: _builtins.str
+    """"" when this replica knows no leader"""
+    commit_index: _builtins.int
+    applied_index: _builtins.int
+    last_index: _builtins.int
+    snapshot_index: _builtins.int
+    epoch: _builtins.int
+    """of the view this replica applied"""
+    in_quorum: _builtins.bool
+    version: _builtins.str
+    """the grpc-membership package version"""
+    cluster: _builtins.str
+    instance: _builtins.str
+    @_builtins.property
+    def followers(self) -> _containers.MessageMap[_builtins.str, Global___FollowerProgress]:
+        """On the leader only: every other voter's progress, by replica id."""
+
+    @_builtins.property
+    def voters(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """The configuration this replica knows: replica id -> host:port."""
+
+    @_builtins.property
+    def learners(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        arbiter_id: _builtins.str = ...,
+        role: _builtins.str = ...,
+        term: _builtins.int = ...,
+        leader_id: _builtins.str = ...,
+        commit_index: _builtins.int = ...,
+        applied_index: _builtins.int = ...,
+        last_index: _builtins.int = ...,
+        snapshot_index: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        in_quorum: _builtins.bool = ...,
+        version: _builtins.str = ...,
+        followers: _abc.Mapping[_builtins.str, Global___FollowerProgress] | None = ...,
+        voters: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        learners: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        cluster: _builtins.str = ...,
+        instance: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_index", b"applied_index", "arbiter_id", b"arbiter_id", "cluster", b"cluster", "commit_index", b"commit_index", "epoch", b"epoch", "followers", b"followers", "in_quorum", b"in_quorum", "instance", b"instance", "last_index", b"last_index", "leader_id", b"leader_id", "learners", b"learners", "role", b"role", "snapshot_index", b"snapshot_index", "term", b"term", "version", b"version", "voters", b"voters"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StatusResponse: _TypeAlias = StatusResponse  # noqa: Y015

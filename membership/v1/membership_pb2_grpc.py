@@ -282,6 +282,11 @@ class AdminStub:
                 request_serializer=membership_dot_v1_dot_membership__pb2.RemoveNodeRequest.SerializeToString,
                 response_deserializer=membership_dot_v1_dot_membership__pb2.RemoveNodeResponse.FromString,
                 _registered_method=True)
+        self.Status = channel.unary_unary(
+                '/membership.v1.Admin/Status',
+                request_serializer=membership_dot_v1_dot_membership__pb2.StatusRequest.SerializeToString,
+                response_deserializer=membership_dot_v1_dot_membership__pb2.StatusResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -302,6 +307,18 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Status(self, request, context):
+        """This replica's standing in the arbiter group (`membership admin status`):
+        its Raft role, term, leader and log indexes, its applied epoch, whether
+        it is in a quorum, its version, the arbiter configuration it knows and,
+        on the leader, each follower's replication progress. Read-only; allowed
+        to admin and observer identities under mutual TLS (PERMISSION_DENIED
+        for others); FAILED_PRECONDITION for another cluster's identity.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -309,6 +326,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.RemoveNode,
                     request_deserializer=membership_dot_v1_dot_membership__pb2.RemoveNodeRequest.FromString,
                     response_serializer=membership_dot_v1_dot_membership__pb2.RemoveNodeResponse.SerializeToString,
+            ),
+            'Status': grpc.unary_unary_rpc_method_handler(
+                    servicer.Status,
+                    request_deserializer=membership_dot_v1_dot_membership__pb2.StatusRequest.FromString,
+                    response_serializer=membership_dot_v1_dot_membership__pb2.StatusResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -339,6 +361,33 @@ class Admin:
             '/membership.v1.Admin/RemoveNode',
             membership_dot_v1_dot_membership__pb2.RemoveNodeRequest.SerializeToString,
             membership_dot_v1_dot_membership__pb2.RemoveNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Status(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/membership.v1.Admin/Status',
+            membership_dot_v1_dot_membership__pb2.StatusRequest.SerializeToString,
+            membership_dot_v1_dot_membership__pb2.StatusResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -209,6 +209,14 @@ class AdminStub:
     the record is already DEAD or LEFT, or is not at the incarnation asked
     for; PERMISSION_DENIED: the caller is not an administrator.
     """
+    Status: _grpc.UnaryUnaryMultiCallable[_membership_pb2.StatusRequest, _membership_pb2.StatusResponse]
+    """This replica's standing in the arbiter group (`membership admin status`):
+    its Raft role, term, leader and log indexes, its applied epoch, whether
+    it is in a quorum, its version, the arbiter configuration it knows and,
+    on the leader, each follower's replication progress. Read-only; allowed
+    to admin and observer identities under mutual TLS (PERMISSION_DENIED
+    for others); FAILED_PRECONDITION for another cluster's identity.
+    """
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -224,6 +232,14 @@ class AdminAsyncStub(AdminStub):
     record of node_id (never a member, or only joining); FAILED_PRECONDITION:
     the record is already DEAD or LEFT, or is not at the incarnation asked
     for; PERMISSION_DENIED: the caller is not an administrator.
+    """
+    Status: _aio.UnaryUnaryMultiCallable[_membership_pb2.StatusRequest, _membership_pb2.StatusResponse]  # type: ignore[assignment]
+    """This replica's standing in the arbiter group (`membership admin status`):
+    its Raft role, term, leader and log indexes, its applied epoch, whether
+    it is in a quorum, its version, the arbiter configuration it knows and,
+    on the leader, each follower's replication progress. Read-only; allowed
+    to admin and observer identities under mutual TLS (PERMISSION_DENIED
+    for others); FAILED_PRECONDITION for another cluster's identity.
     """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
@@ -243,6 +259,20 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         record of node_id (never a member, or only joining); FAILED_PRECONDITION:
         the record is already DEAD or LEFT, or is not at the incarnation asked
         for; PERMISSION_DENIED: the caller is not an administrator.
+        """
+
+    @_abc_1.abstractmethod
+    def Status(
+        self,
+        request: _membership_pb2.StatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_membership_pb2.StatusResponse, _abc.Awaitable[_membership_pb2.StatusResponse]]:
+        """This replica's standing in the arbiter group (`membership admin status`):
+        its Raft role, term, leader and log indexes, its applied epoch, whether
+        it is in a quorum, its version, the arbiter configuration it knows and,
+        on the leader, each follower's replication progress. Read-only; allowed
+        to admin and observer identities under mutual TLS (PERMISSION_DENIED
+        for others); FAILED_PRECONDITION for another cluster's identity.
         """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -332,9 +332,11 @@ REQUESTS: dict[str, st.SearchStrategy[Any]] = {
         incarnation=_u64,
         cluster=st.text(max_size=80),
     ),
+    # Admin.Status only reads: any cluster text is answered or refused (FAILED_PRECONDITION).
+    "Status": st.builds(pb.StatusRequest, cluster=st.text(max_size=80)),
     # Any bytes as the request of any method: what a client of another language might send.
     "raw": st.tuples(
-        st.sampled_from(["Heartbeat", "Subscribe", "GetView", "Leave", "RemoveNode"]),
+        st.sampled_from(["Heartbeat", "Subscribe", "GetView", "Leave", "RemoveNode", "Status"]),
         st.binary(max_size=300),
     ),
 }
@@ -360,7 +362,7 @@ def _call_raw(channel: grpc.Channel, request: tuple[str, bytes]) -> None:
             next(call)
         finally:
             call.cancel()
-    elif method == "RemoveNode":
+    elif method in ("RemoveNode", "Status"):
         channel.unary_unary("/membership.v1.Admin/" + method)(payload, timeout=5)
     else:
         channel.unary_unary(SERVICE + method)(payload, timeout=5)
@@ -372,6 +374,7 @@ CALLS: dict[str, Callable[[Any, grpc.Channel, Any], object]] = {
     "GetView": lambda stub, ch, req: stub.GetView(req, timeout=5),
     "Leave": lambda stub, ch, req: stub.Leave(req, timeout=5),
     "RemoveNode": lambda stub, ch, req: pb_grpc.AdminStub(ch).RemoveNode(req, timeout=5),
+    "Status": lambda stub, ch, req: pb_grpc.AdminStub(ch).Status(req, timeout=5),
     "raw": lambda stub, ch, req: _call_raw(ch, req),
 }
 # A refusal, or a call cut short by the test (CANCELLED). UNKNOWN (a handler

@@ -1,0 +1,412 @@
+"""Prometheus metrics of one replica (``membership arbiter --metrics-listen HOST:PORT``).
+
+Rules:
+
+1. The hot path never calls prometheus-client. Heartbeats, acks and the
+   heartbeat inter-arrival histogram are counted with plain integer
+   increments on :class:`Counters` (one object per replica, owned by the
+   driver, touched only on the event loop thread); :class:`ReplicaCollector`
+   reads them when Prometheus scrapes, on the HTTP server's thread: an int
+   or a list copied there is read atomically under the GIL, and a scrape
+   that sees a histogram mid-update is off by one observation at most (the
+   next scrape is exact). The replica's state (Raft, the view, the
+   detector's suspects) is read on the event loop thread, since the cores
+   are not thread-safe: a callback scheduled there, waited for up to
+   ``STATE_TIMEOUT`` seconds. A loop stalled longer gets the previous
+   reading of the state (and a WARNING), while the counters and histograms,
+   loop lag included, are still served fresh: a stalled replica is what the
+   metrics must still show.
+2. Every replica has its own :class:`prometheus_client.CollectorRegistry`,
+   so several replicas (tests) run in one process; the process-wide default
+   registry (process and GC metrics of prometheus-client) is not served.
+3. Names follow the Prometheus conventions (https://prometheus.io/docs/practices/naming/):
+   the ``membership_`` prefix, base units in the name (``_seconds``), ``_total``
+   for counters. Counters start at 0 when the process starts (``rate()``
+   handles the reset); a restarted replica replaying its log counts no
+   death again.
+4. Off by default (``metrics_listen = ""``): the endpoint is plain HTTP
+   without authentication (the gRPC port's mutual TLS does not cover it),
+   and it tells whoever reaches it the cluster's size, leader and churn; an
+   operator opens it on purpose, on an address that only the scraper
+   reaches. README.md lists every metric with its meaning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from arbiter.server.app import ArbiterServer
+
+__all__ = [
+    "RAFT_ROLES",
+    "Buckets",
+    "Counters",
+    "MetricsServer",
+    "ReplicaCollector",
+    "serve",
+]
+
+log = logging.getLogger("arbiter.metrics")
+
+# Raft roles as the ``role`` label of membership_raft_role (1 for the current one).
+RAFT_ROLES = ("follower", "pre_candidate", "candidate", "leader")
+# The member states of membership_nodes{state=...}.
+NODE_STATES = ("ALIVE", "DEAD", "LEFT")
+
+# Bucket upper bounds (seconds). Heartbeats come every 0.15 s by default
+# (up to max_heartbeat_interval, 0.6 s): the buckets resolve the interval
+# and the gaps that lead to a suspicion (D = 0.75 s by default).
+INTERARRIVAL_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0)
+# One fsync of a Ready: milliseconds on an SSD, tens on a busy disk.
+FSYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+# Event-loop lag per wake-up of the monitor (0.05 s period): 0.2 s is a stall.
+LOOP_LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5)
+# From applying a committed change to handing it to a subscriber's stream.
+DELIVERY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+# Changes whose apply time is kept for the commit-to-subscriber latency.
+_APPLIED_KEPT = 1024
+
+
+class Buckets:
+    """A histogram as plain numbers: one bisect and two additions per observation.
+
+    Args:
+        bounds: the buckets' upper bounds, increasing (seconds); +Inf is added.
+    """
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        if list(bounds) != sorted(set(bounds)):
+            raise ValueError(f"bucket bounds must increase strictly: {bounds}")
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        """Adds one observation (seconds)."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def family(self, name: str, documentation: str, arbiter: str) -> HistogramMetricFamily:
+        """The Prometheus histogram (cumulative buckets) of what was observed so far,
+        labelled ``arbiter``."""
+        counts = list(self.counts)  # one copy: the loop may observe meanwhile
+        total = 0
+        buckets: list[tuple[str, float]] = []
+        for bound, n in zip((*self.bounds, float("inf")), counts, strict=True):
+            total += n
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), total))
+        fam = HistogramMetricFamily(name, documentation, labels=["arbiter"])
+        fam.add_metric([arbiter], buckets, self.sum)
+        return fam
+
+
+class Counters:
+    """What the replica counts as it goes (rule 1); read by :class:`ReplicaCollector`.
+
+    Attributes:
+        heartbeats: heartbeats received on every stream (refused ones included).
+        acks: heartbeat acks handed to gRPC.
+        deaths: members this replica applied as DEAD (not while replaying its log).
+        turn_failures: driver turns that raised (a bug; logged, and the loop went on).
+        interarrival: seconds between two heartbeats of one stream.
+        fsync: seconds per write of a Ready (SQLite commit with fsync).
+        loop_lag: seconds the event loop woke up late, per monitor wake-up.
+        delivery: seconds from applying a committed change here to handing it
+            to a subscriber's stream (per subscriber).
+    """
+
+    __slots__ = (
+        "_applied",
+        "acks",
+        "deaths",
+        "delivery",
+        "fsync",
+        "heartbeats",
+        "interarrival",
+        "loop_lag",
+        "turn_failures",
+    )
+
+    def __init__(self) -> None:
+        self.heartbeats = 0
+        self.acks = 0
+        self.deaths = 0
+        self.turn_failures = 0
+        self.interarrival = Buckets(INTERARRIVAL_BUCKETS)
+        self.fsync = Buckets(FSYNC_BUCKETS)
+        self.loop_lag = Buckets(LOOP_LAG_BUCKETS)
+        self.delivery = Buckets(DELIVERY_BUCKETS)
+        self._applied: collections.OrderedDict[int, float] = collections.OrderedDict()
+
+    def applied(self, epoch: int, now: float) -> None:
+        """Records that the change to ``epoch`` was applied at ``now`` (monotonic seconds)."""
+        self._applied[epoch] = now
+        if len(self._applied) > _APPLIED_KEPT:
+            self._applied.popitem(last=False)
+
+    def delivered(self, epoch: int, now: float) -> None:
+        """A subscriber's stream took the change to ``epoch`` at ``now``: observes the latency."""
+        at = self._applied.get(epoch)
+        if at is not None:
+            self.delivery.observe(max(0.0, now - at))
+
+
+# Gauges read from the replica's state: (name, help). Their values come from
+# _state(), on the event loop thread (rule 1).
+_GAUGES = (
+    ("membership_epoch", "Epoch of the view this replica has applied."),
+    (
+        "membership_in_quorum",
+        "1 while this replica is in a quorum (has a leader it can reach), else 0.",
+    ),
+    ("membership_raft_term", "Current Raft term."),
+    ("membership_raft_commit_index", "Raft commit index."),
+    ("membership_raft_applied_index", "Highest Raft log index applied to the state machine."),
+    ("membership_suspected_nodes", "Nodes this replica's own failure detector currently suspects."),
+    ("membership_subscribers", "Subscriptions (watch streams) open on this replica."),
+    ("membership_heartbeat_streams", "Heartbeat streams open on this replica."),
+    ("membership_arbiters", "Replicas in the arbiter configuration this replica knows."),
+)
+# Seconds a scrape waits for the event loop to read the replica's state; a
+# loop stalled longer gets the previous reading (rule 1).
+STATE_TIMEOUT = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    """The replica's state as read on the event loop thread at one scrape."""
+
+    gauges: dict[str, float]
+    role: str
+    nodes: dict[str, int]
+    observations_proposed: int
+
+
+def _state(server: ArbiterServer) -> _State:
+    """Reads the replica's state (on the event loop thread: the cores are not thread-safe)."""
+    d = server.driver
+    st = d.raft.status()
+    nodes = dict.fromkeys(NODE_STATES, 0)
+    for m in d.state.view().members:
+        nodes[m.state.value] = nodes.get(m.state.value, 0) + 1
+    values = (
+        d.state.epoch,
+        d.status().in_quorum,
+        st.term,
+        st.commit,
+        st.applied,
+        len(d.local_suspects()),
+        server.api.subscriptions,
+        server.api.heartbeat_streams,
+        len(server.configuration()["voters"]),
+    )
+    return _State(
+        gauges={name: float(v) for (name, _), v in zip(_GAUGES, values, strict=True)},
+        role=st.role.value,
+        nodes=nodes,
+        observations_proposed=d.replica.observations_proposed,
+    )
+
+
+class ReplicaCollector(Collector):
+    """Reads one replica's state and :class:`Counters` at scrape time (rule 1).
+
+    Args:
+        server: the running replica (its driver, API servicer and configuration).
+        loop: the replica's event loop, where its state is read.
+    """
+
+    def __init__(self, server: ArbiterServer, loop: asyncio.AbstractEventLoop) -> None:
+        self._server = server
+        self._loop = loop
+        self._last: _State | None = None
+
+    def _read_state(self) -> _State | None:
+        """The state read on the loop, or the previous one if the loop does not answer."""
+        fut: concurrent.futures.Future[_State] = concurrent.futures.Future()
+
+        def read() -> None:
+            try:
+                fut.set_result(_state(self._server))
+            except BaseException as e:
+                fut.set_exception(e)
+
+        try:
+            self._loop.call_soon_threadsafe(read)
+            self._last = fut.result(timeout=STATE_TIMEOUT)
+        except concurrent.futures.TimeoutError:
+            log.warning(
+                "%s: metrics scrape: the event loop did not answer within %gs; serving the "
+                "previous reading of its state",
+                self._server.replica_id,
+                STATE_TIMEOUT,
+            )
+        except RuntimeError:  # the loop is closed: the replica stopped
+            pass
+        return self._last
+
+    def collect(self) -> Iterator[Any]:
+        """Every metric of the replica (README.md lists them)."""
+        rid = self._server.replica_id
+        state = self._read_state()
+        if state is not None:
+            yield from self._state_families(rid, state)
+        c = self._server.driver.counters
+        for name, doc, value in (
+            ("membership_heartbeats_received", "Heartbeats received.", c.heartbeats),
+            ("membership_acks_sent", "Heartbeat acks sent.", c.acks),
+            (
+                "membership_deaths",
+                "Members this replica applied as DEAD (the same on every replica).",
+                c.deaths,
+            ),
+            (
+                "membership_driver_turn_failures",
+                "Driver loop turns that raised (a bug: logged, detection went on).",
+                c.turn_failures,
+            ),
+        ):
+            yield _counter(name, doc, rid, value)
+        for buckets, name, doc in (
+            (
+                c.interarrival,
+                "membership_heartbeat_interarrival_seconds",
+                "Seconds between two heartbeats of one stream.",
+            ),
+            (c.fsync, "membership_fsync_duration_seconds", "Seconds per durable write of a Ready."),
+            (
+                c.loop_lag,
+                "membership_event_loop_lag_seconds",
+                "Seconds the event loop woke up late (monitor period 0.05 s).",
+            ),
+            (
+                c.delivery,
+                "membership_commit_to_subscriber_seconds",
+                "Seconds from applying a committed view change to handing it to a subscriber.",
+            ),
+        ):
+            yield buckets.family(name, doc, rid)
+
+    @staticmethod
+    def _state_families(rid: str, state: _State) -> Iterator[Any]:
+        for name, doc in _GAUGES:
+            fam = GaugeMetricFamily(name, doc, labels=["arbiter"])
+            fam.add_metric([rid], state.gauges[name])
+            yield fam
+        fam = GaugeMetricFamily(
+            "membership_raft_role",
+            "1 for this replica's current Raft role (label role), 0 for the others.",
+            labels=["arbiter", "role"],
+        )
+        for r in RAFT_ROLES:
+            fam.add_metric([rid, r], 1.0 if r == state.role else 0.0)
+        yield fam
+        fam = GaugeMetricFamily(
+            "membership_nodes",
+            "Members of the applied view by state (DEAD and LEFT are tombstones).",
+            labels=["arbiter", "state"],
+        )
+        for node_state, n in state.nodes.items():
+            fam.add_metric([rid, node_state], float(n))
+        yield fam
+        yield _counter(
+            "membership_observations_proposed",
+            "Observations (ALIVE or SUSPECT opinions) this replica proposed to the log.",
+            rid,
+            state.observations_proposed,
+        )
+
+
+def _counter(name: str, doc: str, rid: str, value: float) -> CounterMetricFamily:
+    counter = CounterMetricFamily(name, doc, labels=["arbiter"])
+    counter.add_metric([rid], float(value))
+    return counter
+
+
+class MetricsServer:
+    """Serves one replica's registry at ``http://HOST:PORT/metrics`` from a daemon thread.
+
+    Created on the replica's running event loop (where its state is read).
+
+    Args:
+        server: the replica to describe.
+        listen: ``host:port`` to bind; :attr:`port` is the port bound.
+    """
+
+    def __init__(self, server: ArbiterServer, listen: str) -> None:
+        self.listen = listen
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(ReplicaCollector(server, asyncio.get_running_loop()))
+        self.port = 0
+        self._http: Any = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Binds and starts serving.
+
+        Raises:
+            OSError: ``cannot serve metrics on ADDRESS: <reason>``.
+        """
+        from arbiter.server.app import split_host_port
+
+        host, port = split_host_port(self.listen)
+        try:
+            self._http, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as e:
+            raise OSError(f"cannot serve metrics on {self.listen}: {e.strerror or e}") from None
+        self.port = int(self._http.server_address[1])
+
+    async def stop(self) -> None:
+        """Stops serving and releases the port (idempotent).
+
+        The HTTP server notices a shutdown at its next poll (up to 0.5 s):
+        waited for in a thread, so the event loop goes on meanwhile.
+        """
+        http, self._http = self._http, None
+        if http is not None:
+            await asyncio.to_thread(http.shutdown)
+            http.server_close()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            await asyncio.to_thread(thread.join, 2.0)
+
+
+def serve(server: ArbiterServer) -> MetricsServer | None:
+    """Starts serving ``server``'s metrics at ``config.metrics_listen``; None when it is "".
+
+    Raises:
+        OSError: the address cannot be bound (:meth:`MetricsServer.start`).
+    """
+    listen = server.config.metrics_listen
+    if not listen:
+        return None
+    metrics = MetricsServer(server, listen)
+    metrics.start()
+    return metrics
+
+
+def where(metrics: MetricsServer | None) -> str:
+    """``http://HOST:PORT/metrics`` for the replica's start line, or ``off``."""
+    if metrics is None:
+        return "off (--metrics-listen)"
+    host = metrics.listen.rpartition(":")[0]
+    return f"http://{host}:{metrics.port}/metrics"

@@ -1,0 +1,59 @@
+"""One replica's standing in the arbiter group, as ``Admin.Status`` answers it.
+
+What a ``membership admin status`` line shows (membership/admin_status.py):
+the Raft role, term, leader and log indexes, the applied epoch, whether the
+replica is in a quorum, the package version, the configuration it knows
+(:meth:`arbiter.server.app.ArbiterServer.configuration`, the one accessor of
+the arbiter set) and, on the leader, each follower's progress: its match
+index (the highest log index known to be stored there, etcd raft's
+``Progress.Match``) and its lag, the leader's last log index minus it.
+A follower the leader has not heard from yet has match index 0.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from membership.v1 import membership_pb2 as pb
+
+if TYPE_CHECKING:
+    from arbiter.server.app import ArbiterServer
+
+__all__ = ["describe", "package_version"]
+
+
+def package_version() -> str:
+    """The installed grpc-membership version (``membership --version``)."""
+    import membership
+
+    return str(membership.__version__)
+
+
+def describe(server: ArbiterServer) -> pb.StatusResponse:
+    """The :class:`StatusResponse` of a running replica (module docstring)."""
+    driver = server.driver
+    st = driver.raft.status()
+    status = driver.status()
+    config = server.configuration()
+    followers = {
+        rid: pb.FollowerProgress(match_index=match, lag=max(0, st.last_index - match))
+        for rid, match in driver.replica.follower_matches().items()
+    }
+    return pb.StatusResponse(
+        arbiter_id=server.replica_id,
+        role=st.role.value,
+        term=st.term,
+        leader_id=st.leader or "",
+        commit_index=st.commit,
+        applied_index=st.applied,
+        last_index=st.last_index,
+        snapshot_index=st.snapshot_index,
+        epoch=driver.state.epoch,
+        in_quorum=status.in_quorum,
+        version=package_version(),
+        followers=followers,
+        voters=config["voters"],
+        learners=config["learners"],
+        cluster=server.admin_api.cluster,
+        instance=driver.state.instance,
+    )
