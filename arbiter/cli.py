@@ -22,6 +22,10 @@ Rules:
    listen address is not loopback; neither is a usage error (exit 2).
    SIGHUP re-reads the TLS files for new connections (streams stay up; bad
    files are logged as an ERROR and the old ones kept).
+5. ``--restore FILE`` starts a new group from a backup into an empty data
+   dir (arbiter/server/backup.py, rules 3 to 5); ``--check-config`` checks
+   the file too and prints the new group's identity. A bad file or a
+   non-empty data dir is exit 1.
 """
 
 from __future__ import annotations
@@ -167,6 +171,15 @@ def register(sub: Any) -> None:
         "replica, kept across restarts; a fresh one for a new cluster",
     )
     p.add_argument(
+        "--restore",
+        type=Path,
+        metavar="FILE",
+        default=None,
+        help="start a NEW group from a backup (membership admin snapshot save) into an empty "
+        "--data-dir: same members and epoch, a new cluster identity; give every replica the "
+        "same FILE and --peers (ignored once this data dir was restored from FILE)",
+    )
+    p.add_argument(
         "--check-config",
         action="store_true",
         help="validate the flags and configuration, print it, and exit",
@@ -218,6 +231,15 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
             "cluster_identity": cluster_identity(config.cluster, peers),
             "data_dir": data_dir,
         }
+        if args.restore is not None:
+            from arbiter.server.backup import check_restore, restored_identity
+
+            snap, _ = check_restore(args.restore, cluster=config.cluster, replica_ids=list(peers))
+            settings["cluster_identity"] = restored_identity(config.cluster, peers, snap)
+            settings["restore"] = (
+                f"{args.restore} (epoch {snap.epoch}, {snap.members} members, index "
+                f"{snap.index}, sha256 {snap.sha256})"
+            )
         if loaded is None:
             settings["tls"] = "off (--insecure: plaintext, no identities)"
         else:
@@ -227,7 +249,7 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
         for f in dataclasses.fields(config):
             print(f"  {f.name} = {getattr(config, f.name)}")
         return EXIT_OK
-    return await _serve(args.id, peers, listen, config, data_dir, interrupt, loaded)
+    return await _serve(args.id, peers, listen, config, data_dir, interrupt, loaded, args.restore)
 
 
 async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
@@ -263,6 +285,7 @@ async def _serve(
     data_dir: Path,
     interrupt: Interrupt,
     loaded: LoadedTLS | None = None,
+    restore: Path | None = None,
 ) -> int:
     from arbiter.server.app import ArbiterServer
 
@@ -273,6 +296,7 @@ async def _serve(
         config=config,
         data_dir=data_dir,
         tls=loaded,
+        restore=restore,
     )
     loop = asyncio.get_running_loop()
     try:

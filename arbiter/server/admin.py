@@ -1,4 +1,5 @@
-"""The Admin service of a replica: removing another node (``membership admin remove``).
+"""The Admin service of a replica: removing another node (``membership admin remove``),
+and saving a backup (``SaveSnapshot``: arbiter/server/backup.py).
 
 Removing a node is an administrative act, apart from a node's own Leave: the
 caller must be an administrator (:meth:`Authorizer.admin`; under mutual TLS
@@ -20,10 +21,12 @@ commits nothing.
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 
 import grpc
 
 from arbiter.server.authz import AllowAll, Authorizer
+from arbiter.server.backup import stream_snapshot
 from arbiter.server.driver import Driver
 from arbiter.server.replies import cluster_mismatch, committed, deny, refusal_status
 from membership.errors import InvalidArgument
@@ -95,3 +98,12 @@ class AdminServicer(pb_grpc.AdminServicer):
         return pb.RemoveNodeResponse(
             epoch=outcome.epoch, incarnation=outcome.incarnation, removed_by=by
         )
+
+    async def SaveSnapshot(
+        self, request: pb.SaveSnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.SnapshotChunk]:
+        """Streams a consistent snapshot for a backup (arbiter/server/backup.py, rules 1, 2)."""
+        async for chunk in stream_snapshot(
+            self._driver, request, context, cluster=self.cluster, authz=self._authz
+        ):
+            yield chunk
