@@ -137,7 +137,7 @@ def parse(raw: bytes, name: str = "snapshot") -> SnapshotFile:
     if header.get("version") != VERSION:
         raise SnapshotFileError(f"{name}: unknown snapshot version {header.get('version')!r}")
     for key, kind in _HEADER.items():
-        value = header.get(key)
+        value: Any = header.get(key)
         ok = isinstance(value, (int, float) if kind is float else kind)
         if not ok or isinstance(value, bool) or (kind is int and value < 0):
             raise SnapshotFileError(f"{name}: header field {key!r} is missing or invalid")
