@@ -26,6 +26,8 @@ Rules:
    dir (arbiter/server/backup.py, rules 3 to 5); ``--check-config`` checks
    the file too and prints the new group's identity. A bad file or a
    non-empty data dir is exit 1.
+6. ``--health-listen HOST:PORT`` serves the health service alone in
+   plaintext (arbiter/server/health_port.py), from start to stop.
 """
 
 from __future__ import annotations
@@ -171,6 +173,13 @@ def register(sub: Any) -> None:
         "replica, kept across restarts; a fresh one for a new cluster",
     )
     p.add_argument(
+        "--health-listen",
+        metavar="HOST:PORT",
+        default=None,
+        help="also serve the gRPC health service alone, in plaintext, here (for Kubernetes' "
+        "grpc probe, which cannot do mutual TLS; see arbiter/server/health_port.py)",
+    )
+    p.add_argument(
         "--restore",
         type=Path,
         metavar="FILE",
@@ -209,6 +218,9 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
 
     peers = parse_peers(args.peers)
     listen = parse_address(args.listen)
+    health_listen = None if args.health_listen is None else parse_address(args.health_listen)
+    if health_listen is not None and health_listen == listen:
+        raise InvalidArgument(f"--health-listen {health_listen} is --listen: give another port")
     config = _config(args)
     if args.id not in peers:
         raise InvalidArgument(f"--id {args.id!r} is not in --peers ({', '.join(peers)})")
@@ -230,6 +242,7 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
             "peers": ",".join(f"{k}={v}" for k, v in peers.items()),
             "cluster_identity": cluster_identity(config.cluster, peers),
             "data_dir": data_dir,
+            "health_listen": health_listen or "off",
         }
         if args.restore is not None:
             from arbiter.server.backup import check_restore, restored_identity
@@ -249,7 +262,9 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
         for f in dataclasses.fields(config):
             print(f"  {f.name} = {getattr(config, f.name)}")
         return EXIT_OK
-    return await _serve(args.id, peers, listen, config, data_dir, interrupt, loaded, args.restore)
+    return await _serve(
+        args.id, peers, listen, config, data_dir, interrupt, loaded, args.restore, health_listen
+    )
 
 
 async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
@@ -286,8 +301,10 @@ async def _serve(
     interrupt: Interrupt,
     loaded: LoadedTLS | None = None,
     restore: Path | None = None,
+    health_listen: str | None = None,
 ) -> int:
     from arbiter.server.app import ArbiterServer
+    from arbiter.server.health_port import start_health_port
 
     server = ArbiterServer(
         replica_id=replica_id,
@@ -303,14 +320,23 @@ async def _serve(
         loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
     except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no SIGHUP
         logging.getLogger("arbiter").warning("no SIGHUP here: TLS files are not reloaded")
+    health_port = None
     try:
         started, _ = await interrupt.race(server.start())
+        if started and health_listen is not None:
+            try:
+                health_port = await start_health_port(health_listen, server.health)
+            except OSError:
+                await server.stop(0)
+                raise
         if started:
             await interrupt.race(server.wait_failed())
     finally:
         with contextlib.suppress(Exception):
             loop.remove_signal_handler(signal.SIGHUP)
     await server.stop()
+    if health_port is not None:  # after the stop: probes saw NOT_SERVING during its grace
+        await health_port.stop(0)
     if server.failure is not None:
         print(f"membership arbiter: error: {server.failure}", file=sys.stderr)
         return EXIT_FAILURE
