@@ -81,7 +81,9 @@ exit status:
            first; an arbiter takes SIGHUP as "reload the TLS files" instead)
   1        runtime failure: no arbiter reachable, leave not committed, data dir or
            listen address unusable; admin remove refused (no such member, already
-           DEAD or LEFT, not an administrator)
+           DEAD or LEFT, not an administrator); admin snapshot save without a leader
+           or onto an existing FILE, snapshot status of a damaged file; arbiter
+           --restore of a bad file or into a non-empty data dir
   2        usage: a bad flag or value (also --arbiters of two different clusters, no
            TLS files nor --insecure, a certificate refused for what it asks)
   3        node: the cluster ended it without its asking and it does not rejoin:
