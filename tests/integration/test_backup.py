@@ -91,6 +91,12 @@ def test_backup_save_destroy_every_data_dir_restore_same_view_nodes_rejoin(
         cluster.procs[rid].signal(signal.SIGTERM)
     for rid in cluster.arbiters:
         assert cluster.procs[rid].popen.wait(15) == 0
+    r = run_cli(
+        "admin", "snapshot", "save", str(backup.with_name("none.snap")),
+        *("--arbiters", cluster.arbiter_list(), "--timeout", "1"),
+    )  # fmt: skip
+    assert r.returncode == 1 and "no leader could save a snapshot" in r.stderr, r.stderr
+    for rid in cluster.arbiters:
         shutil.rmtree(cluster.data_dir(rid))
     for rid in cluster.arbiters:
         for f in (cluster.procs[rid].out, cluster.procs[rid].err):

@@ -134,9 +134,15 @@ def _kubelet_expand(value: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), value)
 
 
+@pytest.fixture(scope="module")
+def k8s_secret(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The files of the Secret membership-tls, made as README.md says (once for the module)."""
+    return _certs(tmp_path_factory.mktemp("secret") / "tls", "arbiter-0,arbiter-1,arbiter-2")
+
+
 @pytest.mark.parametrize("ordinal", [0, 1, 2])
 def test_kubernetes_statefulset_command_line_passes_check_config(
-    tmp_path: Path, ordinal: int
+    tmp_path: Path, k8s_secret: Path, ordinal: int
 ) -> None:
     sts = _manifests()["StatefulSet/arbiter"]
     c = _container(sts)
@@ -145,10 +151,8 @@ def test_kubernetes_statefulset_command_line_passes_check_config(
     volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
     mounts = {}
     for m in c["volumeMounts"]:
-        folder = tmp_path / m["name"]
-        if "secret" in volumes.get(m["name"], {}):
-            _certs(folder, "arbiter-0,arbiter-1,arbiter-2")
-        mounts[m["mountPath"]] = str(folder)
+        secret = "secret" in volumes.get(m["name"], {})
+        mounts[m["mountPath"]] = str(k8s_secret if secret else tmp_path / m["name"])
 
     def local(value: str) -> str:
         """A path under a mount (the whole value, or after a flag's ``=``) moved to its folder."""
