@@ -41,9 +41,13 @@ Rules:
    and a group restored from another file (or the old group) another one.
    It is stored in the data dir (meta ``identity``, with ``restored_from``,
    the file's sha256) and read from there at every start.
-5. Only an empty or missing data directory is restored into: the directory
-   is built beside it under a temporary name and renamed into place, so a
-   crash leaves either nothing or the whole restored directory. A data
+5. Only an empty or missing data directory is restored into: the database
+   is built in ``.restoring`` inside it and renamed into place last, in one
+   step, so a crash leaves either no database (and a ``.restoring`` that the
+   next restore removes) or the whole restored one. The directory itself is
+   kept, not replaced: systemd's ``StateDirectory=`` (with ``DynamicUser=``
+   a symlink into a folder the service cannot write) and a volume's mount
+   point cannot be renamed by the replica. A data
    directory that was restored from the same file (same sha256) is a
    restart, not a restore: ``--restore`` is then ignored with an INFO line
    (an unchanged systemd unit or StatefulSet can keep the flag). Any other
@@ -64,6 +68,7 @@ import contextlib
 import logging
 import os
 import shutil
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
@@ -76,7 +81,7 @@ from arbiter.core.tally_snapshot import SnapshotDecodeError, decode, encode
 from arbiter.server.authz import Authorizer
 from arbiter.server.driver import Driver
 from arbiter.server.replies import cluster_mismatch, deny
-from arbiter.server.storage import Storage, StorageError
+from arbiter.server.storage import DB_NAME, Storage, StorageError
 from membership.snapshot_file import SnapshotFile, SnapshotFileError, read
 from membership.v1 import membership_pb2 as pb
 
@@ -96,6 +101,8 @@ log = logging.getLogger("arbiter.backup")
 CHUNK_BYTES = 64 * 1024
 # Trailing metadata of a follower's refusal: the leader it knows ("" for none).
 NOT_LEADER = "membership-not-leader"
+# The folder inside the data dir where a restore builds the database (rule 5).
+STAGING = ".restoring"
 # Seconds between two looks at the applied index while catching up (rule 1).
 _POLL = 0.01
 
@@ -257,9 +264,10 @@ def restore_data_dir(
     """
     snap, data = check_restore(path, cluster=cluster, replica_ids=list(peers))
     identity = restored_identity(cluster, peers, snap)
-    if data_dir.exists() and any(data_dir.iterdir()):
+    staging = data_dir / STAGING
+    if data_dir.exists() and any(p.name != STAGING for p in data_dir.iterdir()):
         done = None
-        if (data_dir / "raft.sqlite3").exists():
+        if (data_dir / DB_NAME).exists():
             with (
                 contextlib.suppress(StorageError),  # another group's: refused below
                 Storage.open(
@@ -280,10 +288,9 @@ def restore_data_dir(
             f"--restore needs an empty --data-dir, and {data_dir} is not empty (it holds "
             "another group's state): move it away first"
         )
-    data_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = data_dir.with_name(f".{data_dir.name}.restoring-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
     try:
+        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        shutil.rmtree(staging, ignore_errors=True)  # a restore cut short before
         with Storage.open(staging, replica_id=replica_id, cluster=cluster, arbiters=peers) as st:
             st.save(
                 Ready(
@@ -296,18 +303,18 @@ def restore_data_dir(
             )
             st.put_meta("identity", identity)
             st.put_meta("restored_from", snap.sha256)
-        (staging / "LOCK").unlink(missing_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            data_dir.rmdir()  # empty (checked above)
-        staging.rename(data_dir)
-        fd = os.open(data_dir.parent, os.O_RDONLY)
+        # One self-contained file (its WAL checkpointed into it), renamed in one step.
+        db = sqlite3.connect(staging / DB_NAME)
         try:
-            os.fsync(fd)
+            db.execute("PRAGMA journal_mode=DELETE")
         finally:
-            os.close(fd)
-    except BaseException:
+            db.close()
+        (staging / DB_NAME).rename(data_dir / DB_NAME)
+        _fsync_dir(data_dir)
+    except OSError as e:
+        raise StorageError(f"--restore into {data_dir}: {e.strerror or e}") from None
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
     log.warning(
         "%s: restored from %s: a NEW group %s at epoch %d with %d members (log index %d, "
         "term %d; saved from %s of %s)",
@@ -322,3 +329,11 @@ def restore_data_dir(
         snap.identity,
     )
     return identity
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -181,7 +181,28 @@ def test_restore_refuses_a_non_empty_data_dir_but_restarts_one_restored_from_the
     Storage.open(old, replica_id="a1", cluster="default", arbiters=PEERS).close()
     with pytest.raises(RestoreRefused, match="another group's state"):
         _restore(old, one)
-    assert not list(tmp_path.glob(".*restoring*"))
+    assert not (done / ".restoring").exists()
+
+
+def test_restore_keeps_an_existing_empty_dir_in_place_and_clears_a_cut_short_restore(
+    tmp_path: Path,
+) -> None:
+    # systemd's StateDirectory= with DynamicUser= is a symlink to a folder the
+    # service cannot rename: the restore fills it instead of replacing it.
+    backup = tmp_path / "b.snap"
+    snapshot_file.write(backup, _snap())
+    real = tmp_path / "private" / "state"
+    (real / ".restoring").mkdir(parents=True)  # left by a restore cut short
+    (real / ".restoring" / "raft.sqlite3").write_bytes(b"half")
+    link = tmp_path / "state"
+    link.symlink_to(real)
+    identity = _restore(link, backup)
+    assert link.is_symlink()
+    assert sorted(p.name for p in real.iterdir()) == ["raft.sqlite3"]
+    with Storage.open(link, replica_id="a1", cluster="default", arbiters=PEERS) as st:
+        assert st.get_meta("identity") == identity
+        durable = st.load()
+    assert durable.snapshot is not None and durable.snapshot.index == 5
 
 
 @pytest.mark.parametrize(
