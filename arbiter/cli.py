@@ -27,6 +27,12 @@ Rules:
    off by default. A malformed address, or the ``--listen`` address itself,
    is a usage error (exit 2); one that cannot be bound exits 1, before the
    data dir is touched.
+6. ``--restore FILE`` starts a new group from a backup into an empty data
+   dir (arbiter/server/backup.py, rules 3 to 5); ``--check-config`` checks
+   the file too and prints the new group's identity. A bad file or a
+   non-empty data dir is exit 1.
+7. ``--health-listen HOST:PORT`` serves the health service alone in
+   plaintext (arbiter/server/health_port.py), from start to stop.
 """
 
 from __future__ import annotations
@@ -184,6 +190,22 @@ def register(sub: Any) -> None:
         f"{ENV_METRICS_LISTEN}",
     )
     p.add_argument(
+        "--health-listen",
+        metavar="HOST:PORT",
+        default=None,
+        help="also serve the gRPC health service alone, in plaintext, here (for Kubernetes' "
+        "grpc probe, which cannot do mutual TLS; see arbiter/server/health_port.py)",
+    )
+    p.add_argument(
+        "--restore",
+        type=Path,
+        metavar="FILE",
+        default=None,
+        help="start a NEW group from a backup (membership admin snapshot save) into an empty "
+        "--data-dir: same members and epoch, a new cluster identity; give every replica the "
+        "same FILE and --peers (ignored once this data dir was restored from FILE)",
+    )
+    p.add_argument(
         "--check-config",
         action="store_true",
         help="validate the flags and configuration, print it, and exit",
@@ -227,6 +249,9 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
 
     peers = parse_peers(args.peers)
     listen = parse_address(args.listen)
+    health_listen = None if args.health_listen is None else parse_address(args.health_listen)
+    if health_listen is not None and health_listen == listen:
+        raise InvalidArgument(f"--health-listen {health_listen} is --listen: give another port")
     config = _config(args)
     if args.id not in peers:
         raise InvalidArgument(f"--id {args.id!r} is not in --peers ({', '.join(peers)})")
@@ -248,7 +273,17 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
             "peers": ",".join(f"{k}={v}" for k, v in peers.items()),
             "cluster_identity": cluster_identity(config.cluster, peers),
             "data_dir": data_dir,
+            "health_listen": health_listen or "off",
         }
+        if args.restore is not None:
+            from arbiter.server.backup import check_restore, restored_identity
+
+            snap, _ = check_restore(args.restore, cluster=config.cluster, replica_ids=list(peers))
+            settings["cluster_identity"] = restored_identity(config.cluster, peers, snap)
+            settings["restore"] = (
+                f"{args.restore} (epoch {snap.epoch}, {snap.members} members, index "
+                f"{snap.index}, sha256 {snap.sha256})"
+            )
         if loaded is None:
             settings["tls"] = "off (--insecure: plaintext, no identities)"
         else:
@@ -258,7 +293,9 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
         for f in dataclasses.fields(config):
             print(f"  {f.name} = {getattr(config, f.name)}")
         return EXIT_OK
-    return await _serve(args.id, peers, listen, config, data_dir, interrupt, loaded)
+    return await _serve(
+        args.id, peers, listen, config, data_dir, interrupt, loaded, args.restore, health_listen
+    )
 
 
 async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
@@ -294,8 +331,11 @@ async def _serve(
     data_dir: Path,
     interrupt: Interrupt,
     loaded: LoadedTLS | None = None,
+    restore: Path | None = None,
+    health_listen: str | None = None,
 ) -> int:
     from arbiter.server.app import ArbiterServer
+    from arbiter.server.health_port import start_health_port
 
     server = ArbiterServer(
         replica_id=replica_id,
@@ -304,20 +344,30 @@ async def _serve(
         config=config,
         data_dir=data_dir,
         tls=loaded,
+        restore=restore,
     )
     loop = asyncio.get_running_loop()
     try:
         loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
     except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no SIGHUP
         logging.getLogger("arbiter").warning("no SIGHUP here: TLS files are not reloaded")
+    health_port = None
     try:
         started, _ = await interrupt.race(server.start())
+        if started and health_listen is not None:
+            try:
+                health_port = await start_health_port(health_listen, server.health)
+            except OSError:
+                await server.stop(0)
+                raise
         if started:
             await interrupt.race(server.wait_failed())
     finally:
         with contextlib.suppress(Exception):
             loop.remove_signal_handler(signal.SIGHUP)
     await server.stop()
+    if health_port is not None:  # after the stop: probes saw NOT_SERVING during its grace
+        await health_port.stop(0)
     if server.failure is not None:
         print(f"membership arbiter: error: {server.failure}", file=sys.stderr)
         return EXIT_FAILURE

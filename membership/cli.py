@@ -81,7 +81,10 @@ exit status:
            first; an arbiter takes SIGHUP as "reload the TLS files" instead)
   1        runtime failure: no arbiter reachable, leave not committed, data dir or
            listen address unusable; admin remove refused (no such member, already
-           DEAD or LEFT, not an administrator); admin status: no arbiter answered
+           DEAD or LEFT, not an administrator); admin status: no arbiter answered;
+           admin snapshot save without a leader
+           or onto an existing FILE, snapshot status of a damaged file; arbiter
+           --restore of a bad file or into a non-empty data dir
   2        usage: a bad flag or value (also --arbiters of two different clusters, no
            TLS files nor --insecure, a certificate refused for what it asks)
   3        node: the cluster ended it without its asking and it does not rejoin:
@@ -302,7 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     admin = sub.add_parser(
         "admin",
-        help="administer the cluster (remove a node, the replicas' status)",
+        help="administer the cluster (remove a node, the replicas' status, save a snapshot)",
         description="Administer the cluster. Under mutual TLS these commands need an admin "
         "certificate.",
     )
@@ -333,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_tls_flags(p)
     p.set_defaults(func=_admin_remove)
+    _add_snapshot(admin_sub, arb_help)
 
     p = admin_sub.add_parser(
         "status",
@@ -398,6 +402,50 @@ def build_parser() -> argparse.ArgumentParser:
         _add_global_flags(p, top=False)
         p.epilog = p.epilog or "exit status: see 'membership --help'"
     return parser
+
+
+def _add_snapshot(admin_sub: Any, arb_help: str) -> None:
+    """``admin snapshot save|status`` (membership/admin_snapshot.py)."""
+    snap = admin_sub.add_parser("snapshot", help="save a backup of the view, or check one")
+    snap_sub = snap.add_subparsers(dest="snapshot_command", required=True, metavar="ACTION")
+    p = snap_sub.add_parser(
+        "save",
+        help="save a consistent snapshot (members, epoch) to FILE, for --restore",
+        description="Save a consistent snapshot of the cluster's tally, from the leader, to "
+        "FILE (written atomically, mode 0600). Restore with `membership arbiter ... --restore "
+        "FILE` on every replica. Exit 1 with one line when FILE exists (without --force), no "
+        "leader answers, or the caller may not administer (PERMISSION_DENIED).",
+    )
+    p.add_argument("file", metavar="FILE", type=Path, help="the file to write")
+    p.add_argument("--arbiters", required=True, type=_arbiters, help=arb_help)
+    p.add_argument("--force", action="store_true", help="replace FILE if it exists")
+    p.add_argument("--json", action="store_true", help="print what was saved as one JSON line")
+    p.add_argument(
+        "--timeout", type=positive, default=10.0, help="seconds to wait for a leader (default 10)"
+    )
+    add_tls_flags(p)
+    p.set_defaults(func=_snapshot_save)
+    p = snap_sub.add_parser(
+        "status",
+        help="print a backup's epoch, members, index and whether its checksum is valid",
+        description="Print what a backup holds: epoch, members, log index and term, cluster, "
+        "sha256. Exit 1 when the file is damaged (checksum mismatch) or not a backup.",
+    )
+    p.add_argument("file", metavar="FILE", type=Path, help="the backup file")
+    p.add_argument("--json", action="store_true", help="one JSON object")
+    p.set_defaults(func=_snapshot_status)
+
+
+def _snapshot_save(args: argparse.Namespace, interrupt: Interrupt) -> Any:
+    from membership.admin_snapshot import admin_snapshot_save
+
+    return admin_snapshot_save(args, interrupt)
+
+
+def _snapshot_status(args: argparse.Namespace, interrupt: Interrupt) -> Any:
+    from membership.admin_snapshot import admin_snapshot_status
+
+    return admin_snapshot_status(args, interrupt)
 
 
 def _admin_remove(args: argparse.Namespace, interrupt: Interrupt) -> Any:

@@ -1,5 +1,6 @@
-"""The Admin service of a replica: removing another node (``membership admin remove``)
-and each replica's standing (``Status``, ``membership admin status``).
+"""The Admin service of a replica: removing another node (``membership admin remove``),
+each replica's standing (``Status``, ``membership admin status``), and saving a
+backup (``SaveSnapshot``: arbiter/server/backup.py).
 
 Removing a node is an administrative act, apart from a node's own Leave: the
 caller must be an administrator (:meth:`Authorizer.admin`; under mutual TLS
@@ -26,11 +27,12 @@ when an operator asks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
 from arbiter.server.authz import AllowAll, Authorizer
+from arbiter.server.backup import stream_snapshot
 from arbiter.server.driver import Driver
 from arbiter.server.replies import cluster_mismatch, committed, deny, refusal_status
 from membership.errors import InvalidArgument
@@ -126,3 +128,12 @@ class AdminServicer(pb_grpc.AdminServicer):
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no status on this replica")
         assert self._status is not None
         return self._status()
+
+    async def SaveSnapshot(
+        self, request: pb.SaveSnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.SnapshotChunk]:
+        """Streams a consistent snapshot for a backup (arbiter/server/backup.py, rules 1, 2)."""
+        async for chunk in stream_snapshot(
+            self._driver, request, context, cluster=self.cluster, authz=self._authz
+        ):
+            yield chunk

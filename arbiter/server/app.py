@@ -18,6 +18,7 @@ from arbiter.core.tally import ViewChange
 from arbiter.server import metrics, status, surfaces
 from arbiter.server.admin import AdminServicer
 from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
+from arbiter.server.backup import restore_data_dir
 from arbiter.server.decoding import DecodeRefusal
 from arbiter.server.driver import Driver, ReplicaStatus
 from arbiter.server.hub import Hub, HubStatus
@@ -101,14 +102,19 @@ def channel_options(config: ArbiterConfig) -> list[tuple[str, int]]:
     ]
 
 
-def cluster_identity(cluster: str, peers: dict[str, str]) -> str:
+def cluster_identity(cluster: str, peers: dict[str, str], restored_from: str = "") -> str:
     """``name@digest``: the cluster name and a digest of the replica list.
 
     Stamped on every Raft message; a replica refuses traffic stamped with
     another identity, so replicas given different ``--peers`` lists fail
-    loudly instead of forming two groups.
+    loudly instead of forming two groups. A group restored from a backup
+    (``--restore``) also digests the backup's sha256 (``restored_from``), so
+    it is a new group, the same on each of its replicas
+    (arbiter/server/backup.py, rule 4).
     """
     listing = ",".join(f"{k}={v}" for k, v in sorted(peers.items()))
+    if restored_from:
+        listing += f";restored-from={restored_from}"
     return f"{cluster}@{hashlib.sha256(listing.encode()).hexdigest()[:12]}"
 
 
@@ -269,6 +275,9 @@ class ArbiterServer:
             :class:`arbiter.server.authz.MutualTLS` policy. None is plaintext
             with :class:`arbiter.server.authz.AllowAll` (``--insecure``; the
             command line refuses to start without one or the other).
+        restore: a backup file (``membership admin snapshot save``) to start
+            a new group from, into an empty ``data_dir``
+            (:func:`arbiter.server.backup.restore_data_dir`).
 
     Raises:
         InvalidArgument: when the id is not among the peers or the config is invalid.
@@ -283,6 +292,7 @@ class ArbiterServer:
         config: ArbiterConfig | None = None,
         data_dir: Path | None = None,
         tls: LoadedTLS | None = None,
+        restore: Path | None = None,
     ) -> None:
         if replica_id not in peers:
             raise InvalidArgument(
@@ -296,6 +306,7 @@ class ArbiterServer:
         self.listen = listen
         self.data_dir = data_dir
         self.tls = tls
+        self.restore = restore
         self._server_credentials = None if tls is None else ServerCredentials(tls)
         self.authz: Authorizer = AllowAll() if tls is None else MutualTLS(self.config.cluster)
         self._storage: Storage | None = None
@@ -328,6 +339,10 @@ class ArbiterServer:
         check_bindable(self.listen)
         if cfg.metrics_listen:
             check_bindable(cfg.metrics_listen)
+        if self.restore is not None and self.data_dir is not None:
+            restore_data_dir(
+                self.data_dir, self.restore, self.replica_id, cluster=cfg.cluster, peers=self.peers
+            )
         storage = Storage.open(
             self.data_dir,
             replica_id=self.replica_id,
@@ -344,7 +359,9 @@ class ArbiterServer:
     async def _start(self, cfg: ArbiterConfig, storage: Storage) -> None:
         if self.data_dir is None:
             log.warning("arbiter %s: no data dir: raft state is in memory only", self.replica_id)
-        identity = cluster_identity(cfg.cluster, self.peers)
+        # A restored group's identity is in its data dir (backup.py, rule 4).
+        identity = storage.get_meta("identity") or cluster_identity(cfg.cluster, self.peers)
+        self.identity = identity
         if len(self.peers) < 3:
             log.warning(
                 "arbiter %s: a group of %d replica(s) survives no replica failure; run 3 or 5",

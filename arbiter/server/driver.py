@@ -147,6 +147,8 @@ class Driver:
         self.persist_seconds = 0.0
         self.persists = 0
         self._replaying = False
+        # Term of the entry at raft.status().applied (a backup's term; arbiter/server/backup.py).
+        self.applied_term = self.raft.snapshot().term
         self._recover(t0, durable)
 
     @property
@@ -450,7 +452,9 @@ class Driver:
                 self.state.epoch,
             )
             self._on_reset()
-        for _, result in done.applied:
+            self.applied_term = done.restored.term
+        for entry, result in done.applied:
+            self.applied_term = entry.term
             if result.error:
                 log.error("log entry %d not applied: %s", result.index, result.error)
             if result.change is not None:

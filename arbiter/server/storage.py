@@ -28,7 +28,9 @@ Rules:
    records the replica id, cluster and arbiter set (each replica's id and
    address) it belongs to and refuses any other, saying how to proceed:
    Raft membership is static here, and a log written by one group of
-   replicas must never vote or count in another.
+   replicas must never vote or count in another. A directory restored from
+   a backup also records ``identity`` and ``restored_from``
+   (arbiter/server/backup.py, rule 4).
 
 6. Threads. The driver writes from a thread of its own
    (:mod:`arbiter.server.writer`) and reads on the event loop; every public
@@ -221,6 +223,17 @@ class Storage:
             "to form a new cluster, start every replica on a fresh --data-dir (move this "
             "one away)"
         )
+
+    def get_meta(self, key: str) -> str | None:
+        """A value recorded in the directory's meta table (rule 5), or None."""
+        with self._mutex:
+            row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def put_meta(self, key: str, value: str) -> None:
+        """Records ``key`` in the meta table, fsynced (the identity of a restored group)."""
+        with self._mutex, self._tx() as conn:
+            conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
     def close(self) -> None:
         """Closes the database and releases the lock (idempotent)."""

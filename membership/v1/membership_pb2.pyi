@@ -1128,3 +1128,103 @@ class StatusResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StatusResponse: _TypeAlias = StatusResponse  # noqa: Y015
+
+@_typing.final
+class SaveSnapshotRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLUSTER_FIELD_NUMBER: _builtins.int
+    cluster: _builtins.str
+    """the cluster identity the caller expects; empty = not checked"""
+    def __init__(
+        self,
+        *,
+        cluster: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SaveSnapshotRequest: _TypeAlias = SaveSnapshotRequest  # noqa: Y015
+
+@_typing.final
+class SnapshotInfo(_message.Message):
+    """What a saved snapshot is of (the first SnapshotChunk only)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLUSTER_FIELD_NUMBER: _builtins.int
+    IDENTITY_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    TERM_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    MEMBERS_FIELD_NUMBER: _builtins.int
+    ARBITER_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    cluster: _builtins.str
+    """the cluster name (--cluster)"""
+    identity: _builtins.str
+    """the cluster identity, name@digest"""
+    index: _builtins.int
+    """the log index of the last entry the snapshot holds"""
+    term: _builtins.int
+    """the term of that entry"""
+    epoch: _builtins.int
+    """the view epoch at that index"""
+    members: _builtins.int
+    """member records (ALIVE, DEAD and LEFT)"""
+    arbiter: _builtins.str
+    """the replica that answered (the leader)"""
+    size: _builtins.int
+    """bytes of data in all the chunks"""
+    def __init__(
+        self,
+        *,
+        cluster: _builtins.str = ...,
+        identity: _builtins.str = ...,
+        index: _builtins.int = ...,
+        term: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+        members: _builtins.int = ...,
+        arbiter: _builtins.str = ...,
+        size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter", b"arbiter", "cluster", b"cluster", "epoch", b"epoch", "identity", b"identity", "index", b"index", "members", b"members", "size", b"size", "term", b"term"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotInfo: _TypeAlias = SnapshotInfo  # noqa: Y015
+
+@_typing.final
+class SnapshotChunk(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INFO_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    data: _builtins.bytes
+    """the next piece of the snapshot's bytes"""
+    sha256: _builtins.str
+    """last chunk only: hex sha256 of all the data"""
+    @_builtins.property
+    def info(self) -> Global___SnapshotInfo:
+        """first chunk only"""
+
+    def __init__(
+        self,
+        *,
+        info: Global___SnapshotInfo | None = ...,
+        data: _builtins.bytes = ...,
+        sha256: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["info", b"info"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "info", b"info", "sha256", b"sha256"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotChunk: _TypeAlias = SnapshotChunk  # noqa: Y015

@@ -287,6 +287,11 @@ class AdminStub:
                 request_serializer=membership_dot_v1_dot_membership__pb2.StatusRequest.SerializeToString,
                 response_deserializer=membership_dot_v1_dot_membership__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.SaveSnapshot = channel.unary_stream(
+                '/membership.v1.Admin/SaveSnapshot',
+                request_serializer=membership_dot_v1_dot_membership__pb2.SaveSnapshotRequest.SerializeToString,
+                response_deserializer=membership_dot_v1_dot_membership__pb2.SnapshotChunk.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -319,6 +324,22 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SaveSnapshot(self, request, context):
+        """Streams a consistent snapshot of the tally for a backup (`membership
+        admin snapshot save`): answered by the leader only, once it has applied
+        every entry committed before the request (its own term's first entry
+        included: a read index, Raft thesis section 6.4) while it is in a quorum.
+        The first chunk carries the info, every chunk a piece of the data (the
+        tally's canonical snapshot, arbiter/core/tally_snapshot.py), the last one
+        the sha256 of the data. FAILED_PRECONDITION: this replica is not the
+        leader (the message names the leader it knows), or another cluster's
+        identity; UNAVAILABLE: no leader in a quorum, or it could not catch up
+        in time; PERMISSION_DENIED: the caller is not an administrator.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -331,6 +352,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=membership_dot_v1_dot_membership__pb2.StatusRequest.FromString,
                     response_serializer=membership_dot_v1_dot_membership__pb2.StatusResponse.SerializeToString,
+            ),
+            'SaveSnapshot': grpc.unary_stream_rpc_method_handler(
+                    servicer.SaveSnapshot,
+                    request_deserializer=membership_dot_v1_dot_membership__pb2.SaveSnapshotRequest.FromString,
+                    response_serializer=membership_dot_v1_dot_membership__pb2.SnapshotChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -388,6 +414,33 @@ class Admin:
             '/membership.v1.Admin/Status',
             membership_dot_v1_dot_membership__pb2.StatusRequest.SerializeToString,
             membership_dot_v1_dot_membership__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SaveSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/membership.v1.Admin/SaveSnapshot',
+            membership_dot_v1_dot_membership__pb2.SaveSnapshotRequest.SerializeToString,
+            membership_dot_v1_dot_membership__pb2.SnapshotChunk.FromString,
             options,
             channel_credentials,
             insecure,

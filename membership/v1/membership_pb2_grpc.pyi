@@ -217,6 +217,18 @@ class AdminStub:
     to admin and observer identities under mutual TLS (PERMISSION_DENIED
     for others); FAILED_PRECONDITION for another cluster's identity.
     """
+    SaveSnapshot: _grpc.UnaryStreamMultiCallable[_membership_pb2.SaveSnapshotRequest, _membership_pb2.SnapshotChunk]
+    """Streams a consistent snapshot of the tally for a backup (`membership
+    admin snapshot save`): answered by the leader only, once it has applied
+    every entry committed before the request (its own term's first entry
+    included: a read index, Raft thesis section 6.4) while it is in a quorum.
+    The first chunk carries the info, every chunk a piece of the data (the
+    tally's canonical snapshot, arbiter/core/tally_snapshot.py), the last one
+    the sha256 of the data. FAILED_PRECONDITION: this replica is not the
+    leader (the message names the leader it knows), or another cluster's
+    identity; UNAVAILABLE: no leader in a quorum, or it could not catch up
+    in time; PERMISSION_DENIED: the caller is not an administrator.
+    """
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -240,6 +252,18 @@ class AdminAsyncStub(AdminStub):
     on the leader, each follower's replication progress. Read-only; allowed
     to admin and observer identities under mutual TLS (PERMISSION_DENIED
     for others); FAILED_PRECONDITION for another cluster's identity.
+    """
+    SaveSnapshot: _aio.UnaryStreamMultiCallable[_membership_pb2.SaveSnapshotRequest, _membership_pb2.SnapshotChunk]  # type: ignore[assignment]
+    """Streams a consistent snapshot of the tally for a backup (`membership
+    admin snapshot save`): answered by the leader only, once it has applied
+    every entry committed before the request (its own term's first entry
+    included: a read index, Raft thesis section 6.4) while it is in a quorum.
+    The first chunk carries the info, every chunk a piece of the data (the
+    tally's canonical snapshot, arbiter/core/tally_snapshot.py), the last one
+    the sha256 of the data. FAILED_PRECONDITION: this replica is not the
+    leader (the message names the leader it knows), or another cluster's
+    identity; UNAVAILABLE: no leader in a quorum, or it could not catch up
+    in time; PERMISSION_DENIED: the caller is not an administrator.
     """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
@@ -273,6 +297,24 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         on the leader, each follower's replication progress. Read-only; allowed
         to admin and observer identities under mutual TLS (PERMISSION_DENIED
         for others); FAILED_PRECONDITION for another cluster's identity.
+        """
+
+    @_abc_1.abstractmethod
+    def SaveSnapshot(
+        self,
+        request: _membership_pb2.SaveSnapshotRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_membership_pb2.SnapshotChunk], _abc.AsyncIterator[_membership_pb2.SnapshotChunk]]:
+        """Streams a consistent snapshot of the tally for a backup (`membership
+        admin snapshot save`): answered by the leader only, once it has applied
+        every entry committed before the request (its own term's first entry
+        included: a read index, Raft thesis section 6.4) while it is in a quorum.
+        The first chunk carries the info, every chunk a piece of the data (the
+        tally's canonical snapshot, arbiter/core/tally_snapshot.py), the last one
+        the sha256 of the data. FAILED_PRECONDITION: this replica is not the
+        leader (the message names the leader it knows), or another cluster's
+        identity; UNAVAILABLE: no leader in a quorum, or it could not catch up
+        in time; PERMISSION_DENIED: the caller is not an administrator.
         """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

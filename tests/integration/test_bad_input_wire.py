@@ -334,9 +334,13 @@ REQUESTS: dict[str, st.SearchStrategy[Any]] = {
     ),
     # Admin.Status only reads: any cluster text is answered or refused (FAILED_PRECONDITION).
     "Status": st.builds(pb.StatusRequest, cluster=st.text(max_size=80)),
+    # A backup changes nothing; a follower, or another identity, refuses it.
+    "SaveSnapshot": st.builds(pb.SaveSnapshotRequest, cluster=st.text(max_size=80)),
     # Any bytes as the request of any method: what a client of another language might send.
     "raw": st.tuples(
-        st.sampled_from(["Heartbeat", "Subscribe", "GetView", "Leave", "RemoveNode", "Status"]),
+        st.sampled_from(
+            ["Heartbeat", "Subscribe", "GetView", "Leave", "RemoveNode", "Status", "SaveSnapshot"]
+        ),
         st.binary(max_size=300),
     ),
 }
@@ -364,6 +368,8 @@ def _call_raw(channel: grpc.Channel, request: tuple[str, bytes]) -> None:
             call.cancel()
     elif method in ("RemoveNode", "Status"):
         channel.unary_unary("/membership.v1.Admin/" + method)(payload, timeout=5)
+    elif method == "SaveSnapshot":
+        list(channel.unary_stream("/membership.v1.Admin/" + method)(payload, timeout=5))
     else:
         channel.unary_unary(SERVICE + method)(payload, timeout=5)
 
@@ -375,6 +381,7 @@ CALLS: dict[str, Callable[[Any, grpc.Channel, Any], object]] = {
     "Leave": lambda stub, ch, req: stub.Leave(req, timeout=5),
     "RemoveNode": lambda stub, ch, req: pb_grpc.AdminStub(ch).RemoveNode(req, timeout=5),
     "Status": lambda stub, ch, req: pb_grpc.AdminStub(ch).Status(req, timeout=5),
+    "SaveSnapshot": lambda stub, ch, req: list(pb_grpc.AdminStub(ch).SaveSnapshot(req, timeout=5)),
     "raw": lambda stub, ch, req: _call_raw(ch, req),
 }
 # A refusal, or a call cut short by the test (CANCELLED). UNKNOWN (a handler
