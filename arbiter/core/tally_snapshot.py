@@ -17,8 +17,10 @@ Rules:
    evidence has a 7th column ``[silence, suspicion, detector]``; one without
    has six, as before evidence existed. ``"retired": [[node, incarnation],
    ...]`` is present only when some incarnation was retired, and
-   ``"instance": id`` only once the cluster has one, so a state without them
-   encodes as it did before they existed.
+   ``"instance": id`` only once the cluster has one, and ``"forgotten":
+   [[node, incarnation, state], ...]`` (the floors of forgotten records, tally
+   rule 11, state ``"dead"`` or ``"left"``) only when there is one, so a state
+   without them encodes as it did before they existed.
 3. Decoding refuses, with :class:`SnapshotDecodeError`, anything this
    module could not have written: another version, a wrong type (a bool is
    not an int), a negative number, an empty id, unsorted or duplicate
@@ -99,6 +101,8 @@ class TallyImage:
             node), sorted by node id, then replica id.
         retired: (node id, highest retired incarnation), sorted by node id.
         instance: the cluster's instance id ("" before its Bootstrap).
+        forgotten: (node id, incarnation, DEAD or LEFT) of each floor of a
+            forgotten record (tally rule 11), sorted by node id.
     """
 
     arbiters: tuple[str, ...]
@@ -108,6 +112,7 @@ class TallyImage:
     observations: tuple[tuple[str, str, ObservationRecord], ...] = ()
     retired: tuple[tuple[str, int], ...] = ()
     instance: str = ""
+    forgotten: tuple[tuple[str, int, MemberState], ...] = ()
 
 
 def encode(image: TallyImage) -> bytes:
@@ -132,6 +137,8 @@ def encode(image: TallyImage) -> bytes:
         snapshot["retired"] = [[n, i] for n, i in image.retired]
     if image.instance:
         snapshot["instance"] = image.instance
+    if image.forgotten:
+        snapshot["forgotten"] = [[n, i, s.value] for n, i, s in image.forgotten]
     return json.dumps(snapshot, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -191,6 +198,12 @@ def _image(snap: Any) -> TallyImage:
         )
         observations.append((_str(node, empty=False), replica, record))
     retired = tuple((_str(node, empty=False), _int(inc)) for node, inc in snap.get("retired", ()))
+    forgotten = []
+    for node, inc, st in snap.get("forgotten", ()):
+        state = MemberState(st)
+        if not state.is_final:
+            raise SnapshotDecodeError(f"a forgotten record is DEAD or LEFT, not {st!r}")
+        forgotten.append((_str(node, empty=False), _int(inc), state))
     return TallyImage(
         arbiters=arbiters,
         epoch=epoch,
@@ -199,6 +212,7 @@ def _image(snap: Any) -> TallyImage:
         observations=tuple(observations),
         retired=retired,
         instance=_str(snap.get("instance", "")),
+        forgotten=tuple(forgotten),
     )
 
 
