@@ -8,7 +8,7 @@ does is tally rule 11 (:mod:`arbiter.core.tally`).
 Rules (commands rule 3c):
 
 1. A :class:`Forget` names each record by ``(node_id, incarnation, state)``,
-   state ``"dead"`` or ``"left"``, sorted by node id, one per node, at least
+   state ``"DEAD"`` or ``"LEFT"``, sorted by node id, one per node, at least
    one. The tally removes only the records that still match exactly, so a
    re-proposed or overtaken Forget is harmless.
 2. Encoding (inside the command object of :func:`arbiter.core.commands.encode`):
@@ -25,7 +25,7 @@ from typing import Any
 
 __all__ = ["FINAL_STATES", "Forget", "records_from_json", "records_to_json"]
 
-FINAL_STATES = ("dead", "left")
+FINAL_STATES = ("DEAD", "LEFT")
 """The :class:`membership.view.MemberState` values a Forget may name."""
 
 
@@ -35,7 +35,7 @@ class Forget:
 
     Attributes:
         records: ``(node_id, incarnation, state)`` of each record to remove,
-            ``state`` being ``"dead"`` or ``"left"``, sorted by node id, one
+            ``state`` being ``"DEAD"`` or ``"LEFT"``, sorted by node id, one
             per node, at least one.
 
     Raises:
@@ -57,7 +57,7 @@ class Forget:
             if type(inc) is not int or inc < 0:
                 raise ValueError(f"incarnation must be an int >= 0, got {inc!r}")
             if state not in FINAL_STATES:
-                raise ValueError(f"state must be 'dead' or 'left', got {state!r}")
+                raise ValueError(f"state must be DEAD or LEFT, got {state!r}")
         ids = [r[0] for r in self.records]
         if any(a >= b for a, b in itertools.pairwise(ids)):
             raise ValueError("records must be sorted by node id, one per node")

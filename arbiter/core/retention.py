@@ -19,7 +19,8 @@ Rules:
 2. Count. Beyond ``max_tombstones`` DEAD and LEFT records, the oldest by the
    epoch of their change (then node id) are due at once, whatever their age.
 3. Proposal. Only the leader proposes, one Forget of at most ``batch``
-   records (expired and over-count ones, sorted by node id) at a time. It is
+   records at a time: the oldest (by epoch) of the expired and over-count
+   ones, sorted by node id. It is
    *pending* until none of its records is in the view any more; a pending
    Forget whose records are still there after ``retry_after`` seconds (lost
    with a leadership change, say) is proposed again. A duplicate is harmless:
@@ -39,7 +40,7 @@ from arbiter.core.tally import MembershipState
 
 __all__ = ["Retention", "RetentionPolicy"]
 
-Key = tuple[str, int, str]  # (node id, incarnation, "dead" | "left")
+Key = tuple[str, int, str]  # (node id, incarnation, "DEAD" | "LEFT")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,7 +134,8 @@ class Retention:
         chosen = self._chosen(now)
         if not chosen:
             return None
-        records = tuple(sorted(chosen)[: p.batch])
+        oldest = sorted(chosen, key=lambda k: (self._epochs[k], k))[: p.batch]
+        records = tuple(sorted(oldest))
         self._pending = (frozenset(records), now)
         return Forget(records=records)
 

@@ -19,7 +19,7 @@ Rules:
    ...]`` is present only when some incarnation was retired, and
    ``"instance": id`` only once the cluster has one, and ``"forgotten":
    [[node, incarnation, state], ...]`` (the floors of forgotten records, tally
-   rule 11, state ``"dead"`` or ``"left"``) only when there is one, so a state
+   rule 11, state ``"DEAD"`` or ``"LEFT"``) only when there is one, so a state
    without them encodes as it did before they existed.
 3. Decoding refuses, with :class:`SnapshotDecodeError`, anything this
    module could not have written: another version, a wrong type (a bool is

@@ -447,11 +447,12 @@ class Driver:
                 if not self._replaying:
                     for c in result.change.changes:
                         log.info(
-                            "epoch %d: %s incarnation %d is %s",
+                            "epoch %d: %s incarnation %d is %s%s",
                             result.change.epoch,
                             c.node_id,
                             c.incarnation,
                             c.state.value,
+                            ", forgotten (retention passed)" if c.forgotten else "",
                         )
                 self._on_change(result.change)
             if result.leave is not None:

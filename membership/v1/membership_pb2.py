@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1emembership/v1/membership.proto\x12\rmembership.v1\"\xc8\x03\n\nNodeStatus\x12\x11\n\x04load\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x1c\n\x0fgpu_utilization\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05phase\x18\x03 \x01(\tH\x02\x88\x01\x01\x12\x11\n\x04step\x18\x04 \x01(\x03H\x03\x88\x01\x01\x12\x15\n\x08progress\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x35\n\x06gauges\x18\x06 \x03(\x0b\x32%.membership.v1.NodeStatus.GaugesEntry\x12\x1c\n\x0f\x63pu_utilization\x18\x07 \x01(\x01H\x05\x88\x01\x01\x12\x1f\n\x12memory_utilization\x18\x08 \x01(\x01H\x06\x88\x01\x01\x12#\n\x16gpu_memory_utilization\x18\t \x01(\x01H\x07\x88\x01\x01\x1a-\n\x0bGaugesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x07\n\x05_loadB\x12\n\x10_gpu_utilizationB\x08\n\x06_phaseB\x07\n\x05_stepB\x0b\n\t_progressB\x12\n\x10_cpu_utilizationB\x15\n\x13_memory_utilizationB\x19\n\x17_gpu_memory_utilization\"\x9f\x02\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x16\n\x0esend_time_unix\x18\x04 \x01(\x01\x12;\n\x06labels\x18\x05 \x03(\x0b\x32+.membership.v1.HeartbeatRequest.LabelsEntry\x12)\n\x06status\x18\x06 \x01(\x0b\x32\x19.membership.v1.NodeStatus\x12\x18\n\x10interval_seconds\x18\x07 \x01(\x01\x12\x0f\n\x07\x63luster\x18\x08 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x93\x02\n\x0cHeartbeatAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x15\n\rlease_seconds\x18\x03 \x01(\x01\x12\x1d\n\x15next_interval_seconds\x18\x04 \x01(\x01\x12)\n\x05state\x18\x05 \x01(\x0e\x32\x1a.membership.v1.MemberState\x12\x11\n\tin_quorum\x18\x06 \x01(\x08\x12\x12\n\narbiter_id\x18\x07 \x01(\t\x12\x13\n\x0bincarnation\x18\x08 \x01(\x04\x12\x11\n\tleader_id\x18\t \x01(\t\x12\x14\n\x0c\x63luster_size\x18\n \x01(\r\x12\x0f\n\x07\x63luster\x18\x0b \x01(\t\x12\x10\n\x08instance\x18\x0c \x01(\t\"\x9a\x01\n\x10SubscribeRequest\x12\x13\n\x0bsince_epoch\x18\x01 \x01(\x04\x12\x15\n\rsubscriber_id\x18\x02 \x01(\t\x12\x16\n\x0einclude_status\x18\x03 \x01(\x08\x12\x1f\n\x17status_interval_seconds\x18\x04 \x01(\x01\x12\x0f\n\x07\x63luster\x18\x05 \x01(\t\x12\x10\n\x08instance\x18\x06 \x01(\t\"\x8b\x02\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.membership.v1.MemberState\x12\x31\n\x06labels\x18\x04 \x03(\x0b\x32!.membership.v1.Member.LabelsEntry\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x14\n\x0csuspected_by\x18\x06 \x03(\t\x12)\n\x06status\x18\x07 \x01(\x0b\x32\x19.membership.v1.NodeStatus\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"=\n\x04View\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12&\n\x07members\x18\x02 \x03(\x0b\x32\x15.membership.v1.Member\"\x86\x02\n\x0cMemberChange\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.membership.v1.MemberState\x12\x37\n\x06labels\x18\x04 \x03(\x0b\x32\'.membership.v1.MemberChange.LabelsEntry\x12)\n\x08\x65vidence\x18\x05 \x03(\x0b\x32\x17.membership.v1.Evidence\x12\x12\n\nremoved_by\x18\x06 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\\\n\x08\x45vidence\x12\x12\n\narbiter_id\x18\x01 \x01(\t\x12\x17\n\x0fsilence_seconds\x18\x02 \x01(\x01\x12\x11\n\tsuspicion\x18\x03 \x01(\x01\x12\x10\n\x08\x64\x65tector\x18\x04 \x01(\t\"\x92\x01\n\x10NodeStatusReport\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12)\n\x06status\x18\x03 \x01(\x0b\x32\x19.membership.v1.NodeStatus\x12\x14\n\x0csuspected_by\x18\x04 \x03(\t\x12\x17\n\x0fsilence_seconds\x18\x05 \x01(\x01\">\n\x0cStatusUpdate\x12.\n\x05nodes\x18\x01 \x03(\x0b\x32\x1f.membership.v1.NodeStatusReport\"1\n\x0cViewSnapshot\x12!\n\x04view\x18\x01 \x01(\x0b\x32\x13.membership.v1.View\"I\n\nViewChange\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12,\n\x07\x63hanges\x18\x02 \x03(\x0b\x32\x1b.membership.v1.MemberChange\"C\n\x0cQuorumStatus\x12\x11\n\tin_quorum\x18\x01 \x01(\x08\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"O\n\x08Progress\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x11\n\tin_quorum\x18\x02 \x01(\x08\x12!\n\x19progress_interval_seconds\x18\x03 \x01(\x01\"\xba\x02\n\x0fMembershipEvent\x12\x12\n\narbiter_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63luster\x18\x07 \x01(\t\x12\x10\n\x08instance\x18\x08 \x01(\t\x12/\n\x08snapshot\x18\x02 \x01(\x0b\x32\x1b.membership.v1.ViewSnapshotH\x00\x12+\n\x06\x63hange\x18\x03 \x01(\x0b\x32\x19.membership.v1.ViewChangeH\x00\x12-\n\x06quorum\x18\x04 \x01(\x0b\x32\x1b.membership.v1.QuorumStatusH\x00\x12+\n\x08progress\x18\x05 \x01(\x0b\x32\x17.membership.v1.ProgressH\x00\x12-\n\x06status\x18\x06 \x01(\x0b\x32\x1b.membership.v1.StatusUpdateH\x00\x42\x07\n\x05\x65vent\"!\n\x0eGetViewRequest\x12\x0f\n\x07summary\x18\x01 \x01(\x08\"\xb7\x01\n\x0fGetViewResponse\x12!\n\x04view\x18\x01 \x01(\x0b\x32\x13.membership.v1.View\x12\x12\n\narbiter_id\x18\x02 \x01(\t\x12\x11\n\tleader_id\x18\x03 \x01(\t\x12\x11\n\tin_quorum\x18\x04 \x01(\x08\x12\x0c\n\x04term\x18\x05 \x01(\x04\x12\x16\n\x0elocal_suspects\x18\x06 \x03(\t\x12\x0f\n\x07\x63luster\x18\x07 \x01(\t\x12\x10\n\x08instance\x18\x08 \x01(\t\"E\n\x0cLeaveRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x0f\n\x07\x63luster\x18\x03 \x01(\t\".\n\rLeaveResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0e\n\x06joined\x18\x02 \x01(\x08\"J\n\x11RemoveNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x0f\n\x07\x63luster\x18\x03 \x01(\t\"L\n\x12RemoveNodeResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x12\n\nremoved_by\x18\x03 \x01(\t*\x8b\x01\n\x0bMemberState\x12\x1c\n\x18MEMBER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14MEMBER_STATE_JOINING\x10\x01\x12\x16\n\x12MEMBER_STATE_ALIVE\x10\x02\x12\x15\n\x11MEMBER_STATE_DEAD\x10\x03\x12\x15\n\x11MEMBER_STATE_LEFT\x10\x04\x32\xb9\x02\n\nMembership\x12M\n\tHeartbeat\x12\x1f.membership.v1.HeartbeatRequest\x1a\x1b.membership.v1.HeartbeatAck(\x01\x30\x01\x12N\n\tSubscribe\x12\x1f.membership.v1.SubscribeRequest\x1a\x1e.membership.v1.MembershipEvent0\x01\x12H\n\x07GetView\x12\x1d.membership.v1.GetViewRequest\x1a\x1e.membership.v1.GetViewResponse\x12\x42\n\x05Leave\x12\x1b.membership.v1.LeaveRequest\x1a\x1c.membership.v1.LeaveResponse2Z\n\x05\x41\x64min\x12Q\n\nRemoveNode\x12 .membership.v1.RemoveNodeRequest\x1a!.membership.v1.RemoveNodeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1emembership/v1/membership.proto\x12\rmembership.v1\"\xc8\x03\n\nNodeStatus\x12\x11\n\x04load\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x1c\n\x0fgpu_utilization\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05phase\x18\x03 \x01(\tH\x02\x88\x01\x01\x12\x11\n\x04step\x18\x04 \x01(\x03H\x03\x88\x01\x01\x12\x15\n\x08progress\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x35\n\x06gauges\x18\x06 \x03(\x0b\x32%.membership.v1.NodeStatus.GaugesEntry\x12\x1c\n\x0f\x63pu_utilization\x18\x07 \x01(\x01H\x05\x88\x01\x01\x12\x1f\n\x12memory_utilization\x18\x08 \x01(\x01H\x06\x88\x01\x01\x12#\n\x16gpu_memory_utilization\x18\t \x01(\x01H\x07\x88\x01\x01\x1a-\n\x0bGaugesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x07\n\x05_loadB\x12\n\x10_gpu_utilizationB\x08\n\x06_phaseB\x07\n\x05_stepB\x0b\n\t_progressB\x12\n\x10_cpu_utilizationB\x15\n\x13_memory_utilizationB\x19\n\x17_gpu_memory_utilization\"\x9f\x02\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x0b\n\x03seq\x18\x03 \x01(\x04\x12\x16\n\x0esend_time_unix\x18\x04 \x01(\x01\x12;\n\x06labels\x18\x05 \x03(\x0b\x32+.membership.v1.HeartbeatRequest.LabelsEntry\x12)\n\x06status\x18\x06 \x01(\x0b\x32\x19.membership.v1.NodeStatus\x12\x18\n\x10interval_seconds\x18\x07 \x01(\x01\x12\x0f\n\x07\x63luster\x18\x08 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x93\x02\n\x0cHeartbeatAck\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x15\n\rlease_seconds\x18\x03 \x01(\x01\x12\x1d\n\x15next_interval_seconds\x18\x04 \x01(\x01\x12)\n\x05state\x18\x05 \x01(\x0e\x32\x1a.membership.v1.MemberState\x12\x11\n\tin_quorum\x18\x06 \x01(\x08\x12\x12\n\narbiter_id\x18\x07 \x01(\t\x12\x13\n\x0bincarnation\x18\x08 \x01(\x04\x12\x11\n\tleader_id\x18\t \x01(\t\x12\x14\n\x0c\x63luster_size\x18\n \x01(\r\x12\x0f\n\x07\x63luster\x18\x0b \x01(\t\x12\x10\n\x08instance\x18\x0c \x01(\t\"\x9a\x01\n\x10SubscribeRequest\x12\x13\n\x0bsince_epoch\x18\x01 \x01(\x04\x12\x15\n\rsubscriber_id\x18\x02 \x01(\t\x12\x16\n\x0einclude_status\x18\x03 \x01(\x08\x12\x1f\n\x17status_interval_seconds\x18\x04 \x01(\x01\x12\x0f\n\x07\x63luster\x18\x05 \x01(\t\x12\x10\n\x08instance\x18\x06 \x01(\t\"\x8b\x02\n\x06Member\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.membership.v1.MemberState\x12\x31\n\x06labels\x18\x04 \x03(\x0b\x32!.membership.v1.Member.LabelsEntry\x12\r\n\x05\x65poch\x18\x05 \x01(\x04\x12\x14\n\x0csuspected_by\x18\x06 \x03(\t\x12)\n\x06status\x18\x07 \x01(\x0b\x32\x19.membership.v1.NodeStatus\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"=\n\x04View\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12&\n\x07members\x18\x02 \x03(\x0b\x32\x15.membership.v1.Member\"\x99\x02\n\x0cMemberChange\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12)\n\x05state\x18\x03 \x01(\x0e\x32\x1a.membership.v1.MemberState\x12\x37\n\x06labels\x18\x04 \x03(\x0b\x32\'.membership.v1.MemberChange.LabelsEntry\x12)\n\x08\x65vidence\x18\x05 \x03(\x0b\x32\x17.membership.v1.Evidence\x12\x12\n\nremoved_by\x18\x06 \x01(\t\x12\x11\n\tforgotten\x18\x07 \x01(\x08\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\\\n\x08\x45vidence\x12\x12\n\narbiter_id\x18\x01 \x01(\t\x12\x17\n\x0fsilence_seconds\x18\x02 \x01(\x01\x12\x11\n\tsuspicion\x18\x03 \x01(\x01\x12\x10\n\x08\x64\x65tector\x18\x04 \x01(\t\"\x92\x01\n\x10NodeStatusReport\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12)\n\x06status\x18\x03 \x01(\x0b\x32\x19.membership.v1.NodeStatus\x12\x14\n\x0csuspected_by\x18\x04 \x03(\t\x12\x17\n\x0fsilence_seconds\x18\x05 \x01(\x01\">\n\x0cStatusUpdate\x12.\n\x05nodes\x18\x01 \x03(\x0b\x32\x1f.membership.v1.NodeStatusReport\"1\n\x0cViewSnapshot\x12!\n\x04view\x18\x01 \x01(\x0b\x32\x13.membership.v1.View\"I\n\nViewChange\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12,\n\x07\x63hanges\x18\x02 \x03(\x0b\x32\x1b.membership.v1.MemberChange\"C\n\x0cQuorumStatus\x12\x11\n\tin_quorum\x18\x01 \x01(\x08\x12\x11\n\tleader_id\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\"O\n\x08Progress\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x11\n\tin_quorum\x18\x02 \x01(\x08\x12!\n\x19progress_interval_seconds\x18\x03 \x01(\x01\"\xba\x02\n\x0fMembershipEvent\x12\x12\n\narbiter_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63luster\x18\x07 \x01(\t\x12\x10\n\x08instance\x18\x08 \x01(\t\x12/\n\x08snapshot\x18\x02 \x01(\x0b\x32\x1b.membership.v1.ViewSnapshotH\x00\x12+\n\x06\x63hange\x18\x03 \x01(\x0b\x32\x19.membership.v1.ViewChangeH\x00\x12-\n\x06quorum\x18\x04 \x01(\x0b\x32\x1b.membership.v1.QuorumStatusH\x00\x12+\n\x08progress\x18\x05 \x01(\x0b\x32\x17.membership.v1.ProgressH\x00\x12-\n\x06status\x18\x06 \x01(\x0b\x32\x1b.membership.v1.StatusUpdateH\x00\x42\x07\n\x05\x65vent\"!\n\x0eGetViewRequest\x12\x0f\n\x07summary\x18\x01 \x01(\x08\"\xb7\x01\n\x0fGetViewResponse\x12!\n\x04view\x18\x01 \x01(\x0b\x32\x13.membership.v1.View\x12\x12\n\narbiter_id\x18\x02 \x01(\t\x12\x11\n\tleader_id\x18\x03 \x01(\t\x12\x11\n\tin_quorum\x18\x04 \x01(\x08\x12\x0c\n\x04term\x18\x05 \x01(\x04\x12\x16\n\x0elocal_suspects\x18\x06 \x03(\t\x12\x0f\n\x07\x63luster\x18\x07 \x01(\t\x12\x10\n\x08instance\x18\x08 \x01(\t\"E\n\x0cLeaveRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x0f\n\x07\x63luster\x18\x03 \x01(\t\".\n\rLeaveResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x0e\n\x06joined\x18\x02 \x01(\x08\"J\n\x11RemoveNodeRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x0f\n\x07\x63luster\x18\x03 \x01(\t\"L\n\x12RemoveNodeResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x12\n\nremoved_by\x18\x03 \x01(\t*\x8b\x01\n\x0bMemberState\x12\x1c\n\x18MEMBER_STATE_UNSPECIFIED\x10\x00\x12\x18\n\x14MEMBER_STATE_JOINING\x10\x01\x12\x16\n\x12MEMBER_STATE_ALIVE\x10\x02\x12\x15\n\x11MEMBER_STATE_DEAD\x10\x03\x12\x15\n\x11MEMBER_STATE_LEFT\x10\x04\x32\xb9\x02\n\nMembership\x12M\n\tHeartbeat\x12\x1f.membership.v1.HeartbeatRequest\x1a\x1b.membership.v1.HeartbeatAck(\x01\x30\x01\x12N\n\tSubscribe\x12\x1f.membership.v1.SubscribeRequest\x1a\x1e.membership.v1.MembershipEvent0\x01\x12H\n\x07GetView\x12\x1d.membership.v1.GetViewRequest\x1a\x1e.membership.v1.GetViewResponse\x12\x42\n\x05Leave\x12\x1b.membership.v1.LeaveRequest\x1a\x1c.membership.v1.LeaveResponse2Z\n\x05\x41\x64min\x12Q\n\nRemoveNode\x12 .membership.v1.RemoveNodeRequest\x1a!.membership.v1.RemoveNodeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,8 +39,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MEMBER_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_MEMBERCHANGE_LABELSENTRY']._loaded_options = None
   _globals['_MEMBERCHANGE_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_MEMBERSTATE']._serialized_start=3226
-  _globals['_MEMBERSTATE']._serialized_end=3365
+  _globals['_MEMBERSTATE']._serialized_start=3245
+  _globals['_MEMBERSTATE']._serialized_end=3384
   _globals['_NODESTATUS']._serialized_start=50
   _globals['_NODESTATUS']._serialized_end=506
   _globals['_NODESTATUS_GAUGESENTRY']._serialized_start=330
@@ -60,39 +60,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_VIEW']._serialized_start=1503
   _globals['_VIEW']._serialized_end=1564
   _globals['_MEMBERCHANGE']._serialized_start=1567
-  _globals['_MEMBERCHANGE']._serialized_end=1829
+  _globals['_MEMBERCHANGE']._serialized_end=1848
   _globals['_MEMBERCHANGE_LABELSENTRY']._serialized_start=751
   _globals['_MEMBERCHANGE_LABELSENTRY']._serialized_end=796
-  _globals['_EVIDENCE']._serialized_start=1831
-  _globals['_EVIDENCE']._serialized_end=1923
-  _globals['_NODESTATUSREPORT']._serialized_start=1926
-  _globals['_NODESTATUSREPORT']._serialized_end=2072
-  _globals['_STATUSUPDATE']._serialized_start=2074
-  _globals['_STATUSUPDATE']._serialized_end=2136
-  _globals['_VIEWSNAPSHOT']._serialized_start=2138
-  _globals['_VIEWSNAPSHOT']._serialized_end=2187
-  _globals['_VIEWCHANGE']._serialized_start=2189
-  _globals['_VIEWCHANGE']._serialized_end=2262
-  _globals['_QUORUMSTATUS']._serialized_start=2264
-  _globals['_QUORUMSTATUS']._serialized_end=2331
-  _globals['_PROGRESS']._serialized_start=2333
-  _globals['_PROGRESS']._serialized_end=2412
-  _globals['_MEMBERSHIPEVENT']._serialized_start=2415
-  _globals['_MEMBERSHIPEVENT']._serialized_end=2729
-  _globals['_GETVIEWREQUEST']._serialized_start=2731
-  _globals['_GETVIEWREQUEST']._serialized_end=2764
-  _globals['_GETVIEWRESPONSE']._serialized_start=2767
-  _globals['_GETVIEWRESPONSE']._serialized_end=2950
-  _globals['_LEAVEREQUEST']._serialized_start=2952
-  _globals['_LEAVEREQUEST']._serialized_end=3021
-  _globals['_LEAVERESPONSE']._serialized_start=3023
-  _globals['_LEAVERESPONSE']._serialized_end=3069
-  _globals['_REMOVENODEREQUEST']._serialized_start=3071
-  _globals['_REMOVENODEREQUEST']._serialized_end=3145
-  _globals['_REMOVENODERESPONSE']._serialized_start=3147
-  _globals['_REMOVENODERESPONSE']._serialized_end=3223
-  _globals['_MEMBERSHIP']._serialized_start=3368
-  _globals['_MEMBERSHIP']._serialized_end=3681
-  _globals['_ADMIN']._serialized_start=3683
-  _globals['_ADMIN']._serialized_end=3773
+  _globals['_EVIDENCE']._serialized_start=1850
+  _globals['_EVIDENCE']._serialized_end=1942
+  _globals['_NODESTATUSREPORT']._serialized_start=1945
+  _globals['_NODESTATUSREPORT']._serialized_end=2091
+  _globals['_STATUSUPDATE']._serialized_start=2093
+  _globals['_STATUSUPDATE']._serialized_end=2155
+  _globals['_VIEWSNAPSHOT']._serialized_start=2157
+  _globals['_VIEWSNAPSHOT']._serialized_end=2206
+  _globals['_VIEWCHANGE']._serialized_start=2208
+  _globals['_VIEWCHANGE']._serialized_end=2281
+  _globals['_QUORUMSTATUS']._serialized_start=2283
+  _globals['_QUORUMSTATUS']._serialized_end=2350
+  _globals['_PROGRESS']._serialized_start=2352
+  _globals['_PROGRESS']._serialized_end=2431
+  _globals['_MEMBERSHIPEVENT']._serialized_start=2434
+  _globals['_MEMBERSHIPEVENT']._serialized_end=2748
+  _globals['_GETVIEWREQUEST']._serialized_start=2750
+  _globals['_GETVIEWREQUEST']._serialized_end=2783
+  _globals['_GETVIEWRESPONSE']._serialized_start=2786
+  _globals['_GETVIEWRESPONSE']._serialized_end=2969
+  _globals['_LEAVEREQUEST']._serialized_start=2971
+  _globals['_LEAVEREQUEST']._serialized_end=3040
+  _globals['_LEAVERESPONSE']._serialized_start=3042
+  _globals['_LEAVERESPONSE']._serialized_end=3088
+  _globals['_REMOVENODEREQUEST']._serialized_start=3090
+  _globals['_REMOVENODEREQUEST']._serialized_end=3164
+  _globals['_REMOVENODERESPONSE']._serialized_start=3166
+  _globals['_REMOVENODERESPONSE']._serialized_end=3242
+  _globals['_MEMBERSHIP']._serialized_start=3387
+  _globals['_MEMBERSHIP']._serialized_end=3700
+  _globals['_ADMIN']._serialized_start=3702
+  _globals['_ADMIN']._serialized_end=3792
 # @@protoc_insertion_point(module_scope)
