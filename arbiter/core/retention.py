@@ -141,7 +141,8 @@ class Retention:
 
     def _chosen(self, now: float) -> set[Key]:
         p = self.policy
-        chosen = {k for k, t in self._since.items() if now - t >= p.retention}
+        # t + retention, as next_deadline computes it (now - t could round below).
+        chosen = {k for k, t in self._since.items() if t + p.retention <= now}
         if p.max_tombstones is not None and len(self._since) > p.max_tombstones:
             oldest = sorted(self._since, key=lambda k: (self._epochs[k], k))
             chosen.update(oldest[: len(self._since) - p.max_tombstones])
