@@ -142,10 +142,11 @@ class ArbiterConfig:
     tombstone_retention: float = 3600.0
     # The most DEAD and LEFT records kept; beyond it the oldest (by epoch) are
     # forgotten at once, whatever their age. Bounds a churn storm (a
-    # 1,000-rank job restarting every minute): a tombstone costs ~1.5 KB of
-    # replica memory (its record and one observation per replica) and ~150
-    # bytes plus labels in every snapshot and GetView, so 1,000 is ~1.5 MB
-    # and keeps tombstones a minority of a view at max_nodes.
+    # 1,000-rank job restarting every minute): a tombstone costs ~1.8 KB of
+    # replica memory (its record and one observation per replica) and ~230
+    # bytes of every snapshot (bench/tombstones.py; plus its share of every
+    # GetView and subscriber snapshot), so 1,000 is ~1.8 MB, and keeps
+    # tombstones a minority of a view at max_nodes.
     max_tombstones: int = 1000
 
     # --- limits: the wire contract (docs/protocol.md; arbiter/server/limits.py) --
