@@ -14,7 +14,7 @@ Rules:
    dropped: the record refuses everything the floor refused.
 3. Memory: one dict slot, the node id string and a 2-tuple of an int and a
    shared enum member per removed id. bench/tombstones.py measures it
-   (about 200 bytes for a 10-character id, with the dict's share). The map is
+   (180 to 220 bytes for a 10-character id, with the dict's share). The map is
    bounded by the number of distinct node ids that ever left or died without
    coming back, not by time: dropping a floor would let that id's old
    incarnation join again (a process restarted from an old checkpoint with

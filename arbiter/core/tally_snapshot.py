@@ -25,7 +25,8 @@ Rules:
    module could not have written: another version, a wrong type (a bool is
    not an int), a negative number, an empty id, unsorted or duplicate
    labels, a JOINING member, a member epoch outside ``1..epoch``, an
-   observation from a replica that is not an arbiter. The state checks the
+   observation from a replica that is not an arbiter, a forgotten floor that
+   is not DEAD or LEFT or whose node has a record. The state checks the
    rest (distinct arbiters, no duplicate records) by encoding what it
    restored and comparing with the input.
 
@@ -199,10 +200,13 @@ def _image(snap: Any) -> TallyImage:
         observations.append((_str(node, empty=False), replica, record))
     retired = tuple((_str(node, empty=False), _int(inc)) for node, inc in snap.get("retired", ()))
     forgotten = []
+    recorded = {m.node_id for m in members}
     for node, inc, st in snap.get("forgotten", ()):
         state = MemberState(st)
         if not state.is_final:
             raise SnapshotDecodeError(f"a forgotten record is DEAD or LEFT, not {st!r}")
+        if node in recorded:
+            raise SnapshotDecodeError(f"{node!r} has both a record and a forgotten floor")
         forgotten.append((_str(node, empty=False), _int(inc), state))
     return TallyImage(
         arbiters=arbiters,

@@ -309,3 +309,12 @@ def test_observer_refuses_heartbeats_at_or_below_a_floor(
     assert observer.observations(1.0, state) == ()
     fresh = observer.heartbeat("n", 2, {}, 1.1, state)
     assert fresh.accepted and fresh.state is MemberState.JOINING
+
+
+def test_snapshot_refuses_a_floor_beside_a_record_of_the_same_node() -> None:
+    state = _forgotten_dead_n1()
+    for i, r in enumerate(R3):
+        state.apply(state.applied_index + 1, obs(r, a("m", 1, 40 + i)))
+    data = state.to_bytes().replace(b'["n",1,"DEAD"]', b'["m",1,"DEAD"]')
+    with pytest.raises(ValueError, match="both a record and a forgotten floor"):
+        MembershipState.from_bytes(data)
