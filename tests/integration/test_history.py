@@ -56,6 +56,10 @@ def test_dead_record_is_forgotten_everywhere_and_its_incarnation_stays_refused(
     cluster.start_arbiters(3, "--tombstone-retention", str(RETENTION), "--max-tombstones", "100")
     wait_until(cluster.leader, 20, "a leader")
     watcher = cluster.start_watch("w", "a1")
+    tombstones = cluster.spawn(
+        "w-dead", "watch", "--json", "--arbiters", cluster.arbiter_list("a2"),
+        "--state", "DEAD,LEFT", "--label", "job=j1", log_level="warning",
+    )  # fmt: skip
     n1 = cluster.start_node("n1", "--incarnation", "5", "--no-status-probes", labels={"job": "j1"})
     cluster.start_node("n2", "--incarnation", "1", "--no-status-probes", labels={"job": "j2"})
     wait_until(lambda: alive_set(watcher) == {"n1", "n2"}, 30, "n1 and n2 ALIVE")
@@ -78,6 +82,10 @@ def test_dead_record_is_forgotten_everywhere_and_its_incarnation_stays_refused(
     for rid in cluster.arbiters:  # each replica applied it at that same epoch
         wait_until(lambda rid=rid: line in cluster.procs[rid].stderr(), 10, f"{rid} log")
     assert _forgotten_everywhere(cluster, "n1")
+    # The filtered watcher printed only n1's DEAD and its forgetting (no ALIVE, no n2).
+    wait_until(lambda: len(changes(tombstones)) == 2, 10, "the filtered watcher's two changes")
+    assert _states(tombstones, "n1") == [(5, "DEAD", False), (5, "DEAD", True)]
+    assert changes(tombstones) == changes(tombstones, "n1")
     assert _view_cli(cluster, "--state", "DEAD,LEFT") == []
 
     # The old life started again (a stale checkpoint, rejoin off) is refused: told
