@@ -142,12 +142,14 @@ class ArbiterConfig:
     tombstone_retention: float = 3600.0
     # The most DEAD and LEFT records kept; beyond it the oldest (by epoch) are
     # forgotten at once, whatever their age. Bounds a churn storm (a
-    # 1,000-rank job restarting every minute): a tombstone costs ~1.8 KB of
-    # replica memory (its record and one observation per replica) and ~230
-    # bytes of every snapshot (bench/tombstones.py; plus its share of every
-    # GetView and subscriber snapshot), so 1,000 is ~1.8 MB, and keeps
-    # tombstones a minority of a view at max_nodes.
-    max_tombstones: int = 1000
+    # 1,000-rank job restarting every minute makes 60,000 an hour). As many as
+    # max_nodes, so that a whole cluster failing at once (a 2,000-rank job
+    # killed) stays visible for the retention, and the view holds at most
+    # twice max_nodes rows: a tombstone costs ~1.8 KB of replica memory (its
+    # record and one observation per replica) and ~230 bytes of every
+    # snapshot (bench/tombstones.py; plus its share of every GetView and
+    # subscriber snapshot), so 5,000 are ~9 MB and ~1.2 MB of snapshot.
+    max_tombstones: int = 5_000
 
     # --- limits: the wire contract (docs/protocol.md; arbiter/server/limits.py) --
     # Each is enforced on every call; breaking one ends only the offending

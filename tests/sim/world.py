@@ -60,7 +60,7 @@ class World:
         drift: bound on the nodes' clock-rate error (0.0001 = 100 ppm); each
             node draws its rate in [1 - drift, 1 + drift].
         retention: when replicas forget DEAD and LEFT records (None: the
-            lan preset's, an hour or 1,000 records).
+            lan preset's, an hour or 5,000 records).
     """
 
     def __init__(
