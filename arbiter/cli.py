@@ -88,6 +88,12 @@ _TUNABLES = (
         "seconds between progress markers to idle subscribers",
     ),
     ("--status-interval", "status_interval", "seconds between status events to subscribers"),
+    (
+        "--tombstone-retention",
+        "tombstone_retention",
+        "seconds a DEAD or LEFT record stays in the view",
+    ),
+    ("--max-tombstones", "max_tombstones", "most DEAD and LEFT records kept in the view"),
 )
 
 # (flag, ArbiterConfig field, help) of the wire contract's limits (docs/protocol.md).

@@ -22,6 +22,7 @@ from arbiter.core.detection import (
 )
 from arbiter.core.raft import RaftConfig
 from arbiter.core.replica import ReplicaSettings
+from arbiter.core.retention import RetentionPolicy
 from membership.config import MIN_KEEPALIVE_TIME, MIN_KEEPALIVE_TIMEOUT
 from membership.errors import InvalidArgument
 from membership.validation import parse_address, validate_cluster_name
@@ -130,6 +131,25 @@ class ArbiterConfig:
     # or suspicions changed at most this often (seconds); they may ask for
     # less often, never more. Coalesced per node: only the latest is sent.
     status_interval: float = 1.0
+
+    # --- bounded history (README "Bounded history"; arbiter/core/retention.py) ---
+    # Seconds a DEAD or LEFT record stays in the view after its change (on the
+    # leader's clock, from when it first saw the record: never sooner, later by
+    # a leader's downtime). An hour keeps who died, with the evidence, through
+    # an incident's post-mortem (`membership view --state DEAD,LEFT`), and
+    # covers a job's restarts; then the leader proposes a replicated Forget.
+    # The incarnation stays refused (a floor of ~200 bytes per id).
+    tombstone_retention: float = 3600.0
+    # The most DEAD and LEFT records kept; beyond it the oldest (by epoch) are
+    # forgotten at once, whatever their age. Bounds a churn storm (a
+    # 1,000-rank job restarting every minute makes 60,000 an hour). As many as
+    # max_nodes, so that a whole cluster failing at once (a 2,000-rank job
+    # killed) stays visible for the retention, and the view holds at most
+    # twice max_nodes rows: a tombstone costs ~1.8 KB of replica memory (its
+    # record and one observation per replica) and ~230 bytes of every
+    # snapshot (bench/tombstones.py; plus its share of every GetView and
+    # subscriber snapshot), so 5,000 are ~9 MB and ~1.2 MB of snapshot.
+    max_tombstones: int = 5_000
 
     # --- limits: the wire contract (docs/protocol.md; arbiter/server/limits.py) --
     # Each is enforced on every call; breaking one ends only the offending
@@ -295,6 +315,11 @@ class ArbiterConfig:
             snapshot_every=self.snapshot_every,
             heartbeat_budget=self.heartbeat_budget,
             max_heartbeat_interval=self.max_heartbeat_interval,
+            retention=RetentionPolicy(
+                retention=self.tombstone_retention,
+                max_tombstones=self.max_tombstones,
+                retry_after=self.observation_retry,
+            ),
         )
 
     def detector(self) -> FailureDetector:
@@ -410,6 +435,11 @@ class ArbiterConfig:
             )
         if self.snapshot_every < 1:
             raise InvalidArgument(f"snapshot_every must be >= 1, got {self.snapshot_every}")
+        if not self.tombstone_retention >= 0 or self.max_tombstones < 0:
+            raise InvalidArgument(
+                f"tombstone_retention must be >= 0 seconds and max_tombstones >= 0, got "
+                f"{self.tombstone_retention} and {self.max_tombstones}"
+            )
         if self.history_size < 1 or self.subscriber_queue < 8:
             raise InvalidArgument("history_size must be >= 1 and subscriber_queue >= 8")
         if self.max_heartbeat_rate < 2 / self.heartbeat_interval:

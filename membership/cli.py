@@ -48,7 +48,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, NoReturn
 
-from membership import certs, commands
+from membership import certs, commands, filters
 from membership.commands import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -113,6 +113,25 @@ def _label(value: str) -> tuple[str, str]:
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"label {value!r} is not key=value")
     return key, val
+
+
+def _add_filters(p: argparse.ArgumentParser, what: str) -> None:
+    """``--state`` and ``--label`` (membership/filters.py)."""
+    p.add_argument(
+        "--state",
+        action="append",
+        type=filters.states_arg,
+        metavar="STATE[,STATE]",
+        help=f"print only {what} in these states: ALIVE, DEAD, LEFT (repeatable; "
+        "--state DEAD,LEFT shows the tombstones)",
+    )
+    p.add_argument(
+        "--label",
+        action="append",
+        type=filters.label_arg,
+        metavar="KEY=VALUE",
+        help=f"print only {what} with this label (repeatable: all must match)",
+    )
 
 
 def positive(value: str) -> float:
@@ -285,6 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.0,
         help="seconds between status updates (default: the arbiter's, 1 s; never faster)",
     )
+    _add_filters(p, "members and changes")
     _add_connect_timeout(p)
     _add_check_config(p)
     add_tls_flags(p)
@@ -299,6 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=3.0,
         help="seconds to wait for each arbiter (default 3)",
     )
+    _add_filters(p, "members")
     _add_check_config(p)
     add_tls_flags(p)
     p.set_defaults(func=commands.view)

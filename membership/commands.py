@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -32,6 +33,7 @@ from typing import Any, NoReturn, TypeVar
 from membership import tls
 from membership.errors import InvalidArgument, MembershipError, UnavailableError
 from membership.exits import EXIT_ENDED, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CliError
+from membership.filters import MemberFilter, WatchFilter
 from membership.output import event_lines, session_event_line, view_json, view_text
 from membership.session import SessionEvent, StateChanged, Superseded
 from membership.view import MemberState
@@ -374,13 +376,17 @@ async def watch(args: argparse.Namespace, interrupt: Interrupt) -> int:
         }
         return _config_ok("watch", settings, client.config, _WATCH_SETTINGS)
 
+    keep = WatchFilter(MemberFilter.of(args.state, args.label))
+
     async def pump() -> None:
-        async for ev in client.watch(
+        async for event in client.watch(
             since_epoch=args.since_epoch,
             status=args.status,
             status_interval=args.status_interval,
             instance=args.instance,
         ):
+            if (ev := keep.event(event)) is None:
+                continue
             for line in event_lines(ev, args.json):
                 _print(line)
 
@@ -448,6 +454,8 @@ async def view(args: argparse.Namespace, interrupt: Interrupt) -> int:
     if not answered:
         assert interrupt.signum is not None
         raise Interrupted(interrupt.signum)
+    assert info is not None
+    info = dataclasses.replace(info, view=MemberFilter.of(args.state, args.label).view(info.view))
     if args.json:
         import json
 

@@ -110,6 +110,7 @@ def change_to_pb(change: MemberChange) -> pb.MemberChange:
             for e in change.evidence
         ],
         removed_by=change.removed_by,
+        forgotten=change.forgotten,
     )
 
 
@@ -194,6 +195,7 @@ def event_from_pb(ev: pb.MembershipEvent) -> ViewEvent | ProgressMarker | None:
                     labels=dict(c.labels),
                     evidence=tuple(evidence_from_pb(e) for e in c.evidence),
                     removed_by=c.removed_by,
+                    forgotten=c.forgotten,
                 )
                 for c in ev.change.changes
             ),

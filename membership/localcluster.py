@@ -455,7 +455,7 @@ class ViewFollower:
                     self.alive.add(c.node_id)
                 else:
                     self.alive.discard(c.node_id)
-                if c.state is MemberState.DEAD:
+                if c.state is MemberState.DEAD and not c.forgotten:  # not a tombstone leaving
                     self.deaths[c.node_id] = now
 
     async def wait_for(self, pred: Callable[[], object], timeout: float, what: str) -> None:

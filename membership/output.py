@@ -13,7 +13,9 @@ JSON shapes (``watch --json``, one object per line):
 - ``{"type": "change", "epoch", "node_id", "incarnation", "state", "labels",
   "arbiter"}``, plus ``"evidence": [{"arbiter", "silence_seconds",
   "suspicion", "detector"}]`` for a DEAD decided by a quorum, and
-  ``"removed_by"`` for a LEFT an administrator decided (``admin remove``);
+  ``"removed_by"`` for a LEFT an administrator decided (``admin remove``),
+  and ``"forgotten": true`` when the DEAD or LEFT record leaves the view
+  (bounded history: its retention passed);
 - ``{"type": "quorum", "in_quorum", "arbiter", "leader"}``;
 - ``{"type": "status", "node_id", "incarnation", "status": {...},
   "suspected_by", "silence_seconds", "arbiter"}``;
@@ -161,6 +163,8 @@ def _change_json(ev: ViewChanged, c: MemberChange) -> dict[str, Any]:
         d["evidence"] = [_evidence_json(e) for e in c.evidence]
     if c.removed_by:
         d["removed_by"] = c.removed_by
+    if c.forgotten:
+        d["forgotten"] = True
     return d
 
 
@@ -283,6 +287,7 @@ def event_lines(ev: object, as_json: bool) -> list[str]:
             f"epoch {ev.epoch}  {c.node_id} (incarnation {c.incarnation}) {c.state.value}"
             + _evidence_text(c.evidence)
             + (f"; removed by {c.removed_by}" if c.removed_by else "")
+            + ("; forgotten (retention passed)" if c.forgotten else "")
             for c in ev.changes
         ]
     if isinstance(ev, QuorumChanged):

@@ -118,6 +118,9 @@ class View:
         """Returns the view after applying ``changes`` committed at ``epoch``."""
         by_id = {m.node_id: m for m in self.members}
         for c in changes:
+            if c.forgotten:  # the record's retention passed: it leaves the view
+                by_id.pop(c.node_id, None)
+                continue
             old = by_id.get(c.node_id)
             labels = c.labels if c.labels else (old.labels if old is not None else {})
             by_id[c.node_id] = Member(
@@ -161,7 +164,11 @@ class MemberChange:
     retirement of an incarnation replaced by a newer one). ``removed_by`` is
     set when the member became LEFT because an administrator removed it (the
     Admin service): who asked; "" for a node that left by itself, and for
-    every other change.
+    every other change. ``forgotten`` is set when a DEAD or LEFT record is
+    removed from the view because its retention passed (bounded history,
+    README "Bounded history"): ``state`` and ``incarnation`` are those of the
+    record removed, and the view no longer lists the member; the cluster still
+    refuses that incarnation and every lower one.
     """
 
     node_id: str
@@ -170,6 +177,7 @@ class MemberChange:
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     evidence: tuple[Evidence, ...] = ()
     removed_by: str = ""
+    forgotten: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.labels, MappingProxyType):

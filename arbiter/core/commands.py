@@ -30,6 +30,8 @@ Rule 3a. A :class:`Bootstrap` names the cluster's *instance*: a random id
     applied wins; later ones change nothing. A cluster started again on fresh
     data dirs (a reset) draws a new one, so a subscriber can tell that its
     epochs belong to another history, even at the same name and replicas.
+Rule 3c. A :class:`Forget` removes DEAD and LEFT records whose retention
+    has passed; it lives in :mod:`arbiter.core.forget` (its rules there).
 Rule 4. The encoding is JSON from the standard library, compact
     (no spaces) and canonical (sorted keys, ASCII only), with a version
     field ``"v": 1``: encoding the same command gives the same bytes on
@@ -49,6 +51,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from arbiter.core.forget import Forget, records_from_json, records_to_json
 from arbiter.errors import ArbiterError
 
 __all__ = [
@@ -56,6 +59,7 @@ __all__ = [
     "Bootstrap",
     "Command",
     "CommandDecodeError",
+    "Forget",
     "Leave",
     "Observation",
     "ObserveBatch",
@@ -263,7 +267,7 @@ class Bootstrap:
             raise ValueError(f"instance must be 1 to 64 hex digits, got {self.instance!r}")
 
 
-Command = ObserveBatch | Leave | Remove | Bootstrap
+Command = ObserveBatch | Leave | Remove | Bootstrap | Forget
 
 
 def encode(command: Command) -> bytes:
@@ -304,6 +308,8 @@ def encode(command: Command) -> bytes:
         }
     elif isinstance(command, Bootstrap):
         obj = {"v": VERSION, "type": "bootstrap", "instance": command.instance}
+    elif isinstance(command, Forget):
+        obj = {"v": VERSION, "type": "forget", "records": records_to_json(command)}
     else:
         raise TypeError(f"not a command: {command!r}")
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
@@ -421,6 +427,8 @@ def _decode_obj(obj: Any) -> Command:
     if kind == "bootstrap":
         f = _fields(obj, "bootstrap", {"v", "type", "instance"})
         return Bootstrap(instance=_get(f, "instance", str, "bootstrap"))
+    if kind == "forget":
+        return records_from_json(_fields(obj, "forget", {"v", "type", "records"})["records"])
     raise CommandDecodeError(f"command: unknown type {kind!r}")
 
 

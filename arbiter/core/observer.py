@@ -16,7 +16,8 @@ Rules:
    machine ignores duplicates, so retries are harmless).
 3. Incarnations. A heartbeat at an incarnation below the cluster's record, or
    at a DEAD or LEFT incarnation, or at one retired by a leave before it joined
-   (the state machine's rule 5: answered LEFT), is refused: it refreshes
+   (the state machine's rule 5: answered LEFT), or at or below the floor of a
+   forgotten record (rule 11: answered as that record was), is refused: it refreshes
    nothing and earns no lease. An opinion of a retired incarnation is
    forgotten instead of being proposed. A heartbeat at a higher incarnation
    than the one tracked restarts the detector for the node: heartbeats of one
@@ -193,7 +194,8 @@ class Observer:
         Returns:
             The verdict to put in the ack.
         """
-        record = state.member(node_id)
+        # A forgotten record's floor refuses as the record did (tally rule 11).
+        record = state.member(node_id) or state.floors.record(node_id)
         highest = max(state.highest_incarnation(node_id) or 0, incarnation)
         if record is not None and (
             incarnation < record.incarnation
@@ -294,9 +296,10 @@ class Observer:
                 self._owed.discard(member.node_id)
 
     def _forget_retired(self, node_id: str, state: MembershipState) -> bool:
-        """Drops the opinion of ``node_id`` if its incarnation is retired (rule 3)."""
+        """Drops the opinion of ``node_id`` if its incarnation is retired or forgotten (rule 3)."""
         op = self._opinions.get(node_id)
-        if op is None or op.incarnation > state.retired(node_id):
+        floor = max(state.retired(node_id), state.floors.incarnation(node_id))
+        if op is None or op.incarnation > floor:
             return False
         self._detector.remove(node_id)
         del self._opinions[node_id]

@@ -30,13 +30,16 @@ Rules:
 6. Instance: a leader whose applied state has no instance id yet proposes a
    Bootstrap with a random one (drawn from the injected random source), once
    per term; the tally keeps the first applied (its rule 10).
+7. Bounded history: ``tick`` also lets :mod:`arbiter.core.retention` age the
+   DEAD and LEFT records on this replica's clock; a leader proposes the
+   Forget it returns (tally rule 11), one pending at a time.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from arbiter.core.commands import Bootstrap, Leave, ObserveBatch, Remove, encode
 from arbiter.core.detection import FailureDetector, suggest_interval
@@ -54,6 +57,7 @@ from arbiter.core.raft import (
     Role,
     Snapshot,
 )
+from arbiter.core.retention import Retention, RetentionPolicy
 from arbiter.core.tally import ApplyResult, MembershipState, SnapshotDecodeError
 from arbiter.errors import ArbiterError
 
@@ -136,6 +140,8 @@ class ReplicaSettings:
             ``inf`` always suggests ``heartbeat_interval``.
         max_heartbeat_interval: the longest interval suggested or accepted
             from a node, seconds (>= heartbeat_interval).
+        retention: when DEAD and LEFT records are forgotten (rule 7); the
+            default forgets nothing.
     """
 
     lease: float
@@ -145,6 +151,7 @@ class ReplicaSettings:
     snapshot_every: int = 0
     heartbeat_budget: float = math.inf
     max_heartbeat_interval: float = math.inf
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
 
     def lease_for(self, interval: float) -> float:
         """Seconds of lease for a node heartbeating every ``interval`` seconds.
@@ -223,6 +230,7 @@ class Replica:
             now=now,
             restart_grace=settings.restart_grace,
         )
+        self.retention = Retention(settings.retention)
         self.proposals_dropped = 0
         # Observations proposed (retries included), for the replica's metrics.
         self.observations_proposed = 0
@@ -290,9 +298,16 @@ class Replica:
 
     def tick(self, now: float) -> None:
         """Lets time pass: Raft timers, detector suspicions, owed observations (rule 2),
-        and, on a leader of a cluster without an instance id, its Bootstrap (rule 6)."""
+        and, on a leader of a cluster without an instance id, its Bootstrap (rule 6),
+        and on a leader the Forget of records past their retention (rule 7)."""
         self.raft.tick(now)
         self._bootstrap(now)
+        forget = self.retention.due(self.state, now, leader=self.raft.status().role is Role.LEADER)
+        if forget is not None:
+            try:
+                self.raft.propose(encode(forget), now)
+            except ProposalDropped:
+                self.proposals_dropped += 1
         self.observer.tick(now, self.state)
         owed = self.observer.observations(now, self.state)
         if owed:
@@ -439,7 +454,8 @@ class Replica:
             return float("-inf")
         d = self.observer.next_deadline()
         r = self.raft.next_deadline()
-        return r if d is None else min(r, d)
+        f = self.retention.next_deadline(leader=self.raft.status().role is Role.LEADER)
+        return min(t for t in (r, d, f) if t is not None)
 
     def in_quorum(self, now: float) -> bool:
         """True while this replica has a leader it can reach (itself included)."""

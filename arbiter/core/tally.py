@@ -14,7 +14,7 @@ Rule 1. Of replica r's observations of node n only the latest is kept, latest
     re-proposed old observation never overrides a newer one.
 Rule 2. An observation below the incarnation of n's record is ignored; so is
     one at the record's incarnation when the record is DEAD or LEFT (final),
-    and one at or below n's retired incarnation (rule 5).
+    one at or below n's retired incarnation (rule 5) or its floor (rule 11).
 Rule 3. n becomes ALIVE at incarnation i when a quorum of replicas' latest
     observations of n are ALIVE at exactly i and n has no record, or a record
     at an incarnation below i (or, impossible in practice, a non-final record
@@ -30,16 +30,12 @@ Rule 4. ALIVE at k becomes DEAD at k when a quorum of replicas' latest
     that restarted as k', was heard while nothing could commit, then died,
     would stay ALIVE at k for ever: found by the simulator, seed 142.)
 Rule 5. Leave(n, i) ends only a life the cluster knows: a record ALIVE at i
-    becomes LEFT at i; an incarnation above the record that is *joining*
-    (heard by the proposing replica's detector, or in a committed
-    observation at i) is *retired*: the view records nothing for it, and no
-    observation at or below i counts any more (rule 2), so an ALIVE still in
-    flight never admits a node that has gone (an ALIVE record below i is
-    DEAD, replaced). Anything else changes nothing: a ghost, an incarnation
-    nobody heard, a stale or final one (:mod:`arbiter.core.leaves`, rule 5).
+    becomes LEFT at i; a *joining* incarnation above the record is *retired*
+    (nothing recorded, no observation at or below i counts any more: rule 2;
+    an ALIVE record below i is DEAD, replaced). Anything else changes
+    nothing (:mod:`arbiter.core.leaves`, rule 5, in full).
 Rule 5a. Remove(n, i, by), an administrator's removal: a record ALIVE at i
-    (0: at whatever incarnation it records) becomes LEFT, the change
-    carrying ``removed_by``; LEFT, not DEAD (:mod:`arbiter.core.leaves`).
+    (0: any) becomes LEFT carrying ``removed_by`` (:mod:`arbiter.core.leaves`).
 Rule 6. An entry that changes the view bumps the epoch by exactly one, however
     many member changes it carries; an entry that changes nothing leaves the
     epoch alone. Changes of one entry are ordered by node_id (a DEAD-then-
@@ -59,9 +55,12 @@ Rule 9. Raft no-ops (empty data), undecodable entries and batches from a
 Rule 10. A Bootstrap (commands rule 3a) sets the cluster's instance id if it
     has none; later ones change nothing. It never changes the view or the
     epoch.
-Records stay after DEAD and LEFT (they stop old incarnations from coming back),
-as do observations and retired incarnations: O(nodes x arbiters) memory until
-a later issue prunes them. The whole state is snapshotted for log compaction
+Rule 11. Forget (:mod:`arbiter.core.forget`) removes each named record that
+    still matches exactly (node, incarnation, DEAD or LEFT), with a change
+    marked ``forgotten``, and its observations at or below it; n keeps a
+    floor by which all is judged as by the record (:mod:`arbiter.core.floors`).
+Records stay after DEAD and LEFT until the leader forgets them
+(:mod:`arbiter.core.retention`). The whole state is snapshotted for log compaction
 by :meth:`MembershipState.to_bytes` and restored by
 :meth:`MembershipState.from_bytes`; the canonical encoding and its checks are
 in :mod:`arbiter.core.tally_snapshot`.
@@ -70,20 +69,23 @@ in :mod:`arbiter.core.tally_snapshot`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from arbiter.core import leaves, tally_snapshot
 from arbiter.core.commands import (
     Bootstrap,
     CommandDecodeError,
+    Forget,
     Leave,
     ObserveBatch,
     Opinion,
     Remove,
     decode,
 )
+from arbiter.core.floors import Floors
 from arbiter.core.leaves import LeaveOutcome, LeaveRefusal
+from arbiter.core.outcomes import ApplyResult, ViewChange
+from arbiter.core.outcomes import change as _change
 from arbiter.core.tally_snapshot import ObservationRecord, SnapshotDecodeError, TallyImage
 from membership.view import Member, MemberChange, MemberState, View
 
@@ -96,28 +98,6 @@ __all__ = [
     "SnapshotDecodeError",
     "ViewChange",
 ]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ViewChange:
-    """The view changes one committed entry made; ``epoch`` is the new epoch."""
-
-    epoch: int
-    changes: tuple[MemberChange, ...]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ApplyResult:
-    """The outcome of applying the entry at log index ``index``.
-
-    ``change`` is set when the view changed, ``leave`` for Leave and Remove
-    commands, ``error`` when the entry was rejected (rule 9).
-    """
-
-    index: int
-    change: ViewChange | None = None
-    leave: LeaveOutcome | None = None
-    error: str | None = None
 
 
 class MembershipState:
@@ -144,6 +124,7 @@ class MembershipState:
         self._obs: dict[str, dict[str, ObservationRecord]] = {}  # node -> replica -> latest
         # node -> highest incarnation retired by a leave before it joined (rule 5)
         self._retired: dict[str, int] = {}
+        self._floors = Floors()  # rule 11
         self._instance = ""  # rule 10
         self._view: View | None = View()
 
@@ -198,6 +179,8 @@ class MembershipState:
                 )
             changes = [c for n in sorted(self._store(command)) for c in self._tally(n)]
             return ApplyResult(index=index, change=self._commit(changes))
+        if isinstance(command, Forget):
+            return ApplyResult(index=index, change=self._commit(self._forget(command)))
         if isinstance(command, Remove):
             changes, refusal, reason, incarnation = self._remove(command)
         else:
@@ -242,6 +225,11 @@ class MembershipState:
         the view (rule 5); 0 for none. Incarnations at or below it never join."""
         return self._retired.get(node_id, 0)
 
+    @property
+    def floors(self) -> Floors:
+        """The floors of forgotten records (rule 11); read ``member(n) or floors.record(n)``."""
+        return self._floors
+
     def observation(self, replica_id: str, node_id: str) -> ObservationRecord | None:
         """The replica's latest committed observation of the node, or None."""
         return self._obs.get(node_id, {}).get(replica_id)
@@ -282,6 +270,8 @@ class MembershipState:
             known.append(self._members[node_id].incarnation)
         if node_id in self._retired:
             known.append(self._retired[node_id])
+        if self._floors.has(node_id):
+            known.append(self._floors.incarnation(node_id))
         return max(known, default=None)
 
     # -- the tally -----------------------------------------------------------
@@ -296,7 +286,8 @@ class MembershipState:
                 or (o.incarnation == record.incarnation and record.state.is_final)
             ):
                 continue
-            if o.incarnation <= self._retired.get(o.node_id, 0):
+            floor = max(self._retired.get(o.node_id, 0), self._floors.incarnation(o.node_id))
+            if o.incarnation <= floor:
                 continue
             stored = self._obs.get(o.node_id, {}).get(batch.replica_id)
             if stored is not None and (o.incarnation, o.seq) <= (stored.incarnation, stored.seq):
@@ -357,7 +348,7 @@ class MembershipState:
             node_id,
             incarnation,
             heard_by in self._arbiters,
-            record=self._members.get(node_id),
+            record=self._members.get(node_id) or self._floors.record(node_id),
             observed=[o.incarnation for o in self._obs.get(node_id, {}).values()],
             retired=self._retired.get(node_id, 0),
         )
@@ -378,13 +369,14 @@ class MembershipState:
         if record is not None and record.state is MemberState.ALIVE:
             changes.append(_change(n, record.incarnation, MemberState.DEAD, record))
         self._retired[n] = i
-        # Observations of the retired lives can never count again (rule 2).
-        kept = {r: o for r, o in self._obs.get(n, {}).items() if o.incarnation > i}
-        if kept:
-            self._obs[n] = kept
-        else:
-            self._obs.pop(n, None)
+        self._drop_observations(n, i)  # the retired lives can never count again (rule 2)
         return changes, None, reason
+
+    def _drop_observations(self, node_id: str, upto: int) -> None:
+        """Forgets the node's observations at incarnations <= ``upto`` (rules 5, 11)."""
+        kept = {r: o for r, o in self._obs.pop(node_id, {}).items() if o.incarnation > upto}
+        if kept:
+            self._obs[node_id] = kept
 
     def judge_remove(self, node_id: str, incarnation: int = 0) -> tuple[LeaveRefusal | None, str]:
         """How rule 5a judges Remove(node_id, incarnation) now, without changing anything
@@ -392,7 +384,7 @@ class MembershipState:
         return leaves.judge_remove(
             node_id,
             incarnation,
-            record=self._members.get(node_id),
+            record=self._members.get(node_id) or self._floors.record(node_id),
             observed=[o.incarnation for o in self._obs.get(node_id, {}).values()],
         )
 
@@ -406,12 +398,28 @@ class MembershipState:
         left = _change(command.node_id, record.incarnation, MemberState.LEFT, record)
         return [dataclasses.replace(left, removed_by=command.by)], None, reason, record.incarnation
 
+    def _forget(self, command: Forget) -> list[MemberChange]:
+        """Rule 11: forgotten changes of the records that still match; sets their floors."""
+        changes = []
+        for n, i, state in command.records:
+            record = self._members.get(n)
+            if record is None or (record.incarnation, record.state.value) != (i, state):
+                continue
+            self._floors.set(n, i, record.state)
+            self._drop_observations(n, i)
+            changes.append(dataclasses.replace(_change(n, i, record.state, record), forgotten=True))
+        return changes
+
     def _commit(self, changes: list[MemberChange]) -> ViewChange | None:
         """Records the entry's changes under the next epoch (rule 6)."""
         if not changes:
             return None
         self._epoch += 1
         for c in changes:
+            if c.forgotten:  # rule 11
+                del self._members[c.node_id]
+                continue
+            self._floors.drop(c.node_id)
             old = self._members.get(c.node_id)
             # Same label rule as View.with_changes, so that a subscriber folding
             # the changes into its view ends with exactly view().
@@ -470,6 +478,7 @@ class MembershipState:
             ),
             retired=tuple((n, self._retired[n]) for n in sorted(self._retired)),
             instance=self._instance,
+            forgotten=self._floors.rows(),
         )
 
     def _load(self, image: TallyImage) -> None:
@@ -483,16 +492,5 @@ class MembershipState:
         for node, incarnation in image.retired:
             self._retired[node] = incarnation
         self._instance = image.instance
+        self._floors = Floors(image.forgotten)
         self._view = None
-
-
-def _change(
-    node_id: str,
-    incarnation: int,
-    state: MemberState,
-    labels: Mapping[str, str] | Member | None = None,
-) -> MemberChange:
-    """A change; ``labels`` may be the member record whose labels it repeats (rule 6)."""
-    if isinstance(labels, Member):
-        labels = labels.labels
-    return MemberChange(node_id=node_id, incarnation=incarnation, state=state, labels=labels or {})

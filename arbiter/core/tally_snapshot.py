@@ -17,13 +17,16 @@ Rules:
    evidence has a 7th column ``[silence, suspicion, detector]``; one without
    has six, as before evidence existed. ``"retired": [[node, incarnation],
    ...]`` is present only when some incarnation was retired, and
-   ``"instance": id`` only once the cluster has one, so a state without them
-   encodes as it did before they existed.
+   ``"instance": id`` only once the cluster has one, and ``"forgotten":
+   [[node, incarnation, state], ...]`` (the floors of forgotten records, tally
+   rule 11, state ``"DEAD"`` or ``"LEFT"``) only when there is one, so a state
+   without them encodes as it did before they existed.
 3. Decoding refuses, with :class:`SnapshotDecodeError`, anything this
    module could not have written: another version, a wrong type (a bool is
    not an int), a negative number, an empty id, unsorted or duplicate
    labels, a JOINING member, a member epoch outside ``1..epoch``, an
-   observation from a replica that is not an arbiter. The state checks the
+   observation from a replica that is not an arbiter, a forgotten floor that
+   is not DEAD or LEFT or whose node has a record. The state checks the
    rest (distinct arbiters, no duplicate records) by encoding what it
    restored and comparing with the input.
 
@@ -99,6 +102,8 @@ class TallyImage:
             node), sorted by node id, then replica id.
         retired: (node id, highest retired incarnation), sorted by node id.
         instance: the cluster's instance id ("" before its Bootstrap).
+        forgotten: (node id, incarnation, DEAD or LEFT) of each floor of a
+            forgotten record (tally rule 11), sorted by node id.
     """
 
     arbiters: tuple[str, ...]
@@ -108,6 +113,7 @@ class TallyImage:
     observations: tuple[tuple[str, str, ObservationRecord], ...] = ()
     retired: tuple[tuple[str, int], ...] = ()
     instance: str = ""
+    forgotten: tuple[tuple[str, int, MemberState], ...] = ()
 
 
 def encode(image: TallyImage) -> bytes:
@@ -132,6 +138,8 @@ def encode(image: TallyImage) -> bytes:
         snapshot["retired"] = [[n, i] for n, i in image.retired]
     if image.instance:
         snapshot["instance"] = image.instance
+    if image.forgotten:
+        snapshot["forgotten"] = [[n, i, s.value] for n, i, s in image.forgotten]
     return json.dumps(snapshot, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -191,6 +199,15 @@ def _image(snap: Any) -> TallyImage:
         )
         observations.append((_str(node, empty=False), replica, record))
     retired = tuple((_str(node, empty=False), _int(inc)) for node, inc in snap.get("retired", ()))
+    forgotten = []
+    recorded = {m.node_id for m in members}
+    for node, inc, st in snap.get("forgotten", ()):
+        state = MemberState(st)
+        if not state.is_final:
+            raise SnapshotDecodeError(f"a forgotten record is DEAD or LEFT, not {st!r}")
+        if node in recorded:
+            raise SnapshotDecodeError(f"{node!r} has both a record and a forgotten floor")
+        forgotten.append((_str(node, empty=False), _int(inc), state))
     return TallyImage(
         arbiters=arbiters,
         epoch=epoch,
@@ -199,6 +216,7 @@ def _image(snap: Any) -> TallyImage:
         observations=tuple(observations),
         retired=retired,
         instance=_str(snap.get("instance", "")),
+        forgotten=tuple(forgotten),
     )
 
 

@@ -50,7 +50,10 @@ def _evidence_text(e: Evidence) -> str:
 
 
 def log_view_change(replica_id: str, change: ViewChange) -> int:
-    """Logs one ``membership_change`` line per member of ``change``; returns the deaths in it."""
+    """Logs one ``membership_change`` line per member of ``change``; returns the deaths in it.
+
+    A forgotten tombstone (``forgotten``) is logged with that field and is no death.
+    """
     deaths = 0
     for c in change.changes:
         fields: dict[str, Any] = {
@@ -61,6 +64,10 @@ def log_view_change(replica_id: str, change: ViewChange) -> int:
             "state": c.state.value,
         }
         what = f"epoch {change.epoch}: {c.node_id} incarnation {c.incarnation} is {c.state.value}"
+        if c.forgotten:  # a tombstone's retention passed (arbiter/core/retention.py)
+            fields["forgotten"] = True
+            log_event(log, "membership_change", what + ", forgotten (retention passed)", **fields)
+            continue
         if c.state is MemberState.DEAD:
             deaths += 1
             fields["evidence"] = [_evidence(e) for e in c.evidence]

@@ -487,12 +487,18 @@ class MemberChange(_message.Message):
     LABELS_FIELD_NUMBER: _builtins.int
     EVIDENCE_FIELD_NUMBER: _builtins.int
     REMOVED_BY_FIELD_NUMBER: _builtins.int
+    FORGOTTEN_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
     state: Global___MemberState.ValueType
     removed_by: _builtins.str
     """For LEFT by the Admin service's RemoveNode: who removed the member (the
     administrator's identity); empty when the node left by itself.
+    """
+    forgotten: _builtins.bool
+    """The DEAD or LEFT record (state, incarnation) is removed from the view:
+    its retention passed (bounded history). The view no longer lists the
+    member; the cluster still refuses that incarnation and every lower one.
     """
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
@@ -509,10 +515,11 @@ class MemberChange(_message.Message):
         labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         evidence: _abc.Iterable[Global___Evidence] | None = ...,
         removed_by: _builtins.str = ...,
+        forgotten: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["evidence", b"evidence", "incarnation", b"incarnation", "labels", b"labels", "node_id", b"node_id", "removed_by", b"removed_by", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["evidence", b"evidence", "forgotten", b"forgotten", "incarnation", b"incarnation", "labels", b"labels", "node_id", b"node_id", "removed_by", b"removed_by", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -24,6 +24,10 @@ S6 Leases: a node that holds an unexpired lease from replica r (as its own
    clock, which may drift (see ``nodes`` rule 5).
 S7 Subscribers: contiguous epochs, once each; every view a subscriber holds
    equals the committed view at that epoch.
+S8 Forgotten lives: once a DEAD or LEFT record of n at k is forgotten (tally
+   rule 11: only a record still in the view, DEAD or LEFT, is forgotten), no
+   committed change names n at an incarnation <= k again, and no replica
+   that applied the forgetting grants a lease to n at an incarnation <= k.
 
 Liveness (checked by ``World`` at set times, bounds in ``faults``):
 
@@ -43,7 +47,7 @@ from typing import TYPE_CHECKING
 from arbiter.core.commands import ObserveBatch, Opinion, decode
 from arbiter.core.raft import Entry, Message, MessageType, Role
 from arbiter.core.tally import ApplyResult, ViewChange
-from membership.view import MemberState, View
+from membership.view import MemberChange, MemberState, View
 
 if TYPE_CHECKING:
     from tests.sim.nodes import SimNode
@@ -76,6 +80,8 @@ class Checker:
         self.dead: set[tuple[str, int]] = set()
         self.suspected: set[tuple[str, str, int]] = set()  # (node, replica, incarnation)
         self.top = 0  # highest index applied anywhere
+        self.floors: dict[str, tuple[int, int]] = {}  # node -> (forgotten incarnation, epoch)
+        self.forgotten = 0  # records forgotten in the run
 
     def fail(self, what: str) -> None:
         """Raises :class:`InvariantViolation` with the virtual time."""
@@ -194,6 +200,8 @@ class Checker:
         self.views[change.epoch] = base.with_changes(change.epoch, change.changes)
         later = {(c.node_id) for c in change.changes if c.state is not MemberState.DEAD}
         for c in change.changes:
+            if self._forgotten(change.epoch, c, base):
+                continue
             w.trace(f"epoch {change.epoch}: {c.node_id}#{c.incarnation} {c.state.value.upper()}")
             if c.state is not MemberState.DEAD:
                 continue
@@ -214,6 +222,36 @@ class Checker:
             node = w.nodes.get(c.node_id)
             if node is not None:
                 self._lease_quorum(node, node.local(w.q.now))
+
+    def _forgotten(self, epoch: int, c: MemberChange, base: View) -> bool:
+        """S8 for one committed change; True when it is a forgotten record."""
+        floor = self.floors.get(c.node_id, (None, 0))[0]
+        if c.forgotten:
+            was = base.get(c.node_id)
+            if was is None or (was.incarnation, was.state) != (c.incarnation, c.state):
+                self.fail(f"S8: epoch {epoch} forgets {c.node_id}#{c.incarnation}, not a record")
+            if not c.state.is_final:
+                self.fail(f"S8: epoch {epoch} forgets {c.node_id}, {c.state.value}")
+            self.floors[c.node_id] = (max(floor or 0, c.incarnation), epoch)
+            self.forgotten += 1
+            self.world.trace(f"epoch {epoch}: {c.node_id}#{c.incarnation} forgotten")
+            return True
+        if floor is not None and c.incarnation <= floor:
+            self.fail(
+                f"S8: {c.node_id}#{c.incarnation} {c.state.value} at epoch {epoch}, "
+                f"after incarnation {floor} was forgotten"
+            )
+        return False
+
+    def granted(self, replica: SimReplica, node_id: str, incarnation: int, lease: float) -> None:
+        """``replica`` answered a heartbeat of ``node_id`` at ``incarnation``, granting ``lease``
+        (S8)."""
+        floor, epoch = self.floors.get(node_id, (0, 0))
+        if lease > 0 and incarnation <= floor and replica.epoch >= epoch:
+            self.fail(
+                f"S8: {replica.id} grants {node_id}#{incarnation} a lease after incarnation "
+                f"{floor} was forgotten"
+            )
 
     def _suspect_committed(self, node_id: str, rid: str, incarnation: int) -> None:
         node = self.world.nodes.get(node_id)

@@ -10,6 +10,8 @@ issue's "done when" asks that each is caught within the CI seeds.
 - ``c``: a replica grants leases before its ALIVE observation is committed
   (observer.py, rule 4).
 - ``d``: CheckQuorum disabled (``RaftConfig(check_quorum=False)``).
+- ``e``: a forgotten record leaves no floor (tally.py rule 11,
+  arbiter/core/floors.py), so its old incarnation may join again.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import contextlib
 from collections.abc import Iterator, Mapping
 
 from arbiter.core.commands import Opinion
+from arbiter.core.floors import Floors
 from arbiter.core.observer import HeartbeatVerdict, Observer
 from arbiter.core.tally import MembershipState
 from tests.sim.world import Mutants
 
 __all__ = ["MUTANTS", "patched"]
 
-MUTANTS = ("a", "b", "c", "d")
+MUTANTS = ("a", "b", "c", "d", "e")
 
 
 @contextlib.contextmanager
@@ -74,6 +77,16 @@ def _lease_before_commit() -> Iterator[None]:
         Observer.heartbeat = original  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _forget_without_floor() -> Iterator[None]:
+    original = Floors.set
+    Floors.set = lambda self, node_id, incarnation, state: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Floors.set = original  # type: ignore[method-assign]
+
+
 def patched(mutant: str | None) -> tuple[contextlib.AbstractContextManager[None], Mutants]:
     """The core patch and the shell flags for ``mutant`` (None: no breakage).
 
@@ -90,4 +103,6 @@ def patched(mutant: str | None) -> tuple[contextlib.AbstractContextManager[None]
         return _lease_before_commit(), Mutants()
     if mutant == "d":
         return contextlib.nullcontext(), Mutants(no_check_quorum=True)
+    if mutant == "e":
+        return _forget_without_floor(), Mutants()
     raise ValueError(f"unknown mutant {mutant!r}; one of {', '.join(MUTANTS)}")

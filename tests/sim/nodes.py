@@ -10,7 +10,10 @@ Rules:
    socket buffer and are taken, in arrival order, when it resumes, at the
    resume time. It then sends a heartbeat at once (its timer is overdue).
 3. A crashed node loses its session; acks to it are lost. It restarts at a
-   higher incarnation than any it used.
+   higher incarnation than any it used; in a world with ``stale_restarts``
+   (the short-retention seeds), one restart in two is from an old
+   checkpoint, at incarnation 1, which the cluster must refuse (its records
+   may have been forgotten: invariant S8) and the session rejoins above.
 4. Session deadlines (the fence closing) are timers like any other: the node
    calls ``session.tick`` when its quorum-th lease runs out.
 5. Each node has its own clock, running at ``rate`` (1 +- the world's drift
@@ -110,15 +113,19 @@ class SimNode:
     def start(self) -> None:
         """Starts (or restarts) the process at a new, higher incarnation (rule 3)."""
         self.last_incarnation += 1
+        incarnation = self.last_incarnation
+        stale = self.world.stale_restarts
+        if stale is not None and incarnation > 1 and stale.random() < 0.5:
+            incarnation = 1
         self.session = NodeSession(
             node_id=self.id,
-            incarnation=self.last_incarnation,
+            incarnation=incarnation,
             arbiters=self.world.replica_ids,
             auto_rejoin=True,
         )
         self.status = NodeStatus.UP
         self.inbox.clear()
-        self.world.trace(f"{self.id} starts at incarnation {self.last_incarnation}")
+        self.world.trace(f"{self.id} starts at incarnation {incarnation}")
         self._schedule_beat(self.world.q.now + self.phase)
 
     def crash(self) -> None:

@@ -182,6 +182,7 @@ class SimReplica:
         w = self.world
         now = w.q.now
         v = core.heartbeat(hb.node_id, hb.incarnation, w.labels, now)
+        w.checker.granted(self, hb.node_id, hb.incarnation, v.lease)
         ack = Ack(
             self.id,
             hb.node_id,

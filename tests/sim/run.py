@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from arbiter.core.raft import ConflictingState
+from arbiter.core.retention import RetentionPolicy
 from tests.sim.faults import FaultSchedule
 from tests.sim.invariants import InvariantViolation
 from tests.sim.mutants import patched
@@ -61,12 +62,22 @@ def replay_command(seed: int, seconds: float, mutant: str | None = None) -> str:
 
 def build(seed: int, *, mutant: str | None = None, echo: bool = False) -> World:
     """The world a seed draws: 3 replicas (5 one time in five), 2 to 4 nodes, 2 subscribers,
-    a random network profile, nodes' clocks drifting within ``DRIFT``."""
+    a random network profile, nodes' clocks drifting within ``DRIFT``; one seed in three
+    forgets DEAD and LEFT records after 1 to 6 s, some also by count (bounded history)."""
     rng = random.Random(f"{seed}/shape")
     replicas = 5 if rng.random() < 0.2 else 3
     nodes = rng.randint(2, 4)
     profile = NetProfile.draw(rng)
     _, flags = patched(mutant)
+    # A stream of its own, so the seeds that keep the default retention run as before.
+    pick = random.Random(f"{seed}/retention")
+    retention = None
+    if pick.random() < 1 / 3:
+        retention = RetentionPolicy(
+            retention=round(pick.uniform(1.0, 6.0), 2),
+            max_tombstones=pick.choice([None, 0, 1, 2]),
+            retry_after=0.5,
+        )
     return World(
         seed,
         replicas=replicas,
@@ -76,6 +87,7 @@ def build(seed: int, *, mutant: str | None = None, echo: bool = False) -> World:
         mutants=flags,
         echo=echo,
         drift=DRIFT,
+        retention=retention,
     )
 
 
@@ -101,6 +113,9 @@ def run_seed(
         f"{len(w.replicas)} replicas, {len(w.nodes)} nodes, drop {p.drop:g}, dup {p.dup:g}, "
         f"spike {p.spike:g}x{p.spike_max:g}s"
     )
+    r = w.settings.retention
+    if r.enabled and r.retention < 60:
+        shape += f", forget after {r.retention:g}s / beyond {r.max_tombstones} tombstones"
     w.trace(f"seed {seed}: {shape}")
     error: str | None = None
     failed_at: float | None = None

@@ -84,7 +84,7 @@ def test_sim_failure_prints_replay_command() -> None:
 
 
 @pytest.mark.parametrize(
-    ("mutant", "invariant"), [("a", "S5"), ("b", "S2"), ("c", "S6"), ("d", "L1")]
+    ("mutant", "invariant"), [("a", "S5"), ("b", "S2"), ("c", "S6"), ("d", "L1"), ("e", "S8")]
 )
 def test_sim_catches_deliberate_breakage(mutant: str, invariant: str) -> None:
     # The first CI seeds catch each breakage (the full CI range catches each many times).
@@ -180,3 +180,16 @@ def test_replica_next_deadline_reports_view_sync() -> None:
         while rep.has_ready():
             rep.advance(rep.ready())
     assert rep.observer.suspects() == ["n1"]
+
+
+def test_sim_forgotten_incarnation_is_refused_when_a_stale_checkpoint_restarts() -> None:
+    # Seed 5 forgets after a short retention and restarts nodes from stale
+    # checkpoints: n2's incarnation 1 is forgotten, then n2 starts again at 1;
+    # it is told DEAD (the floor) and rejoins above it, and S8 holds throughout.
+    r = run_seed(5, 30.0)
+    assert r.ok, r.error
+    assert "forget after" in r.shape
+    text = "\n".join(r.lines)
+    forgotten = text.index("n2#1 forgotten")
+    stale = text.index("n2 starts at incarnation 1", forgotten)
+    assert text.index("n2 rejoins 1 -> 2 (declared DEAD)", stale) > stale

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from arbiter.config import ArbiterConfig
 from arbiter.core.raft import Message, RaftConfig, Role
+from arbiter.core.retention import RetentionPolicy
 from membership.view import MemberState, View
 from tests.sim.clock import EventQueue
 from tests.sim.invariants import Checker
@@ -58,6 +59,8 @@ class World:
         history: view changes each replica's feed retains.
         drift: bound on the nodes' clock-rate error (0.0001 = 100 ppm); each
             node draws its rate in [1 - drift, 1 + drift].
+        retention: when replicas forget DEAD and LEFT records (None: the
+            lan preset's, an hour or 5,000 records).
     """
 
     def __init__(
@@ -73,6 +76,7 @@ class World:
         verbose: bool = False,
         history: int = 3,
         drift: float = 0.0,
+        retention: RetentionPolicy | None = None,
     ) -> None:
         self.seed = seed
         self.mutants = mutants or Mutants()
@@ -87,6 +91,12 @@ class World:
         self.raft_config = raft
         compaction = {"snapshot_every": SNAPSHOT_EVERY} if SETTINGS_HAVE_SNAPSHOT_EVERY else {}
         self.settings = dataclasses.replace(self.config.replica_settings(), **compaction)
+        # Bounded history (arbiter/core/retention.py): nodes then also restart
+        # from stale checkpoints at times (nodes rule 3).
+        self.stale_restarts: random.Random | None = None
+        if retention is not None:
+            self.settings = dataclasses.replace(self.settings, retention=retention)
+            self.stale_restarts = random.Random(f"{seed}/stale")
         self.history = history
         self.echo = echo
         self.verbose = verbose
