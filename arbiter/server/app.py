@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import errno
-import hashlib
 import logging
-import socket
 from pathlib import Path
 
 import grpc
@@ -16,15 +13,20 @@ from arbiter.config import ArbiterConfig
 from arbiter.core.replica import RestoreError
 from arbiter.core.tally import ViewChange
 from arbiter.server import surfaces
+from arbiter.server.addresses import check_bindable, check_listen, parse_peers, split_host_port
 from arbiter.server.admin import AdminServicer
+from arbiter.server.arbiterset import ArbiterSet
 from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
 from arbiter.server.decoding import DecodeRefusal
 from arbiter.server.driver import Driver, ReplicaStatus
 from arbiter.server.hub import Hub, HubStatus
+from arbiter.server.joining import ask_group
 from arbiter.server.peers import PeerServicer, PeerTransport
+from arbiter.server.reconfig import Reconfiguration
 from arbiter.server.security import announce_security, check_replica_cert, reload_tls
 from arbiter.server.servicers import MembershipServicer
-from arbiter.server.storage import Storage, StorageError
+from arbiter.server.storage import DB_NAME, Storage, StorageError, cluster_identity
+from arbiter.server.stored import first_configuration, warn_if_peers_differ
 from arbiter.v1 import peer_pb2_grpc
 from membership.errors import InvalidArgument
 from membership.tls import LoadedTLS, ServerCredentials, channel_credentials
@@ -101,164 +103,14 @@ def channel_options(config: ArbiterConfig) -> list[tuple[str, int]]:
     ]
 
 
-def cluster_identity(cluster: str, peers: dict[str, str]) -> str:
-    """``name@digest``: the cluster name and a digest of the replica list.
-
-    Stamped on every Raft message; a replica refuses traffic stamped with
-    another identity, so replicas given different ``--peers`` lists fail
-    loudly instead of forming two groups.
-    """
-    listing = ",".join(f"{k}={v}" for k, v in sorted(peers.items()))
-    return f"{cluster}@{hashlib.sha256(listing.encode()).hexdigest()[:12]}"
-
-
-def split_host_port(address: str) -> tuple[str, int]:
-    """``host:port`` (IPv6 hosts in brackets) to ``(host, port)``, the host without brackets.
-
-    Raises:
-        InvalidArgument: when it is not host:port with a port in 1..65535.
-    """
-    from membership.validation import parse_address
-
-    host, _, port = parse_address(address).rpartition(":")
-    return host.removeprefix("[").removesuffix("]"), int(port)
-
-
-def parse_peers(spec: str) -> dict[str, str]:
-    """Parses ``a1=host:port,a2=host:port,...`` into an ordered id -> address map.
-
-    Raises:
-        InvalidArgument: for an empty list, a malformed item, a duplicate id,
-            or one address given to two replicas (hosts compared without case).
-    """
-    from membership.validation import parse_address, validate_node_id
-
-    peers: dict[str, str] = {}
-    owner: dict[tuple[str, int], str] = {}
-    for item in (p.strip() for p in spec.split(",")):
-        if not item:
-            continue
-        rid, sep, addr = item.partition("=")
-        if not sep:
-            raise InvalidArgument(f"peer {item!r} is not id=host:port")
-        try:
-            validate_node_id(rid)
-        except InvalidArgument as e:
-            raise InvalidArgument(f"peer id: {e}") from None
-        if rid in peers:
-            raise InvalidArgument(f"peer id {rid!r} appears twice")
-        peers[rid] = parse_address(addr)
-        host, port = split_host_port(peers[rid])
-        key = (host.lower(), port)
-        if key in owner:
-            raise InvalidArgument(
-                f"--peers gives one address, {peers[rid]}, to {owner[key]} and {rid}: "
-                "every replica needs its own"
-            )
-        owner[key] = rid
-    if not peers:
-        raise InvalidArgument("no peers given")
-    return peers
-
-
-# Listen hosts meaning "every address of this machine".
-WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
-
-
-def _addresses_of(host: str, port: int) -> set[str]:
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return {str(info[4][0]) for info in infos}
-
-
-def check_listen(replica_id: str, listen: str, peers: dict[str, str]) -> None:
-    """Checks that ``--listen`` is this replica's own ``--peers`` address.
-
-    The others reach this replica at its ``--peers`` address only, so a replica
-    listening elsewhere is never heard and the group never elects a leader.
-    Accepted: the same port, and
-
-    - the same host (without case), or
-    - a wildcard listen host (``0.0.0.0``, ``::``, ``[::]``): it listens on
-      every address of the machine, and the peer name is not resolved, since
-      other machines may resolve it differently (docker-compose.yml listens on
-      ``0.0.0.0:7000`` with ``a1=a1:7000``), or
-    - two hosts that resolve here to a common address (``localhost`` and
-      ``127.0.0.1``).
-
-    Blocks while host names resolve (run it in a thread where that matters).
-
-    Raises:
-        InvalidArgument: naming both addresses and how to fix it (a host that
-            does not resolve here cannot be checked and is refused too).
-    """
-    own = peers[replica_id]
-    lhost, lport = split_host_port(listen)
-    phost, pport = split_host_port(own)
-    fix = (
-        f"--listen {listen} is not {replica_id}'s own address in --peers ({own}), where the "
-        "other replicas look for it; give the same host and port in both, or listen on "
-        f"0.0.0.0:{pport}"
-    )
-    if lport != pport:
-        raise InvalidArgument(f"{fix} (the ports differ)")
-    if lhost in WILDCARD_HOSTS or lhost.lower() == phost.lower():
-        return
-    try:
-        common = _addresses_of(lhost, lport) & _addresses_of(phost, pport)
-    except OSError as e:
-        raise InvalidArgument(f"{fix} (cannot resolve a host here: {e})") from None
-    if not common:
-        raise InvalidArgument(f"{fix} (the hosts resolve to different addresses)")
-
-
-def check_bindable(listen: str) -> None:
-    """Binds ``listen`` with the standard library and lets go, before gRPC tries.
-
-    gRPC logs its own line when a bind fails and reports every failure alike;
-    this names the cause. A process may still take the port between this
-    check and gRPC's bind; gRPC's error covers that.
-
-    Raises:
-        OSError: ``cannot listen on ADDRESS: unknown host``, ``address in use``,
-            ``not an address of this machine``, or the system's reason.
-        InvalidArgument: a malformed address.
-    """
-    host, port = split_host_port(listen)
-    try:
-        infos = socket.getaddrinfo(
-            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-    except socket.gaierror as e:
-        raise OSError(f"cannot listen on {listen}: unknown host {host!r} ({e.strerror})") from None
-    reasons = {
-        errno.EADDRINUSE: "address in use (another process listens on it)",
-        errno.EADDRNOTAVAIL: f"{host} is not an address of this machine",
-        errno.EACCES: "permission denied (ports below 1024 need privileges)",
-    }
-    bound = 0
-    failure: OSError | None = None
-    for family, kind, proto, _, sockaddr in infos:
-        try:
-            with socket.socket(family, kind, proto) as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
-                sock.bind(sockaddr)
-            bound += 1
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                failure = e
-                break
-            failure = failure or e
-    if failure is not None and (bound == 0 or failure.errno == errno.EADDRINUSE):
-        why = reasons.get(failure.errno or 0, failure.strerror or str(failure))
-        raise OSError(f"cannot listen on {listen}: {why}")
-
-
 class ArbiterServer:
     """One arbiter replica: gRPC server, Raft transport and the driver loop.
 
     Args:
         replica_id: this replica's id; must be a key of ``peers``.
-        peers: every replica's id -> ``host:port`` (this one included).
+        peers: every replica's id -> ``host:port`` (this one included): the
+            group's first configuration, used at a first start only (the
+            stored configuration wins after it: :mod:`arbiter.server.stored`).
         listen: the address to bind, ``host:port``.
         config: the configuration (validated here).
         data_dir: the directory of this replica's durable Raft state (created
@@ -269,6 +121,8 @@ class ArbiterServer:
             :class:`arbiter.server.authz.MutualTLS` policy. None is plaintext
             with :class:`arbiter.server.authz.AllowAll` (``--insecure``; the
             command line refuses to start without one or the other).
+        join: ``--join``'s replicas of a running group, ``host:port``; empty
+            for a replica of a new group (:mod:`arbiter.server.joining`).
 
     Raises:
         InvalidArgument: when the id is not among the peers or the config is invalid.
@@ -283,8 +137,10 @@ class ArbiterServer:
         config: ArbiterConfig | None = None,
         data_dir: Path | None = None,
         tls: LoadedTLS | None = None,
+        join: list[str] | None = None,
     ) -> None:
-        if replica_id not in peers:
+        self.join = list(join or [])
+        if not self.join and replica_id not in peers:
             raise InvalidArgument(
                 f"--id {replica_id!r} is not in --peers ({', '.join(peers)}); list every replica"
             )
@@ -302,6 +158,9 @@ class ArbiterServer:
         self._server: grpc.aio.Server | None = None
         self._stopped = asyncio.Event()
         self._failed = asyncio.Event()
+        # Set when this replica was removed from the group (exits 0, not a failure).
+        self.removed: str | None = None
+        self.identity = ""
         # Why this replica stopped taking part by itself (None while it is fit).
         self.failure: str | None = None
         self.port = 0
@@ -317,23 +176,45 @@ class ArbiterServer:
         cfg = self.config
         # The address first: a replica that cannot listen creates no data dir.
         check_bindable(self.listen)
+        group = None
+        if self.join and (self.data_dir is None or not (self.data_dir / DB_NAME).exists()):
+            group = await ask_group(
+                self.replica_id,
+                self.listen,
+                self.join,
+                None if self.tls is None else channel_credentials(self.tls),
+            )
+            members = group.arbiters.members
+            await asyncio.to_thread(check_listen, self.replica_id, self.listen, members)
+            self.peers = members
         storage = Storage.open(
             self.data_dir,
             replica_id=self.replica_id,
             cluster=cfg.cluster,
             arbiters=self.peers,
+            identity=None if group is None else group.identity,
+            joined=group is not None,
         )
         try:
-            await self._start(cfg, storage)
+            given = self.peers
+            self.peers = first_configuration(storage, self.replica_id, given)
+            self.identity = storage.identity
+            await self._start(cfg, storage, given)
+            if self.join and not storage.first_start:
+                log.info(
+                    "arbiter %s: --join with a data dir that holds state: restarting "
+                    "from the stored configuration",
+                    self.replica_id,
+                )
         except BaseException:
             storage.close()
             raise
         self._storage = storage
 
-    async def _start(self, cfg: ArbiterConfig, storage: Storage) -> None:
+    async def _start(self, cfg: ArbiterConfig, storage: Storage, given: dict[str, str]) -> None:
         if self.data_dir is None:
             log.warning("arbiter %s: no data dir: raft state is in memory only", self.replica_id)
-        identity = cluster_identity(cfg.cluster, self.peers)
+        identity = self.identity
         if len(self.peers) < 3:
             log.warning(
                 "arbiter %s: a group of %d replica(s) survives no replica failure; run 3 or 5",
@@ -383,6 +264,18 @@ class ArbiterServer:
             authz=self.authz,
         )
         peer_pb2_grpc.add_PeerServicer_to_server(self.peer_api, server)
+        self.reconfig = Reconfiguration(
+            self.driver, self.peers, on_change=self._on_configuration, on_removed=self._removed
+        )
+        self.driver.after_turn = self.reconfig.refresh
+        if not storage.first_start:  # before the port serves anything (stored.py rules 2, 3)
+            warn_if_peers_differ(
+                self.replica_id, given, self.reconfig.current.members, self.reconfig.current.index
+            )
+            await self._check_own_address()
+        self.api.arbiters = lambda: self.reconfig.current
+        self.transport.set_peers(self.reconfig.current.members)
+        self.peer_api.known = set(self.reconfig.current.members)
         surfaces.add_standard_services(server, self.health)
         try:
             if self._server_credentials is None:
@@ -415,6 +308,34 @@ class ArbiterServer:
             self.data_dir or "none (in memory)",
         )
 
+    async def _check_own_address(self) -> None:
+        """stored.py rule 3: ``--listen`` must be this replica's address in force."""
+        members = self.reconfig.current.members
+        if self.replica_id not in members:
+            return
+        try:
+            await asyncio.to_thread(check_listen, self.replica_id, self.listen, members)
+        except InvalidArgument as e:
+            raise StorageError(
+                f"{e} (the stored configuration at log index {self.reconfig.current.index} "
+                "wins over --peers; listen at the stored address, or replace this replica: "
+                "README, 'Replacing an arbiter')"
+            ) from None
+
+    def _on_configuration(self, arbiters: ArbiterSet) -> None:
+        """reconfig.py rule 1: the transport, the peer servicer and subscribers follow."""
+        self.transport.set_peers(arbiters.members)
+        self.peer_api.known = set(arbiters.members)
+        self._on_quorum(self.driver.status())
+
+    def _removed(self, arbiters: ArbiterSet) -> None:
+        """reconfig.py rule 2: removed from the group: stop (the command exits 0)."""
+        self.removed = (
+            f"arbiter {self.replica_id} was removed from the group at log index "
+            f"{arbiters.index}; its data dir can be deleted"
+        )
+        self._failed.set()
+
     def reload_tls(self) -> bool:
         """SIGHUP: re-reads the TLS files for new handshakes (:func:`reload_tls`)."""
         return reload_tls(self, getattr(self, "transport", None))
@@ -425,10 +346,12 @@ class ArbiterServer:
         self._failed.set()
 
     async def wait_failed(self) -> str:
-        """Returns the reason once this replica has found it must stop (see Driver on_fatal)."""
+        """Returns the reason once this replica has found it must stop (see Driver on_fatal),
+        or was removed from the group (:attr:`removed`)."""
         await self._failed.wait()
-        assert self.failure is not None
-        return self.failure
+        reason = self.failure or self.removed
+        assert reason is not None
+        return reason
 
     def _on_change(self, change: ViewChange) -> None:
         self.hub.publish(change)

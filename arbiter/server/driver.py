@@ -139,6 +139,7 @@ class Driver:
         self.persist_seconds = 0.0
         self.persists = 0
         self._replaying = False
+        self.after_turn: Callable[[], None] = lambda: None
         self._recover(t0, durable)
 
     @property
@@ -233,6 +234,10 @@ class Driver:
             # A malformed message must not end the peer's stream (and with it
             # every message queued behind it): drop this one, say so.
             log.error("raft message %s from %s refused: %s", msg.type.value, msg.src, e)
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Runs a turn soon (the core was given an input from outside the loop)."""
         self._wake.set()
 
     def report_unreachable(self, peer: str) -> None:
@@ -414,6 +419,7 @@ class Driver:
             self._send_and_apply(rd)
         await self._maybe_compact()
         self._check_quorum(time.monotonic())  # the writes above may have taken a while
+        self.after_turn()
 
     def _persisted(self, rd: Ready, took: float) -> None:
         """Accounts for one Ready's write of ``took`` seconds; warns when the disk was slow."""
@@ -477,15 +483,14 @@ class Driver:
         st = self.raft.status()
         key = (self.raft.in_quorum(now), st.leader)
         if key != self._last_status:
-            if self._last_status is None or key != self._last_status:
-                log.info(
-                    "%s: in_quorum=%s leader=%s term=%d role=%s",
-                    self.replica_id,
-                    key[0],
-                    st.leader,
-                    st.term,
-                    st.role.name.lower(),
-                )
+            log.info(
+                "%s: in_quorum=%s leader=%s term=%d role=%s",
+                self.replica_id,
+                key[0],
+                st.leader,
+                st.term,
+                st.role.name.lower(),
+            )
             self._last_status = key
             self._on_quorum(self.status())
 

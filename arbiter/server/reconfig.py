@@ -1,0 +1,202 @@
+"""Following and changing the arbiter configuration on one replica (the shell side).
+
+The core (:class:`arbiter.core.replica.Replica`) holds the configuration
+in its log and makes the changes (single-server changes with a learner
+phase first: Ongaro 2014, section 4.2.1, and section 4.2.1's catch-up
+rounds as etcd's learners). This module is what the shell does with it.
+
+Rules:
+
+1. After every driver turn :meth:`Reconfiguration.refresh` compares the
+   configuration in force (:func:`arbiter.server.arbiterset.in_force`)
+   with the last one seen; on a change it logs it at INFO (voters,
+   learners, index) and calls ``on_change`` (the transport opens and closes
+   streams, the peer servicer's known set follows, subscribers are told).
+2. A replica that is not in the configuration in force once it has applied
+   a configuration that names others (it was removed) logs it at WARNING and
+   calls ``on_removed`` once: the server stops and the command exits 0, as
+   an etcd member removed from its cluster does. A replica that joins and has
+   not learned any configuration yet is not "removed".
+3. A change (:meth:`Reconfiguration.change`) is proposed on the leader only;
+   elsewhere it fails with :class:`NotLeader` naming the leader and its
+   address (the Admin service answers FAILED_PRECONDITION, and the CLI asks
+   the leader). It returns once the configuration in force *applied* here
+   shows the change, or raises TimeoutError.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from arbiter.core.raft import ProposalDropped
+from arbiter.server.arbiterset import ArbiterSet, in_force
+from arbiter.server.driver import Driver
+from arbiter.server.stored import describe
+
+__all__ = ["NotLeader", "Peerprogress", "Reconfiguration"]
+
+log = logging.getLogger("arbiter.reconfig")
+
+OPS = ("add_learner", "promote", "remove")
+
+
+class NotLeader(Exception):
+    """A change was asked of a replica that does not lead (rule 3).
+
+    Attributes:
+        leader_id: the leader this replica knows, or None.
+        address: the leader's ``host:port`` (None when unknown).
+    """
+
+    def __init__(self, leader_id: str | None, address: str | None) -> None:
+        self.leader_id = leader_id
+        self.address = address
+        if leader_id is None:
+            text = "no leader known to this arbiter; try another, or wait for an election"
+        else:
+            text = f"not the leader: the leader is {leader_id} at {address or 'unknown address'}"
+        super().__init__(text)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Peerprogress:
+    """Replication progress of one replica as the leader sees it.
+
+    Attributes:
+        match_index: highest log index known replicated on it.
+        lag: the leader's last log index minus ``match_index`` (entries).
+        last_heard: seconds since the leader last heard it (None: never).
+    """
+
+    match_index: int
+    lag: int
+    last_heard: float | None
+
+
+class Reconfiguration:
+    """Follows the configuration in force at one replica and proposes changes (rules).
+
+    Args:
+        driver: the replica's driver (its replica and loop).
+        first: the first arbiter set (the data dir's; empty when joining).
+        on_change: called with each new configuration in force.
+        on_removed: called once when this replica finds itself removed (rule 2).
+    """
+
+    def __init__(
+        self,
+        driver: Driver,
+        first: Mapping[str, str],
+        on_change: Callable[[ArbiterSet], None],
+        on_removed: Callable[[ArbiterSet], None],
+    ) -> None:
+        self._driver = driver
+        self._first = dict(first)
+        self._on_change = on_change
+        self._on_removed = on_removed
+        self._changed = asyncio.Event()
+        self.current = in_force(driver.replica, self._first)
+        self.removed = False
+
+    def applied(self) -> ArbiterSet:
+        """The configuration as of the applied index (the one every quorum uses there)."""
+        conf = getattr(self._driver.replica, "applied_configuration", None)
+        return self.current if conf is None else ArbiterSet.of(conf)
+
+    def refresh(self) -> None:
+        """Rule 1 and 2: called after every driver turn."""
+        self._changed.set()
+        now = in_force(self._driver.replica, self._first)
+        if now == self.current:
+            return
+        self.current = now
+        log.info(
+            "%s: arbiter configuration at log index %d: voters %s; learners %s",
+            self._driver.replica_id,
+            now.index,
+            describe(now.voters) or "none",
+            describe(now.learners) or "none",
+        )
+        self._on_change(now)
+        me = self._driver.replica_id
+        if not self.removed and now.members and me not in now.members:
+            self.removed = True
+            log.warning(
+                "%s: this replica was removed from the arbiter group at log index %d "
+                "(voters now %s): stopping",
+                me,
+                now.index,
+                describe(now.voters),
+            )
+            self._on_removed(now)
+
+    def leader_address(self) -> tuple[str | None, str | None]:
+        """The leader this replica knows and its ``host:port`` (None, None when unknown)."""
+        leader = self._driver.status().leader_id
+        if leader is None:
+            return None, None
+        return leader, self.current.members.get(leader)
+
+    async def change(self, op: str, replica_id: str, address: str, timeout: float) -> ArbiterSet:
+        """Proposes one change and waits until it is applied here (rule 3).
+
+        Args:
+            op: ``add_learner``, ``promote`` or ``remove``.
+            replica_id: the replica the change is about.
+            address: its ``host:port`` (``add_learner``; "" otherwise).
+            timeout: seconds to wait for it to be applied here.
+
+        Returns:
+            The configuration applied with the change.
+
+        Raises:
+            NotLeader: this replica does not lead.
+            ProposalDropped: another change is pending (not yet committed).
+            TimeoutError: not applied within ``timeout``.
+        """
+        if not self._driver.is_leader:
+            raise NotLeader(*self.leader_address())
+        self._driver.replica.propose_config_change(op, replica_id, address, time.monotonic())
+        self._driver.wake()
+        async with asyncio.timeout(timeout):
+            while not _shows(self.applied(), op, replica_id):
+                self._changed.clear()
+                await self._changed.wait()
+        return self.applied()
+
+    def progress(self) -> dict[str, Peerprogress]:
+        """Each replica's progress as this leader sees it (empty on a follower)."""
+        if not self._driver.is_leader:
+            return {}
+        raft = self._driver.raft
+        st = raft.status()
+        table = getattr(st, "progress", None) or {}
+        now = time.monotonic()
+        out: dict[str, Peerprogress] = {}
+        for rid, pr in table.items():
+            match = int(getattr(pr, "match", getattr(pr, "match_index", 0)))
+            heard = getattr(pr, "last_heard", None)
+            out[rid] = Peerprogress(
+                match_index=match,
+                lag=max(0, st.last_index - match),
+                last_heard=None if heard is None else max(0.0, now - heard),
+            )
+        out[self._driver.replica_id] = Peerprogress(
+            match_index=st.last_index, lag=0, last_heard=0.0
+        )
+        return out
+
+
+def _shows(conf: ArbiterSet, op: str, replica_id: str) -> bool:
+    if op == "add_learner":
+        return replica_id in conf.members
+    if op == "promote":
+        return replica_id in conf.voters
+    return replica_id not in conf.members
+
+
+__all__ += ["OPS", "ProposalDropped"]
