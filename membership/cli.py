@@ -297,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     admin = sub.add_parser(
         "admin",
-        help="administer the cluster (remove a node)",
+        help="administer the cluster (remove a node, change the arbiter group)",
         description="Administer the cluster. Under mutual TLS these commands need an admin "
         "certificate.",
     )
@@ -328,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_tls_flags(p)
     p.set_defaults(func=_admin_remove)
+    from membership import admin_arbiters
+
+    admin_arbiters.register(admin_sub, _arbiters, arb_help)
 
     p = sub.add_parser(
         "demo",

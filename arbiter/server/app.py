@@ -15,6 +15,7 @@ from arbiter.core.tally import ViewChange
 from arbiter.server import surfaces
 from arbiter.server.addresses import check_bindable, check_listen, parse_peers, split_host_port
 from arbiter.server.admin import AdminServicer
+from arbiter.server.admin_arbiters import ArbiterAdmin
 from arbiter.server.arbiterset import ArbiterSet
 from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
 from arbiter.server.decoding import DecodeRefusal
@@ -274,6 +275,9 @@ class ArbiterServer:
             )
             await self._check_own_address()
         self.api.arbiters = lambda: self.reconfig.current
+        self.admin_api.arbiters = ArbiterAdmin(
+            self.reconfig, self.replica_id, identity, self.authz, cfg.election_timeout * 5
+        )
         self.transport.set_peers(self.reconfig.current.members)
         self.peer_api.known = set(self.reconfig.current.members)
         surfaces.add_standard_services(server, self.health)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from arbiter.core.raft import ProposalDropped
 from arbiter.server.arbiterset import ArbiterSet, in_force
-from arbiter.server.driver import Driver
+from arbiter.server.driver import Driver, ReplicaStatus
 from arbiter.server.stored import describe
 
 __all__ = ["NotLeader", "Peerprogress", "Reconfiguration"]
@@ -133,6 +133,14 @@ class Reconfiguration:
                 describe(now.voters),
             )
             self._on_removed(now)
+
+    def driver_status(self) -> ReplicaStatus:
+        """The replica's leader, quorum, term and role now."""
+        return self._driver.status()
+
+    def commit_index(self) -> int:
+        """The replica's Raft commit index."""
+        return int(self._driver.raft.status().commit)
 
     def leader_address(self) -> tuple[str | None, str | None]:
         """The leader this replica knows and its ``host:port`` (None, None when unknown)."""
