@@ -18,12 +18,17 @@ Rules:
    has six, as before evidence existed. ``"retired": [[node, incarnation],
    ...]`` is present only when some incarnation was retired, and
    ``"instance": id`` only once the cluster has one, so a state without them
-   encodes as it did before they existed.
+   encodes as it did before they existed. ``"config": {"voters": {id:
+   address}, "learners": {...}, "index": i}`` is the arbiter configuration
+   in force (tally rule 11); it is left out while that is the initial one
+   with no addresses (``arbiters`` says it all), and ``"arbiters"`` always
+   lists its voters.
 3. Decoding refuses, with :class:`SnapshotDecodeError`, anything this
    module could not have written: another version, a wrong type (a bool is
    not an int), a negative number, an empty id, unsorted or duplicate
    labels, a JOINING member, a member epoch outside ``1..epoch``, an
-   observation from a replica that is not an arbiter. The state checks the
+   observation from a replica that is not a voter, a ``config`` whose voters
+   are not ``arbiters`` or whose index is above ``applied_index``. The state checks the
    rest (distinct arbiters, no duplicate records) by encoding what it
    restored and comparing with the input.
 
@@ -39,6 +44,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from arbiter.core.commands import Opinion
+from arbiter.core.raft.configuration import ArbiterConfiguration
+from arbiter.core.raft.errors import InvalidInput
 from arbiter.errors import ArbiterError
 from membership.view import Evidence, Member, MemberState
 
@@ -91,7 +98,8 @@ class TallyImage:
     """Everything a tally holds, as plain records in canonical order.
 
     Attributes:
-        arbiters: the configured arbiter ids, sorted.
+        configuration: the arbiter configuration in force (its voters are
+            the snapshot's ``arbiters``).
         epoch: the epoch of the view.
         applied_index: log index of the last applied entry.
         members: every member record, sorted by node id.
@@ -101,7 +109,7 @@ class TallyImage:
         instance: the cluster's instance id ("" before its Bootstrap).
     """
 
-    arbiters: tuple[str, ...]
+    configuration: ArbiterConfiguration
     epoch: int
     applied_index: int
     members: tuple[Member, ...] = ()
@@ -122,7 +130,7 @@ def encode(image: TallyImage) -> bytes:
     ]
     snapshot: dict[str, Any] = {
         "v": SNAPSHOT_VERSION,
-        "arbiters": list(image.arbiters),
+        "arbiters": list(image.configuration.voters),
         "epoch": image.epoch,
         "applied_index": image.applied_index,
         "members": members,
@@ -132,6 +140,9 @@ def encode(image: TallyImage) -> bytes:
         snapshot["retired"] = [[n, i] for n, i in image.retired]
     if image.instance:
         snapshot["instance"] = image.instance
+    conf = image.configuration
+    if conf.index or conf.learners or any(conf.voters.values()):
+        snapshot["config"] = conf.to_json()
     return json.dumps(snapshot, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -162,6 +173,7 @@ def _image(snap: Any) -> TallyImage:
         raise SnapshotDecodeError("not a version 1 membership snapshot")
     arbiters = tuple(snap["arbiters"])
     epoch, applied = _int(snap["epoch"]), _int(snap["applied_index"])
+    conf = _configuration(snap, arbiters, applied)
     members = []
     for node, inc, st, member_epoch, labels in snap["members"]:
         member = Member(
@@ -192,7 +204,7 @@ def _image(snap: Any) -> TallyImage:
         observations.append((_str(node, empty=False), replica, record))
     retired = tuple((_str(node, empty=False), _int(inc)) for node, inc in snap.get("retired", ()))
     return TallyImage(
-        arbiters=arbiters,
+        configuration=conf,
         epoch=epoch,
         applied_index=applied,
         members=tuple(members),
@@ -200,6 +212,23 @@ def _image(snap: Any) -> TallyImage:
         retired=retired,
         instance=_str(snap.get("instance", "")),
     )
+
+
+def _configuration(
+    snap: dict[str, Any], arbiters: tuple[str, ...], applied: int
+) -> ArbiterConfiguration:
+    """The snapshot's configuration (rule 2): ``config``, else ``arbiters`` at index 0."""
+    if not all(isinstance(a, str) for a in arbiters):
+        raise SnapshotDecodeError(f"bad arbiters {arbiters!r}")
+    try:
+        if "config" not in snap:
+            return ArbiterConfiguration.initial(dict.fromkeys(arbiters, ""))
+        conf = ArbiterConfiguration.from_json(snap["config"])
+    except InvalidInput as e:
+        raise SnapshotDecodeError(f"invalid snapshot configuration: {e}") from None
+    if tuple(conf.voters) != arbiters or conf.index > applied:
+        raise SnapshotDecodeError(f"configuration {conf!r} disagrees with arbiters {arbiters!r}")
+    return conf
 
 
 def _ev_row(o: ObservationRecord) -> list[Any]:

@@ -12,7 +12,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from arbiter.core.raft import Entry, Message, MessageType, Snapshot
+from arbiter.core.raft import Message, MessageType, Snapshot
+from arbiter.core.raft.codec import (
+    entry_from_payload,
+    entry_payload,
+    snapshot_from_payload,
+    snapshot_payload,
+)
 from arbiter.v1 import peer_pb2
 
 __all__ = ["SNAPSHOT_CHUNK", "SnapshotAssembler", "from_proto", "to_protos"]
@@ -30,12 +36,13 @@ def to_protos(
     snap = msg.snapshot
     if snap is None:
         return [_to_proto(msg, cluster)]
-    size = len(snap.data)
+    payload = snapshot_payload(snap)  # the data and the configuration at its index
+    size = len(payload)
     out = []
     for offset in range(0, max(size, 1), chunk):
         pb = _to_proto(msg, cluster)
         pb.index, pb.log_term = snap.index, snap.term
-        pb.snapshot_chunk = snap.data[offset : offset + chunk]
+        pb.snapshot_chunk = payload[offset : offset + chunk]
         pb.snapshot_offset, pb.snapshot_size = offset, size
         out.append(pb)
     return out
@@ -49,7 +56,10 @@ def _to_proto(msg: Message, cluster: str) -> peer_pb2.RaftMessage:
         term=msg.term,
         log_term=msg.log_term,
         index=msg.index,
-        entries=[peer_pb2.RaftEntry(term=e.term, index=e.index, data=e.data) for e in msg.entries],
+        entries=[
+            peer_pb2.RaftEntry(term=e.term, index=e.index, data=entry_payload(e))
+            for e in msg.entries
+        ],
         commit=msg.commit,
         reject=msg.reject,
         reject_hint=msg.reject_hint,
@@ -70,7 +80,7 @@ def from_proto(pb: peer_pb2.RaftMessage, snapshot: Snapshot | None = None) -> Me
         term=pb.term,
         log_term=pb.log_term,
         index=pb.index,
-        entries=tuple(Entry(term=e.term, index=e.index, data=e.data) for e in pb.entries),
+        entries=tuple(entry_from_payload(e.term, e.index, e.data) for e in pb.entries),
         commit=pb.commit,
         reject=pb.reject,
         reject_hint=pb.reject_hint,
@@ -103,7 +113,7 @@ class SnapshotAssembler:
             raise ValueError(f"snapshot chunks exceed the announced {pb.snapshot_size} bytes")
         if len(self._buf) < pb.snapshot_size:
             return None
-        snap = Snapshot(index=pb.index, term=pb.log_term, data=bytes(self._buf))
+        snap = snapshot_from_payload(pb.index, pb.log_term, bytes(self._buf))
         self._key, self._buf = None, bytearray()
         # On the wire index and log_term carried the snapshot's position; in the core it is
         # in the snapshot, and a SNAPSHOT's own index and log_term are unused (0).

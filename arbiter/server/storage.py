@@ -42,6 +42,10 @@ Rules:
    (:mod:`arbiter.server.writer`) and reads on the event loop; every public
    method holds one lock, so the connection is used by one thread at a time.
 
+7. Entry types and snapshot configurations (Raft membership changes) are
+   folded into the ``data`` blobs by :mod:`arbiter.core.raft.codec`: a blob
+   written before they existed means what it meant, so no migration.
+
 SQLite's own journal already detects torn writes; the checksums catch what
 it cannot (bit rot, a file edited or copied in part).
 """
@@ -63,6 +67,12 @@ from pathlib import Path
 from typing import IO
 
 from arbiter.core.raft import Entry, HardState, Ready, Snapshot
+from arbiter.core.raft.codec import (
+    entry_from_payload,
+    entry_payload,
+    snapshot_from_payload,
+    snapshot_payload,
+)
 from arbiter.errors import ArbiterError
 
 __all__ = ["DurableState", "Storage", "StorageError", "cluster_identity"]
@@ -313,9 +323,10 @@ class Storage:
 
     @staticmethod
     def _put_snapshot(conn: sqlite3.Connection, s: Snapshot) -> None:
+        data = snapshot_payload(s)  # rule 7: the data and the configuration at its index
         conn.execute(
             "INSERT OR REPLACE INTO snapshot VALUES (0, ?, ?, ?, ?)",
-            (s.index, s.term, s.data, _entry_crc(s.index, s.term, s.data)),
+            (s.index, s.term, data, _entry_crc(s.index, s.term, data)),
         )
 
     @staticmethod
@@ -323,7 +334,10 @@ class Storage:
         conn.execute("DELETE FROM entries WHERE idx >= ?", (entries[0].index,))
         conn.executemany(
             "INSERT INTO entries VALUES (?, ?, ?, ?)",
-            [(e.index, e.term, e.data, _entry_crc(e.index, e.term, e.data)) for e in entries],
+            [
+                (e.index, e.term, p, _entry_crc(e.index, e.term, p))
+                for e, p in ((e, entry_payload(e)) for e in entries)
+            ],
         )
 
     # --- reading ------------------------------------------------------------------
@@ -348,7 +362,7 @@ class Storage:
                     f"data dir {self.path}: the snapshot at index {idx} is corrupt (checksum); "
                     "move the directory away to let the replica catch up from its peers"
                 )
-            snapshot = Snapshot(index=idx, term=term, data=bytes(data))
+            snapshot = snapshot_from_payload(idx, term, bytes(data))
         base = snapshot.index if snapshot is not None else 0
         entries, bad = self._verified_entries(base, snapshot.term if snapshot else 0)
         truncated = 0
@@ -376,7 +390,7 @@ class Storage:
             if t < term:
                 log.warning("raft log: entry %d has term %d below the %d before it", idx, t, term)
                 return entries, idx
-            entries.append(Entry(term=t, index=idx, data=bytes(data)))
+            entries.append(entry_from_payload(t, idx, bytes(data)))
             expected, term = idx + 1, t
         return entries, None
 
