@@ -257,7 +257,7 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
         done, result = await interrupt.race(work)
     except (RejectedError, UnavailableError) as e:
         raise CliError(str(e)) from None
-    if not done:
+    if not done or result is None:
         assert interrupt.signum is not None
         raise Interrupted(interrupt.signum)
     if action == "list":

@@ -10,7 +10,7 @@ import grpc
 from grpc_health.v1 import health
 
 from arbiter.config import ArbiterConfig
-from arbiter.core.replica import Replica, RestoreError
+from arbiter.core.replica import RestoreError
 from arbiter.core.tally import ViewChange
 from arbiter.server import surfaces
 from arbiter.server.addresses import check_bindable, check_listen, parse_peers, split_host_port
@@ -178,10 +178,6 @@ class ArbiterServer:
         # The address first: a replica that cannot listen creates no data dir.
         check_bindable(self.listen)
         group = None
-        if self.join and not hasattr(Replica, "propose_config_change"):
-            # Until the core's membership changes are merged (branch reconfig-core), a
-            # replica that joined would take itself for a voter of a static group.
-            raise StorageError("--join needs the core's Raft membership changes; not in this build")
         if self.join and (self.data_dir is None or not (self.data_dir / DB_NAME).exists()):
             group = await ask_group(
                 self.replica_id,
@@ -242,7 +238,7 @@ class ArbiterServer:
         try:
             self.driver = Driver(
                 replica_id=self.replica_id,
-                replica_ids=list(self.peers),
+                replica_ids=self.peers,
                 config=cfg,
                 send=self.transport.send,
                 on_change=self._on_change,
@@ -250,6 +246,7 @@ class ArbiterServer:
                 storage=storage,
                 on_reset=self.hub.reset,
                 on_fatal=self._fatal,
+                join=storage.joined,
             )
         except RestoreError as e:
             raise StorageError(f"data dir {self.data_dir}: {e}") from None

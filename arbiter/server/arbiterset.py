@@ -24,9 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from membership.v1 import membership_pb2 as pb
+
+if TYPE_CHECKING:
+    from arbiter.core.replica import Replica
 
 __all__ = ["ArbiterSet", "in_force", "to_protos"]
 
@@ -70,18 +73,19 @@ class ArbiterSet:
         )
 
 
-def in_force(replica: Any, first: Mapping[str, str]) -> ArbiterSet:
+def in_force(replica: Replica, first: Mapping[str, str]) -> ArbiterSet:
     """The configuration in force at ``replica`` (rule 1).
 
     Args:
         replica: the core replica.
-        first: the first arbiter set (the data dir's), for a core without
-            membership changes.
+        first: the arbiter set to report while the replica knows none yet (a
+            replica that joins, before the leader's snapshot): the group's as
+            the joining replica learned it.
     """
-    configuration = getattr(replica, "configuration", None)
-    if configuration is None:
+    conf = ArbiterSet.of(replica.configuration)
+    if not conf.voters and first:
         return ArbiterSet(voters=dict(first))
-    return ArbiterSet.of(configuration)
+    return conf
 
 
 def to_protos(arbiters: ArbiterSet) -> list[pb.Arbiter]:

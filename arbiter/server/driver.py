@@ -61,7 +61,8 @@ class Driver:
 
     Args:
         replica_id: this replica's id.
-        replica_ids: every configured replica id, this one included.
+        replica_ids: the first arbiter set, id -> ``host:port`` (or ids only), this one included.
+        join: start empty to join a running group (the core's ``Replica(join=True)``).
         config: validated configuration.
         send: called with each outgoing Raft message (must not block).
         on_change: called with each committed view change, in epoch order.
@@ -85,7 +86,7 @@ class Driver:
         self,
         *,
         replica_id: str,
-        replica_ids: list[str],
+        replica_ids: Mapping[str, str] | list[str],
         config: ArbiterConfig,
         send: Callable[[Message], None],
         on_change: Callable[[ViewChange], None],
@@ -93,6 +94,7 @@ class Driver:
         storage: Storage,
         on_reset: Callable[[], None] = lambda: None,
         on_fatal: Callable[[str], None] = lambda reason: None,
+        join: bool = False,
     ) -> None:
         self.replica_id = replica_id
         self._on_fatal = on_fatal
@@ -109,7 +111,9 @@ class Driver:
         now = time.monotonic()
         self.replica = Replica(
             replica_id=replica_id,
-            replica_ids=replica_ids,
+            replica_ids=list(replica_ids),
+            addresses=replica_ids if isinstance(replica_ids, Mapping) else None,
+            join=join and not _has_state(durable),
             raft_config=config.raft(),
             settings=dataclasses.replace(
                 config.replica_settings(),
@@ -306,11 +310,6 @@ class Driver:
             role=st.role.name.lower(),
             epoch=self.state.epoch,
         )
-
-    @property
-    def cluster_size(self) -> int:
-        """Number of configured replicas (the quorum is a strict majority of them)."""
-        return len(self.state.arbiters)
 
     def suggested_interval(self) -> float:
         """Seconds between heartbeats to suggest in acks (grows with the node count)."""

@@ -12,11 +12,12 @@ Rules:
    with the last one seen; on a change it logs it at INFO (voters,
    learners, index) and calls ``on_change`` (the transport opens and closes
    streams, the peer servicer's known set follows, subscribers are told).
-2. A replica that is not in the configuration in force once it has applied
-   a configuration that names others (it was removed) logs it at WARNING and
-   calls ``on_removed`` once: the server stops and the command exits 0, as
-   an etcd member removed from its cluster does. A replica that joins and has
-   not learned any configuration yet is not "removed".
+2. A replica that a *committed* configuration no longer has (the core's
+   ``Replica.removed``; an uncommitted removal may still be undone) logs it
+   at WARNING and calls ``on_removed`` once: the server stops and the
+   command exits 0, as an etcd member removed from its cluster does. A
+   replica that joins and has not learned any configuration yet is not
+   removed.
 3. A change (:meth:`Reconfiguration.change`) is proposed on the leader only;
    elsewhere it fails with :class:`NotLeader` naming the leader and its
    address (the Admin service answers FAILED_PRECONDITION, and the CLI asks
@@ -37,7 +38,7 @@ from arbiter.server.arbiterset import ArbiterSet, in_force
 from arbiter.server.driver import Driver, ReplicaStatus
 from arbiter.server.stored import describe
 
-__all__ = ["NotLeader", "Peerprogress", "Reconfiguration"]
+__all__ = ["NotLeader", "Reconfiguration", "ReplicaProgress"]
 
 log = logging.getLogger("arbiter.reconfig")
 
@@ -63,7 +64,7 @@ class NotLeader(Exception):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Peerprogress:
+class ReplicaProgress:
     """Replication progress of one replica as the leader sees it.
 
     Attributes:
@@ -104,15 +105,27 @@ class Reconfiguration:
 
     def applied(self) -> ArbiterSet:
         """The configuration as of the applied index (the one every quorum uses there)."""
-        conf = getattr(self._driver.replica, "applied_configuration", None)
-        return self.current if conf is None else ArbiterSet.of(conf)
+        return ArbiterSet.of(self._driver.replica.applied_configuration)
 
     def refresh(self) -> None:
         """Rule 1 and 2: called after every driver turn."""
         self._changed.set()
         now = in_force(self._driver.replica, self._first)
-        if now == self.current:
-            return
+        if now != self.current:
+            self._changed_to(now)
+        me = self._driver.replica_id
+        if not self.removed and self._driver.replica.removed:
+            self.removed = True
+            log.warning(
+                "%s: this replica was removed from the arbiter group (committed at log index "
+                "%d; voters now %s): stopping",
+                me,
+                now.index,
+                describe(now.voters),
+            )
+            self._on_removed(now)
+
+    def _changed_to(self, now: ArbiterSet) -> None:
         self.current = now
         log.info(
             "%s: arbiter configuration at log index %d: voters %s; learners %s",
@@ -122,17 +135,6 @@ class Reconfiguration:
             describe(now.learners) or "none",
         )
         self._on_change(now)
-        me = self._driver.replica_id
-        if not self.removed and now.members and me not in now.members:
-            self.removed = True
-            log.warning(
-                "%s: this replica was removed from the arbiter group at log index %d "
-                "(voters now %s): stopping",
-                me,
-                now.index,
-                describe(now.voters),
-            )
-            self._on_removed(now)
 
     def driver_status(self) -> ReplicaStatus:
         """The replica's leader, quorum, term and role now."""
@@ -176,24 +178,20 @@ class Reconfiguration:
                 await self._changed.wait()
         return self.applied()
 
-    def progress(self) -> dict[str, Peerprogress]:
+    def progress(self) -> dict[str, ReplicaProgress]:
         """Each replica's progress as this leader sees it (empty on a follower)."""
         if not self._driver.is_leader:
             return {}
-        raft = self._driver.raft
-        st = raft.status()
-        table = getattr(st, "progress", None) or {}
-        now = time.monotonic()
-        out: dict[str, Peerprogress] = {}
-        for rid, pr in table.items():
-            match = int(getattr(pr, "match", getattr(pr, "match_index", 0)))
-            heard = getattr(pr, "last_heard", None)
-            out[rid] = Peerprogress(
-                match_index=match,
-                lag=max(0, st.last_index - match),
-                last_heard=None if heard is None else max(0.0, now - heard),
+        st = self._driver.raft.status(time.monotonic())
+        out = {
+            rid: ReplicaProgress(
+                match_index=pr.match,
+                lag=max(0, st.last_index - pr.match),
+                last_heard=pr.last_heard,
             )
-        out[self._driver.replica_id] = Peerprogress(
+            for rid, pr in st.progress.items()
+        }
+        out[self._driver.replica_id] = ReplicaProgress(
             match_index=st.last_index, lag=0, last_heard=0.0
         )
         return out

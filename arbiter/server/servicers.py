@@ -209,7 +209,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     arbiter_id=status.arbiter_id,
                     incarnation=verdict.incarnation,
                     leader_id=status.leader_id or "",
-                    cluster_size=sum(a.voter for a in arbiters) or self._driver.cluster_size,
+                    cluster_size=sum(a.voter for a in arbiters),
                     cluster=self.cluster,
                     instance=self._driver.state.instance,
                     arbiters=arbiters,
