@@ -11,10 +11,11 @@ Rules:
 2. ``tick`` ticks Raft and the observer, then proposes every owed observation
    as one batch (the observer's rules 1 and 2). Without a leader the batch is
    dropped; the observer proposes it again after its retry interval. A
-   replica that is not a voter of the applied configuration (a learner, a
-   joining or removed replica) proposes none: the tally would not count them
-   (its rule 9), so its opinions are never committed and it grants no lease
-   (observer rule 4).
+   replica that is not a member of the applied configuration (a joining or
+   removed replica) proposes none. A learner does: the tally stores its
+   observations without counting them (its rule 9), so its opinions are
+   committed and it grants leases (observer rule 4) before it is promoted,
+   and no node loses its quorum of leases when a learner starts to vote.
 3. Output follows etcd's Ready: the caller takes ``ready()``, persists its
    snapshot, hard state and entries (when :func:`must_persist` says there are
    any), then hands it to ``deliver(ready, send)``, which sends its messages
@@ -274,7 +275,7 @@ class Replica:
         self._bootstrap(now)
         self.observer.tick(now, self.state)
         owed = self.observer.observations(now, self.state)
-        if owed and self.replica_id in self.state.configuration.voters:
+        if owed and self.replica_id in self.state.configuration:
             try:
                 self.raft.propose(
                     encode(ObserveBatch(replica_id=self.replica_id, observations=owed)), now

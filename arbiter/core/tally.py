@@ -51,17 +51,21 @@ Rule 8. The tally runs once per entry, after all the entry's observations are
     stored, over the nodes whose observations changed. A batch is one
     replica's opinions; only the latest of them counts (rule 1).
 Rule 9. Raft no-ops (empty data), undecodable entries and batches from a
-    replica that is not a voter of the configuration in force (a learner, a
-    removed or unknown replica) change nothing but the applied index; the
-    last two return an error, the same on every replica.
+    replica that is not a member of the configuration in force (a removed or
+    unknown replica) change nothing but the applied index; the last two
+    return an error, the same on every replica. A learner's batch is stored
+    but never counted (only voters' observations make a quorum, rules 3 and
+    4): its opinions are committed, so it grants leases (observer rule 4)
+    before it is promoted, and a node holds its lease by the time it votes.
 Rule 10. A Bootstrap (commands rule 3a) sets the cluster's instance id if it
     has none; later ones change nothing. It never changes the view or the
     epoch.
 Rule 11. A configuration-change entry (Raft ``EntryType.CONFIG``, applied
     with :meth:`MembershipState.apply_configuration`) replaces the arbiter
     configuration from its index on: the quorum becomes a strict majority of
-    its voters; the stored observations of every replica that is not one of
-    them (a removed voter) are dropped, so they never count again; then every
+    its voters; the stored observations of every replica that is not a
+    member (a removed one) are dropped, so they never count again; a
+    promoted learner's stored observations count from this entry on; then every
     node with observations or an ALIVE record is tallied again (rules 3, 4),
     which may decide a pending ALIVE or DEAD in that entry (rule 6). A
     replica re-added later starts with no observations.
@@ -155,7 +159,7 @@ class MembershipState(TallyRecords):
         self._applied = index
         self._set_configuration(configuration)
         for n in list(self._obs):
-            kept = {r: o for r, o in self._obs[n].items() if r in configuration.voters}
+            kept = {r: o for r, o in self._obs[n].items() if r in configuration}
             if kept:
                 self._obs[n] = kept
             else:
@@ -189,9 +193,9 @@ class MembershipState(TallyRecords):
                 self._instance = command.instance
             return ApplyResult(index=index)
         if isinstance(command, ObserveBatch):
-            if command.replica_id not in self._arbiters:
+            if command.replica_id not in self._configuration:
                 return ApplyResult(
-                    index=index, error=f"observations from {command.replica_id!r}, not a voter"
+                    index=index, error=f"observations from {command.replica_id!r}, not a member"
                 )
             changes = [c for n in sorted(self._store(command)) for c in self._tally(n)]
             return ApplyResult(index=index, change=self._commit(changes))
@@ -253,7 +257,7 @@ class MembershipState(TallyRecords):
         obs = self._obs.get(node_id, {})
         alive: dict[int, list[str]] = {}
         for r in sorted(obs):
-            if obs[r].opinion is Opinion.ALIVE:
+            if obs[r].opinion is Opinion.ALIVE and r in self._arbiters:  # voters only
                 alive.setdefault(obs[r].incarnation, []).append(r)
         winners = [i for i, rs in alive.items() if len(rs) >= self._quorum]
         assert len(winners) <= 1, f"two ALIVE quorums for {node_id!r}: {winners}"

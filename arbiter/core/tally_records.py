@@ -124,7 +124,7 @@ class TallyRecords:
         )
 
     def death_votes(self, node_id: str) -> tuple[str, ...]:
-        """Replicas whose latest observation is SUSPECT at the record's incarnation or a
+        """Voters whose latest observation is SUSPECT at the record's incarnation or a
         later one (rule 4), sorted; empty for a node without a record."""
         record = self._members.get(node_id)
         if record is None:
@@ -133,7 +133,9 @@ class TallyRecords:
         return tuple(
             r
             for r in sorted(obs)
-            if obs[r].incarnation >= record.incarnation and obs[r].opinion is Opinion.SUSPECT
+            if obs[r].incarnation >= record.incarnation
+            and obs[r].opinion is Opinion.SUSPECT
+            and r in self._arbiters  # voters only (rule 9: a learner's are never counted)
         )
 
     def highest_incarnation(self, node_id: str) -> int | None:

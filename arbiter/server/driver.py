@@ -114,7 +114,7 @@ class Driver:
             replica_ids=list(replica_ids),
             addresses=replica_ids if isinstance(replica_ids, Mapping) else None,
             join=join and not _has_state(durable),
-            raft_config=config.raft(),
+            raft_config=dataclasses.replace(config.raft(), auto_promote=False),  # reconfig.py 4
             settings=dataclasses.replace(
                 config.replica_settings(),
                 # A replica with no durable state never granted a lease and

@@ -23,6 +23,14 @@ Rules:
    address (the Admin service answers FAILED_PRECONDITION, and the CLI asks
    the leader). It returns once the configuration in force *applied* here
    shows the change, or raises TimeoutError.
+4. Promotion (on the leader, after every turn): a learner is promoted once
+   its replicated log has reached the leader's commit index and stayed
+   caught up for ``config.restart_grace`` (one maximum lease plus the nodes'
+   reconnect time). The Raft core's own promotion (on log catch-up alone) is
+   off: a learner promoted the moment it caught up has granted no lease yet,
+   and every node would count one voter more without its lease, fenced (a
+   group of 3 with one replica gone needs 3 of 4 leases once a fourth votes).
+   ``membership admin arbiters promote`` forces it at once.
 """
 
 from __future__ import annotations
@@ -102,6 +110,8 @@ class Reconfiguration:
         self._changed = asyncio.Event()
         self.current = in_force(driver.replica, self._first)
         self.removed = False
+        # Rule 4: learner id -> when it was first seen caught up (monotonic seconds).
+        self._caught_up: dict[str, float] = {}
 
     def applied(self) -> ArbiterSet:
         """The configuration as of the applied index (the one every quorum uses there)."""
@@ -113,6 +123,7 @@ class Reconfiguration:
         now = in_force(self._driver.replica, self._first)
         if now != self.current:
             self._changed_to(now)
+        self._maybe_promote()
         me = self._driver.replica_id
         if not self.removed and self._driver.replica.removed:
             self.removed = True
@@ -124,6 +135,39 @@ class Reconfiguration:
                 describe(now.voters),
             )
             self._on_removed(now)
+
+    def _maybe_promote(self) -> None:
+        """Rule 4: promotes a learner caught up for ``restart_grace`` (leader only)."""
+        learners = self.current.learners
+        if not learners or not self._driver.is_leader:
+            self._caught_up.clear()
+            return
+        now = time.monotonic()
+        st = self._driver.raft.status(now)
+        for rid in list(self._caught_up):
+            if rid not in learners:
+                del self._caught_up[rid]
+        for rid in sorted(learners):
+            pr = st.progress.get(rid)
+            if pr is None or pr.match < st.commit:
+                self._caught_up.pop(rid, None)
+                continue
+            since = self._caught_up.setdefault(rid, now)
+            if now - since < self._driver.config.restart_grace:
+                continue
+            try:
+                self._driver.replica.propose_config_change("promote", rid, None, now)
+            except ProposalDropped:
+                return  # another change is pending: the next turn tries again
+            log.info(
+                "%s: promoting learner %s (caught up for %.1fs)",
+                self._driver.replica_id,
+                rid,
+                now - since,
+            )
+            self._caught_up.pop(rid, None)
+            self._driver.wake()
+            return
 
     def _changed_to(self, now: ArbiterSet) -> None:
         self.current = now
