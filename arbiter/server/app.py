@@ -161,6 +161,7 @@ class ArbiterServer:
         self._failed = asyncio.Event()
         # Set when this replica was removed from the group (exits 0, not a failure).
         self.removed: str | None = None
+        self._told_removed: set[str] = set()  # peers that say it was (peers.py)
         self.identity = ""
         # Why this replica stopped taking part by itself (None while it is fit).
         self.failure: str | None = None
@@ -229,6 +230,7 @@ class ArbiterServer:
             report_unreachable=lambda p: self.driver.report_unreachable(p),
             channel_options=channel_options(cfg),
             credentials=None if self.tls is None else channel_credentials(self.tls),
+            removed_by=self._removed_by,
         )
         self.hub = Hub(
             view=lambda: self.driver.state.view(),
@@ -327,8 +329,23 @@ class ArbiterServer:
                 "README, 'Replacing an arbiter')"
             ) from None
 
+    def _removed_by(self, peer: str) -> None:
+        """peers.py: ``peer`` says this replica was removed; a majority of voters stops it."""
+        self._told_removed.add(peer)
+        voters = set(self.reconfig.current.voters) - {self.replica_id}
+        if not self.reconfig.removed and len(self._told_removed & voters) > len(voters) // 2:
+            self.reconfig.removed = True
+            log.warning(
+                "%s: %s say this replica was removed from the arbiter group: stopping",
+                self.replica_id,
+                ", ".join(sorted(self._told_removed)),
+            )
+            self._removed(self.reconfig.current)
+
     def _on_configuration(self, arbiters: ArbiterSet) -> None:
         """reconfig.py rule 1: the transport, the peer servicer and subscribers follow."""
+        self.peer_api.removed |= set(self.peer_api.known) - set(arbiters.members)
+        self.peer_api.removed -= set(arbiters.members)
         self.transport.set_peers(arbiters.members)
         self.peer_api.known = set(arbiters.members)
         self._on_quorum(self.driver.status())

@@ -21,6 +21,14 @@ gets a sender task and a channel at once; a removed one's task is cancelled,
 its outbox dropped and its channel closed; a peer whose address changed is
 removed and added again. Messages for a peer not in the set are dropped
 with a DEBUG line (Raft tolerates loss; a removed peer is sent nothing).
+
+A removed replica may never receive the entry that removed it (the leader
+stops sending to it at once). The peer servicer therefore refuses a sender
+that was in an earlier configuration and is in none now with
+PERMISSION_DENIED ``replica X was removed from the arbiter group`` (the
+``REMOVED`` text), and the transport reports such an answer with
+``removed_by(peer)``; the server stops once a majority of its voters say so
+(arbiter/server/app.py), as an etcd member told "removed" by its peers does.
 """
 
 from __future__ import annotations
@@ -54,6 +62,8 @@ __all__ = [
 log = logging.getLogger("arbiter.peers")
 
 OUTBOX_LIMIT = 1024
+# The refusal's words for a sender that was removed from the group (module docstring).
+REMOVED = "was removed from the arbiter group"
 # A stream that takes no queued message for STALL_LIMIT seconds is reopened.
 STALL_CHECK = 0.5
 STALL_LIMIT = 2.0
@@ -120,7 +130,9 @@ class PeerTransport:
         report_unreachable: Callable[[str], None],
         channel_options: list[tuple[str, int]],
         credentials: grpc.ChannelCredentials | None = None,
+        removed_by: Callable[[str], None] = lambda peer: None,
     ) -> None:
+        self._removed_by = removed_by
         self._self_id = self_id
         self._cluster = cluster
         self._report = report_unreachable
@@ -312,6 +324,8 @@ class PeerTransport:
                         grpc.StatusCode.FAILED_PRECONDITION,
                         grpc.StatusCode.PERMISSION_DENIED,
                     )
+                    if REMOVED in (e.details() or ""):
+                        self._removed_by(peer.peer_id)
                     if refused and not peer.refused:
                         peer.refused = True  # once: it is retried for ever
                         log.error(
@@ -362,6 +376,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self._deliver = deliver
         self._refused: set[str] = set()
         self.known = known
+        # Replicas of an earlier configuration that are in none now (REMOVED).
+        self.removed: set[str] = set()
         self._closing = False
 
     def close(self) -> None:
@@ -406,6 +422,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
             if pb.src not in self.known:
                 why = f"unknown replica {pb.src!r} (not in the configuration in force)"
+                if pb.src in self.removed:
+                    why = f"replica {pb.src!r} {REMOVED} (not in the configuration in force)"
                 self._refuse(pb.src, why)
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
             try:

@@ -16,8 +16,9 @@ Rules:
    ``Replica.removed``; an uncommitted removal may still be undone) logs it
    at WARNING and calls ``on_removed`` once: the server stops and the
    command exits 0, as an etcd member removed from its cluster does. A
-   replica that joins and has not learned any configuration yet is not
-   removed.
+   replica that joins is not removed before its log holds a configuration
+   that has it (the leader's snapshot it gets first may predate its
+   add_learner).
 3. A change (:meth:`Reconfiguration.change`) is proposed on the leader only;
    elsewhere it fails with :class:`NotLeader` naming the leader and its
    address (the Admin service answers FAILED_PRECONDITION, and the CLI asks
@@ -110,6 +111,10 @@ class Reconfiguration:
         self._changed = asyncio.Event()
         self.current = in_force(driver.replica, self._first)
         self.removed = False
+        # Rule 2: this replica was in a configuration of its own log once (a
+        # joining one is not, until the leader's log reaches its add_learner:
+        # the snapshot it gets first may be older than that).
+        self._member = False
         # Rule 4: learner id -> when it was first seen caught up (monotonic seconds).
         self._caught_up: dict[str, float] = {}
 
@@ -125,7 +130,9 @@ class Reconfiguration:
             self._changed_to(now)
         self._maybe_promote()
         me = self._driver.replica_id
-        if not self.removed and self._driver.replica.removed:
+        if me in self._driver.replica.configuration:
+            self._member = True
+        if self._member and not self.removed and self._driver.replica.removed:
             self.removed = True
             log.warning(
                 "%s: this replica was removed from the arbiter group (committed at log index "
