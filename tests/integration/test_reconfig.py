@@ -3,8 +3,8 @@
 (a) a replica whose machine is gone (SIGKILL, data dir deleted) is replaced:
 a4 is added, started with ``--join`` on an empty data dir, promoted once
 caught up, and a3 removed; no view change, no node fenced, a node killed
-afterwards is DEAD by the new group's quorum, and the node SDK talks to a4
-and no longer to a3. (b) the group grows from 3 to 5 and shrinks back while
+afterwards is DEAD by the new group's quorum, and the node SDK and a
+subscriber talk to a4 and no longer to a3. (b) the group grows from 3 to 5 and shrinks back while
 nodes heartbeat: no false death, no fencing.
 """
 
@@ -121,6 +121,13 @@ def test_reconfig_replace_a_replica_whose_machine_is_gone(cluster: ProcCluster) 
     assert len(judges) >= 2 and judges <= {"a1", "a2", "a4"}, dead
     assert {ch["node_id"] for ch in changes(w) if ch["epoch"] > epoch} == {"n2"}
     wait_until(lambda: _epoch(c, "a4") >= dead["epoch"], 10, "a4 to apply the death")
+    # The subscriber follows the set too: with a1 and a2 gone, a4 serves it (it
+    # was given a1, a2 and a3 only).
+    for rid in ("a1", "a2"):
+        c.procs[rid].kill()
+    wait_until(
+        lambda: any(ev.get("arbiter") == "a4" for ev in w.json_lines()), 20, "a4 to serve w"
+    )
 
 
 def test_reconfig_grow_to_five_and_shrink_back_while_nodes_heartbeat(cluster: ProcCluster) -> None:
