@@ -74,12 +74,14 @@ async def _leader(addresses: list[str], timeout: float) -> str:
     raise TimeoutError("no leader")
 
 
-async def _fill(address: str, members: int) -> None:
-    """``members`` nodes heard once each (they join, then become DEAD records)."""
-    async with grpc.aio.insecure_channel(address) as ch:
-        stub = pb_grpc.MembershipStub(ch)
+async def _fill(addresses: list[str], members: int) -> None:
+    """``members`` nodes heard once by every replica at about the same time (a quorum
+    hears them ALIVE: they join), then silent (they become DEAD records)."""
+    channels = [grpc.aio.insecure_channel(a) for a in addresses]
+    try:
+        stubs = [pb_grpc.MembershipStub(ch) for ch in channels]
 
-        async def one(i: int) -> None:
+        async def one(stub: pb_grpc.MembershipStub, i: int) -> None:
             call = stub.Heartbeat()
             await call.write(
                 pb.HeartbeatRequest(node_id=f"m{i}", incarnation=1, seq=1, labels=LABELS)
@@ -89,7 +91,11 @@ async def _fill(address: str, members: int) -> None:
             await call.code()
 
         for start in range(0, members, 50):
-            await asyncio.gather(*(one(i) for i in range(start, min(members, start + 50))))
+            batch = range(start, min(members, start + 50))
+            await asyncio.gather(*(one(stub, i) for i in batch for stub in stubs))
+    finally:
+        for ch in channels:
+            await ch.close()
 
 
 def _log_time(path: Path, pattern: str) -> float | None:
@@ -108,8 +114,7 @@ async def add_replica(members: int) -> tuple[float, float, int]:
         try:
             cluster.start_arbiters(3)
             await _leader(cluster.addresses, 30)
-            for address in cluster.addresses:
-                await _fill(address, members)
+            await _fill(cluster.addresses, members)
             deadline = time.monotonic() + 120
             while True:
                 resp = await _summary(cluster.addresses[0])

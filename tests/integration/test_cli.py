@@ -174,6 +174,12 @@ def test_cli_arbiter_stored_configuration_wins_and_a_moved_address_is_refused(
     assert line.startswith("membership arbiter: error: "), line
     assert f"is not a1's own address in --peers ({first})" in line, line
     assert "the stored configuration at log index 0 wins over --peers" in line, line
+    # Its own address, but a --peers that lists another replica too: the stored
+    # configuration is used (a one-replica group still leads), with a WARNING.
+    (other,) = free_ports(1)
+    cluster.spawn("a1", *_arbiter(first, data_dir, f"a1={first},a2=127.0.0.1:{other}"))
+    wait_until(cluster.leader, 15, "a1 to lead alone, as its stored configuration says")
+    assert "differs from the stored configuration in force" in cluster.procs["a1"].stderr()
 
 
 def test_cli_node_declared_dead_with_no_rejoin_exits_three(cluster: ProcCluster) -> None:
