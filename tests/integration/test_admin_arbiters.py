@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from membership.localcluster import free_ports
 from tests.integration.harness import ProcCluster, wait_until
 
 pytestmark = pytest.mark.integration
@@ -112,3 +114,63 @@ def test_admin_arbiters_usage_errors_exit_two_and_refusals_exit_one(tmp_path: Pa
         ]
     finally:
         c.close()
+
+
+def test_admin_arbiters_join_under_mutual_tls_refused_until_added_then_restarts_from_its_state(
+    tls_cluster: ProcCluster,
+) -> None:
+    c = tls_cluster
+
+    def role(rid: str) -> object:
+        r = _cli(
+            c,
+            "admin",
+            "arbiters",
+            "list",
+            "--json",
+            "--arbiters",
+            c.arbiter_list(),
+            cert=("admin", "admin"),
+        )
+        rows = [json.loads(line) for line in r.stdout.splitlines()] if r.returncode == 0 else []
+        return next((row["role"] for row in rows if row["id"] == rid and "match" in row), None)
+
+    wait_until(lambda: role("a1") == "voter", 30, "a leader")
+    (port,) = free_ports(1)
+    address = f"127.0.0.1:{port}"
+    join = ("arbiter", "--id", "a4", "--listen", address, "--join", c.arbiter_list())
+    data = ("--data-dir", str(c.data_dir("a4")))
+    # Not added yet: refused, saying which command to run, and no data dir made.
+    r = _cli(c, *join, *data, cert=("a4", "arbiter"))
+    assert r.returncode == 1, r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert f"add it first with 'membership admin arbiters add a4={address}" in line, line
+    assert not c.data_dir("a4").exists()
+    r = _cli(
+        c,
+        "admin",
+        "arbiters",
+        "add",
+        f"a4={address}",
+        "--arbiters",
+        c.arbiter_list(),
+        cert=("admin", "admin"),
+    )
+    assert r.returncode == 0, r.stderr
+    c.arbiters["a4"] = address
+    a4 = c.spawn("a4", *join, *data)
+
+    wait_until(lambda: role("a4") == "voter", 30, "a4 promoted")
+    a4.signal(signal.SIGTERM)
+    assert a4.popen.wait(15) == 0
+    # --join with a data dir that holds state: a plain restart from it.
+    a4 = c.spawn("a4", *join, *data)
+    wait_until(
+        lambda: (
+            "restarting from the stored configuration" in a4.stderr()
+            and "in_quorum=True" in a4.stderr().split("restarting from the stored")[-1]
+        ),
+        30,
+        "a4 back in the quorum from its own state",
+    )
+    assert "joining cluster" not in a4.stderr().split("restarting from the stored")[-1]
