@@ -177,9 +177,10 @@ class Replica:
                     configuration=self.state.configuration,
                 )
         elif join:
-            self.state = MembershipState([replica_id])  # replaced by the leader's snapshot
+            self.state = MembershipState([replica_id])  # a placeholder until the leader's snapshot
         else:
             self.state = MembershipState(self._initial)
+        self._joining = join  # until the leader's snapshot replaces the placeholder state
         self._rng = rng
         self._bootstrap_term = -1
         self.raft = RaftNode(
@@ -274,7 +275,7 @@ class Replica:
         self._bootstrap(now)
         self.observer.tick(now, self.state)
         owed = self.observer.observations(now, self.state)
-        if owed and self.replica_id in self.state.configuration.voters:
+        if owed and not self._joining and self.replica_id in self.state.configuration.voters:
             try:
                 self.raft.propose(
                     encode(ObserveBatch(replica_id=self.replica_id, observations=owed)), now
@@ -410,6 +411,7 @@ class Replica:
             assert self._restoring is not None and self._restoring[0] is ready.snapshot
             self.state = self._restoring[1]
             self._restoring = None
+            self._joining = False
         results = [self._apply(e) for e in ready.committed_entries]
         self.raft.advance(ready)
         return results
