@@ -290,3 +290,17 @@ def test_codec_snapshot_round_trip(snap: Snapshot) -> None:
 def test_codec_bad_snapshot_configuration_header_is_invalid_input() -> None:
     with pytest.raises(InvalidInput):
         snapshot_from_payload(3, 1, b"\x01CONF\x00\x00\x00\x05{bad}")
+
+
+def test_membership_removed_follower_learns_its_removal_and_never_campaigns() -> None:
+    net = _net()
+    lead = _lead(net)
+    gone = next(i for i in net.nodes if i != lead)
+    net.change(lead, REMOVE, gone)
+    # The leader sends it the log until its removal commits, so it learns it.
+    assert net.run_until(lambda: net.nodes[gone].removed, timeout=3)
+    st = net.nodes[lead].status(net.now)
+    assert gone not in st.progress and gone not in net.nodes[lead].configuration
+    mark = len(net.sent)
+    net.run_for(10)
+    assert not [m for m in net.sent[mark:] if m.src == gone and m.type is MessageType.PRE_VOTE]

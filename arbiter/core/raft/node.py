@@ -150,6 +150,7 @@ class RaftNode(RaftProtocol):
             raise InvalidInput(f"restored log has term {self._log.last_term} > term {hs.term}")
         self._id = node_id
         self._conf = self._log.configuration
+        self._committed_conf = self._log.configuration_at(self._log.committed)
         self._term_start = math.inf  # index of this leader's no-op (membership rule 1)
         self._config = config
         self._rng = rng
