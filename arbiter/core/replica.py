@@ -14,7 +14,9 @@ Rules:
    replica that is not a voter of the applied configuration (a learner, a
    joining or removed replica) proposes none: the tally would not count them
    (its rule 9), so its opinions are never committed and it grants no lease
-   (observer rule 4).
+   (observer rule 4); nor does a replica that is no voter of the
+   configuration in force (its removal appended, not yet committed): a node
+   must not count on a replica that is leaving.
 3. Output follows etcd's Ready: the caller takes ``ready()``, persists its
    snapshot, hard state and entries (when :func:`must_persist` says there are
    any), then hands it to ``deliver(ready, send)``, which sends its messages
@@ -48,6 +50,7 @@ Rules:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -239,7 +242,7 @@ class Replica:
                 f"heartbeat interval must be in (0, {s.max_heartbeat_interval:g}] seconds, "
                 f"got {interval!r}"
             )
-        return self.observer.heartbeat(
+        verdict = self.observer.heartbeat(
             node_id,
             incarnation,
             labels,
@@ -248,6 +251,10 @@ class Replica:
             interval=interval,
             lease=s.lease_for(interval),
         )
+        if verdict.lease and not self.raft.configuration.is_voter(self.replica_id):
+            # Rule 2: a replica being removed (or not yet a voter) promises nothing.
+            return dataclasses.replace(verdict, lease=0.0)
+        return verdict
 
     def suggested_interval(self) -> float:
         """The heartbeat interval to suggest in acks now, seconds (adaptive: module interval)."""
