@@ -115,9 +115,12 @@ class Replica:
 
     Args:
         replica_id: this replica's id.
-        replica_ids: the initial voters, this one included (used at first
-            start only: afterwards the snapshot and the log decide, rule 7);
-            ignored with ``join``.
+        replica_ids: the group's first voters (the configuration at index
+            0), this one included; ignored with ``join``. They count only
+            until a snapshot carries the configuration, so a restart must
+            pass the same ones as the first start (the shell keeps them in
+            the data dir); the configuration in force is then the snapshot's
+            and the log's (rule 7), whatever the command line says now.
         raft_config: Raft timings and features.
         settings: lease, retry and grace timings.
         detector: the failure detector (owned from now on).
@@ -129,8 +132,8 @@ class Replica:
             (from index 1 without one), if any.
         snapshot: restored Raft snapshot, if any; the state machine starts
             from it (rule 4).
-        addresses: replica id -> ``host:port`` of the initial voters, for
-            the initial configuration (missing ones are ``""``).
+        addresses: replica id -> ``host:port`` of those first voters
+            (missing ones are ``""``).
         join: this replica starts empty to join a running group: no initial
             configuration, it never campaigns, and it learns the
             configuration from the leader's snapshot once an ``add_learner``
