@@ -154,8 +154,17 @@ async def add_replica(members: int) -> tuple[float, float, int]:
                 if time.monotonic() - t0 > 120:
                     raise TimeoutError("a4 not promoted")
                 await asyncio.sleep(0.05)
-            restored = _log_time(child.err or child.out, "restored from the leader's snapshot")
+            log = child.err or child.out
+            restored = _log_time(log, "restored from the leader's snapshot")
+            listening = _log_time(log, "a4 listening on")
             snapshot = (restored - t_wall) if restored is not None else float("nan")
+            if restored is not None and listening is not None:
+                print(
+                    f"  {members} members: a4 served {listening - t_wall:.2f} s after 'add' "
+                    f"(process start, asking the group); snapshot restored "
+                    f"{restored - listening:.2f} s after that",
+                    flush=True,
+                )
             return snapshot, promoted, len(view.view.members)
         finally:
             cluster.stop_all()

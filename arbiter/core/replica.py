@@ -15,7 +15,10 @@ Rules:
    removed replica) proposes none. A learner does: the tally stores its
    observations without counting them (its rule 9), so its opinions are
    committed and it grants leases (observer rule 4) before it is promoted,
-   and no node loses its quorum of leases when a learner starts to vote.
+   so no node loses its quorum of leases when it starts to vote (session
+   rule 9). A replica that is no member of the configuration in force (its
+   removal appended, not yet committed) grants no lease: a node must not
+   count on a replica that is leaving.
 3. Output follows etcd's Ready: the caller takes ``ready()``, persists its
    snapshot, hard state and entries (when :func:`must_persist` says there are
    any), then hands it to ``deliver(ready, send)``, which sends its messages
@@ -49,6 +52,7 @@ Rules:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -113,9 +117,12 @@ class Replica:
 
     Args:
         replica_id: this replica's id.
-        replica_ids: the initial voters, this one included (used at first
-            start only: afterwards the snapshot and the log decide, rule 7);
-            ignored with ``join``.
+        replica_ids: the group's first voters (the configuration at index
+            0), this one included; ignored with ``join``. They count only
+            until a snapshot carries the configuration, so a restart must
+            pass the same ones as the first start (the shell keeps them in
+            the data dir); the configuration in force is then the snapshot's
+            and the log's (rule 7), whatever the command line says now.
         raft_config: Raft timings and features.
         settings: lease, retry and grace timings.
         detector: the failure detector (owned from now on).
@@ -127,8 +134,8 @@ class Replica:
             (from index 1 without one), if any.
         snapshot: restored Raft snapshot, if any; the state machine starts
             from it (rule 4).
-        addresses: replica id -> ``host:port`` of the initial voters, for
-            the initial configuration (missing ones are ``""``).
+        addresses: replica id -> ``host:port`` of those first voters
+            (missing ones are ``""``).
         join: this replica starts empty to join a running group: no initial
             configuration, it never campaigns, and it learns the
             configuration from the leader's snapshot once an ``add_learner``
@@ -178,9 +185,10 @@ class Replica:
                     configuration=self.state.configuration,
                 )
         elif join:
-            self.state = MembershipState([replica_id])  # replaced by the leader's snapshot
+            self.state = MembershipState([replica_id])  # a placeholder until the leader's snapshot
         else:
             self.state = MembershipState(self._initial)
+        self._joining = join  # until the leader's snapshot replaces the placeholder state
         self._rng = rng
         self._bootstrap_term = -1
         self.raft = RaftNode(
@@ -239,7 +247,7 @@ class Replica:
                 f"heartbeat interval must be in (0, {s.max_heartbeat_interval:g}] seconds, "
                 f"got {interval!r}"
             )
-        return self.observer.heartbeat(
+        verdict = self.observer.heartbeat(
             node_id,
             incarnation,
             labels,
@@ -248,6 +256,10 @@ class Replica:
             interval=interval,
             lease=s.lease_for(interval),
         )
+        if verdict.lease and self.replica_id not in self.raft.configuration:
+            # Rule 2: a replica being removed promises nothing (a learner does).
+            return dataclasses.replace(verdict, lease=0.0)
+        return verdict
 
     def suggested_interval(self) -> float:
         """The heartbeat interval to suggest in acks now, seconds (adaptive: module interval)."""
@@ -275,7 +287,7 @@ class Replica:
         self._bootstrap(now)
         self.observer.tick(now, self.state)
         owed = self.observer.observations(now, self.state)
-        if owed and self.replica_id in self.state.configuration:
+        if owed and not self._joining and self.replica_id in self.state.configuration:
             try:
                 self.raft.propose(
                     encode(ObserveBatch(replica_id=self.replica_id, observations=owed)), now
@@ -411,6 +423,7 @@ class Replica:
             assert self._restoring is not None and self._restoring[0] is ready.snapshot
             self.state = self._restoring[1]
             self._restoring = None
+            self._joining = False
         results = [self._apply(e) for e in ready.committed_entries]
         self.raft.advance(ready)
         return results

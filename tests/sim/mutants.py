@@ -10,6 +10,9 @@ issue's "done when" asks that each is caught within the CI seeds.
 - ``c``: a replica grants leases before its ALIVE observation is committed
   (observer.py, rule 4).
 - ``d``: CheckQuorum disabled (``RaftConfig(check_quorum=False)``).
+- ``e``: after a configuration change the tally keeps counting the quorum of
+  the configuration before it (tally.py, rule 11): grown from three voters
+  to five, it declares DEAD on two suspicions.
 """
 
 from __future__ import annotations
@@ -19,12 +22,13 @@ from collections.abc import Iterator, Mapping
 
 from arbiter.core.commands import Opinion
 from arbiter.core.observer import HeartbeatVerdict, Observer
-from arbiter.core.tally import MembershipState
+from arbiter.core.raft import ArbiterConfiguration
+from arbiter.core.tally import ApplyResult, MembershipState
 from tests.sim.world import Mutants
 
 __all__ = ["MUTANTS", "patched"]
 
-MUTANTS = ("a", "b", "c", "d")
+MUTANTS = ("a", "b", "c", "d", "e")
 
 
 @contextlib.contextmanager
@@ -74,6 +78,25 @@ def _lease_before_commit() -> Iterator[None]:
         Observer.heartbeat = original  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _old_quorum_after_change() -> Iterator[None]:
+    original = MembershipState.apply_configuration
+
+    def apply_configuration(
+        self: MembershipState, index: int, configuration: ArbiterConfiguration
+    ) -> ApplyResult:
+        quorum = self.quorum
+        result = original(self, index, configuration)
+        self._quorum = quorum  # the previous configuration's
+        return result
+
+    MembershipState.apply_configuration = apply_configuration  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        MembershipState.apply_configuration = original  # type: ignore[method-assign]
+
+
 def patched(mutant: str | None) -> tuple[contextlib.AbstractContextManager[None], Mutants]:
     """The core patch and the shell flags for ``mutant`` (None: no breakage).
 
@@ -90,4 +113,6 @@ def patched(mutant: str | None) -> tuple[contextlib.AbstractContextManager[None]
         return _lease_before_commit(), Mutants()
     if mutant == "d":
         return contextlib.nullcontext(), Mutants(no_check_quorum=True)
+    if mutant == "e":
+        return _old_quorum_after_change(), Mutants()
     raise ValueError(f"unknown mutant {mutant!r}; one of {', '.join(MUTANTS)}")

@@ -305,8 +305,8 @@ class Network:
         return lead
 
     def data_applied(self, node_id: str) -> list[bytes]:
-        """The non-no-op commands ``node_id`` has applied, in order."""
-        return [e.data for e in self.applied[node_id] if e.data]
+        """The non-no-op commands ``node_id`` has applied, in order (no CONFIG entries)."""
+        return [e.data for e in self.applied[node_id] if e.data and e.type is EntryType.NORMAL]
 
     def check_invariants(self) -> None:
         """Election Safety and State Machine Safety (Raft Fig. 3)."""
@@ -320,6 +320,8 @@ class Network:
 
     def _delivered(self, msg: Message) -> bool:
         if msg.src in self.down or msg.dst in self.down or (msg.src, msg.dst) in self.cuts:
+            return False
+        if msg.dst not in self.nodes:  # a replica never started (or wiped)
             return False
         if self.drop_if is not None and self.drop_if(msg):
             return False

@@ -196,7 +196,9 @@ class PeerProgress:
         state: ``"probe"``, ``"replicate"`` or ``"snapshot"`` (how the leader sends).
         last_heard: seconds since the leader last heard an answer from it
             (as of the ``now`` given to ``RaftNode.status``; 0.0 without one).
-        voter: whether it votes in the configuration in force (False: a learner).
+        voter: whether it votes in the configuration in force.
+        member: whether it is a member of the configuration in force (False:
+            its removal is not committed yet; the leader still sends it the log).
     """
 
     match: int
@@ -204,6 +206,7 @@ class PeerProgress:
     state: str
     last_heard: float
     voter: bool
+    member: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -101,7 +101,7 @@ class RaftNode(RaftProtocol):
         entries: the restored durable log, contiguous from the snapshot's
             index + 1 (from 1 without a snapshot).
         configuration: the initial configuration (index 0), used only
-            where the snapshot carries none; it must include ``node_id``.
+            where the snapshot carries none; it must then include ``node_id``.
         join: start with no configuration (a replica added to a running
             group with an empty disk): never campaign, learn the
             configuration from the leader's snapshot.
@@ -134,7 +134,8 @@ class RaftNode(RaftProtocol):
             if len(set(peers)) != len(peers):
                 raise InvalidInput(f"peers {list(peers)} must be distinct")
             configuration = ArbiterConfiguration.initial(dict.fromkeys(peers, ""))
-        if not join and node_id not in configuration:
+        carried = snapshot is not None and snapshot.configuration is not None
+        if not (join or carried) and node_id not in configuration:
             raise InvalidInput(f"the configuration {configuration} must include {node_id!r}")
         hs = hard_state if hard_state is not None else HardState(term=0, vote=None, commit=0)
         # The commit index is durable only as a convenience: a snapshot is committed.
@@ -149,6 +150,7 @@ class RaftNode(RaftProtocol):
             raise InvalidInput(f"restored log has term {self._log.last_term} > term {hs.term}")
         self._id = node_id
         self._conf = self._log.configuration
+        self._committed_conf = self._log.configuration_at(self._log.committed)
         self._term_start = math.inf  # index of this leader's no-op (membership rule 1)
         self._config = config
         self._rng = rng

@@ -45,6 +45,7 @@ class RaftProtocol:
     _id: str
     _log: RaftLog
     _conf: ArbiterConfiguration
+    _committed_conf: ArbiterConfiguration
     _term_start: float
     _config: RaftConfig
     _rng: Rng
@@ -219,11 +220,12 @@ class RaftProtocol:
     def _sync_configuration(self, now: float) -> None:
         """Follows the configuration in force (rule 9), and steps a leader down once its
         own removal is committed (membership rule 3)."""
-        conf = self._log.configuration
-        if conf is not self._conf:
-            self._conf = conf
+        log = self._log
+        conf, committed = log.configuration, log.configuration_at(log.committed)
+        if conf is not self._conf or committed is not self._committed_conf:
+            self._conf, self._committed_conf = conf, committed
             if self._rep is not None:
-                self._rep.set_configuration(conf, now)
+                self._rep.set_configuration(conf, committed, now)
             if self._role in (Role.CANDIDATE, Role.PRE_CANDIDATE):
                 self._tally = Tally(conf.voters)  # keep the answers' count honest
         if self._rep is not None and membership.leader_must_step_down(self._log, self._id):

@@ -34,7 +34,10 @@ Algorithm", 2014, §5.3 and §5.4.2; etcd raft ``tracker.Progress``):
    of the configuration in force, voters and learners; only voters count
    towards commit and contact, and the leader counts itself only while it is
    a voter (a leader being removed commits its removal without itself,
-   §4.2.2). A member added gets a fresh progress; a member removed loses its.
+   §4.2.2). A member added gets a fresh progress; a member removed keeps
+   its progress (and gets the log, counting in nothing) until its removal
+   is committed, so that it learns the removal and its shell can stop it
+   (etcd likewise replicates to a server until its removal is applied).
 8. Joining: a member that is not in the configuration the log starts from
    (a replica added later, with an empty disk) never gets entries from index
    1: it could not know the configuration they were made under. It gets a
@@ -191,11 +194,15 @@ class Replicator:
         self.progress: dict[str, Progress] = {}
         self.snapshot_wanted = False
         self._voters: Sequence[str] = ()
-        self.set_configuration(configuration, now)
+        self._learners: Sequence[str] = ()
+        self.set_configuration(configuration, log.configuration_at(log.committed), now)
 
-    def set_configuration(self, configuration: ArbiterConfiguration, now: float) -> None:
-        """Follows the configuration in force (rule 7): progress for each other member."""
-        members = [p for p in configuration.ids if p != self._id]
+    def set_configuration(
+        self, configuration: ArbiterConfiguration, committed: ArbiterConfiguration, now: float
+    ) -> None:
+        """Follows the configuration in force and the committed one (rule 7): a progress
+        for each other member of either; the voters and learners of the one in force."""
+        members = [p for p in sorted({*configuration.ids, *committed.ids}) if p != self._id]
         for p in list(self.progress):
             if p not in members:
                 del self.progress[p]
@@ -203,7 +210,7 @@ class Replicator:
             if p not in self.progress:
                 self.progress[p] = Progress(next_index=self._log.last_index + 1, now=now)
         self._voters = tuple(configuration.voters)
-        self._self_votes = configuration.is_voter(self._id)
+        self._learners = tuple(configuration.learners)
 
     def status(self, now: float) -> dict[str, PeerProgress]:
         """Every other member's progress as seen at ``now`` (seconds)."""
@@ -214,6 +221,7 @@ class Replicator:
                 state=pr.state.value,
                 last_heard=max(0.0, now - pr.heard),
                 voter=p in self._voters,
+                member=p in self._voters or p in self._learners,
             )
             for p, pr in sorted(self.progress.items())
         }
@@ -222,7 +230,7 @@ class Replicator:
         """The learners caught up by rule 9, sorted; records this check's commit mark."""
         out = []
         for p, pr in sorted(self.progress.items()):
-            if p in self._voters:
+            if p not in self._learners:
                 continue
             mark, pr.catch_up_mark = pr.catch_up_mark, self._log.committed
             recent = now - pr.heard < self._config.election_timeout
