@@ -189,7 +189,7 @@ def _image(snap: Any) -> TallyImage:
     observations = []
     for row in snap["obs"]:
         node, replica, inc, op, seq, labels = row[:6]
-        if replica not in arbiters:
+        if replica not in arbiters and replica not in conf:  # a learner's: tally rule 9
             raise SnapshotDecodeError(f"observation from unknown replica {replica!r}")
         silence, suspicion, detector = _evidence(row[6:])
         record = ObservationRecord(

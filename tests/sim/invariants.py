@@ -18,7 +18,8 @@ S5 Quorum of suspicion: DEAD(n, k) is committed only by an entry after which
    (tally.py rules 4 and 11), or the same entry starts a later incarnation
    of n. The latest observations and the configuration are kept here from
    the committed entries, independently of the state machine (a removed
-   voter's observations are dropped when its removal is applied).
+   replica's observations are dropped when its removal is applied; a
+   learner's are kept and count once it is a voter, tally rule 9).
 S6 Leases: a node that holds an unexpired lease from replica r (as its own
    session counts it) never has r's latest committed observation SUSPECT at
    its incarnation; a node holding unexpired leases from a quorum of the
@@ -197,14 +198,14 @@ class Checker:
         )
         w.topology_since = w.q.now
         for latest in self.obs.values():
-            for r in [r for r in latest if r not in conf.voters]:
+            for r in [r for r in latest if r not in conf]:  # a learner's are kept (rule 9)
                 del latest[r]
         self._view_changed(change)
 
     def _first_apply(self, entry: Entry, change: ViewChange | None) -> None:
         w = self.world
         cmd = decode(entry.data)
-        if isinstance(cmd, ObserveBatch) and cmd.replica_id in self.conf.voters:  # tally rule 9
+        if isinstance(cmd, ObserveBatch) and cmd.replica_id in self.conf:  # tally rule 9
             r = cmd.replica_id
             for o in cmd.observations:
                 latest = self.obs.setdefault(o.node_id, {})
