@@ -234,8 +234,12 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
         settings = {
             "id": args.id,
             "listen": listen,
-            "peers": ",".join(f"{k}={v}" for k, v in peers.items()),
-            "cluster_identity": cluster_identity(config.cluster, peers),
+            "peers" if not join else "join": ",".join(f"{k}={v}" for k, v in peers.items())
+            if not join
+            else ",".join(join),
+            "cluster_identity": "taken from the group at the first start"
+            if join
+            else cluster_identity(config.cluster, peers),
             "data_dir": data_dir,
         }
         if loaded is None:

@@ -26,6 +26,7 @@ import logging
 
 import grpc
 
+from arbiter.core.raft import InvalidInput
 from arbiter.server.arbiterset import ArbiterSet, to_protos
 from arbiter.server.authz import Authorizer
 from arbiter.server.reconfig import NotLeader, ProposalDropped, Reconfiguration
@@ -122,6 +123,8 @@ class ArbiterAdmin:
             if e.leader_id is not None:
                 code = grpc.StatusCode.FAILED_PRECONDITION
             await context.abort(code, f"arbiter {self._me}: {e}")
+        except InvalidInput as e:  # the configuration moved since it was judged
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"arbiter {self._me}: {e}")
         except ProposalDropped as e:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,

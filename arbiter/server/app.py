@@ -281,8 +281,8 @@ class ArbiterServer:
         self.admin_api.arbiters = ArbiterAdmin(
             self.reconfig, self.replica_id, identity, self.authz, cfg.election_timeout * 5
         )
-        self.transport.set_peers(self.reconfig.current.members)
-        self.peer_api.known = set(self.reconfig.current.members)
+        self.transport.set_peers(self.reconfig.peers)
+        self.peer_api.known = set(self.reconfig.peers)
         surfaces.add_standard_services(server, self.health)
         try:
             if self._server_credentials is None:
@@ -344,10 +344,11 @@ class ArbiterServer:
 
     def _on_configuration(self, arbiters: ArbiterSet) -> None:
         """reconfig.py rule 1: the transport, the peer servicer and subscribers follow."""
-        self.peer_api.removed |= set(self.peer_api.known) - set(arbiters.members)
-        self.peer_api.removed -= set(arbiters.members)
-        self.transport.set_peers(arbiters.members)
-        self.peer_api.known = set(arbiters.members)
+        peers = self.reconfig.peers
+        self.peer_api.removed |= set(self.peer_api.known) - set(peers)
+        self.peer_api.removed -= set(peers)
+        self.transport.set_peers(peers)
+        self.peer_api.known = set(peers)
         self._on_quorum(self.driver.status())
 
     def _removed(self, arbiters: ArbiterSet) -> None:

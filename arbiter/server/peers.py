@@ -18,9 +18,11 @@ incomplete snapshot that is dropped; Raft sends the snapshot again.
 The set of peers follows the arbiter configuration in force
 (:meth:`PeerTransport.set_peers`, :attr:`PeerServicer.known`): a peer added
 gets a sender task and a channel at once; a removed one's task is cancelled,
-its outbox dropped and its channel closed; a peer whose address changed is
-removed and added again. Messages for a peer not in the set are dropped
-with a DEBUG line (Raft tolerates loss; a removed peer is sent nothing).
+its outbox dropped and its channel closed ``LINGER`` seconds later (what
+was queued for it, such as the commit of its own removal, still leaves); a
+peer whose address changed is removed and added again at once. Messages
+for a peer not in the set are dropped with a DEBUG line (Raft tolerates
+loss).
 
 A removed replica may never receive the entry that removed it (the leader
 stops sending to it at once). The peer servicer therefore refuses a sender
@@ -62,6 +64,8 @@ __all__ = [
 log = logging.getLogger("arbiter.peers")
 
 OUTBOX_LIMIT = 1024
+# Seconds a peer that left the configuration is still sent to (its queued messages).
+LINGER = 1.0
 # The refusal's words for a sender that was removed from the group (module docstring).
 REMOVED = "was removed from the arbiter group"
 # A stream that takes no queued message for STALL_LIMIT seconds is reopened.
@@ -106,6 +110,8 @@ class _Peer:
         self.generation = 0
         # When the stream last took a message from the outbox (monotonic seconds).
         self.last_pull = 0.0
+        # Set once it left the configuration: it is let go when this fires.
+        self.linger: asyncio.TimerHandle | None = None
 
 
 class PeerTransport:
@@ -160,12 +166,17 @@ class PeerTransport:
         """
         wanted = {pid: addr for pid, addr in peers.items() if pid != self._self_id}
         for pid in list(self._peers):
-            if wanted.get(pid) != self._peers[pid].address:
-                peer = self._peers.pop(pid)
+            peer = self._peers[pid]
+            if wanted.get(pid) == peer.address:
+                if peer.linger is not None:  # back before it was let go
+                    peer.linger.cancel()
+                    peer.linger = None
+            elif pid not in wanted and peer.linger is None:
+                # Messages queued for it (the commit of its own removal) still leave.
                 log.info("raft transport: %s (%s) left the configuration", pid, peer.address)
-                task = asyncio.get_running_loop().create_task(self._retire(peer))
-                self._closing.add(task)
-                task.add_done_callback(self._closing.discard)
+                peer.linger = asyncio.get_running_loop().call_later(LINGER, self._let_go, pid, peer)
+            elif pid in wanted:  # another address: a new peer
+                self._let_go(pid, peer)
         for pid, addr in wanted.items():
             if pid not in self._peers:
                 log.info("raft transport: %s (%s) joined the configuration", pid, addr)
@@ -173,6 +184,13 @@ class PeerTransport:
                 self._peers[pid] = peer
                 if self._started:
                     self._start_sender(peer)
+
+    def _let_go(self, pid: str, peer: _Peer) -> None:
+        if self._peers.get(pid) is peer:
+            del self._peers[pid]
+        task = asyncio.get_running_loop().create_task(self._retire(peer))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     @staticmethod
     async def _retire(peer: _Peer) -> None:
@@ -215,6 +233,8 @@ class PeerTransport:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         for peer in self._peers.values():
+            if peer.linger is not None:
+                peer.linger.cancel()
             if peer.task is not None:
                 peer.task.cancel()
         for peer in self._peers.values():

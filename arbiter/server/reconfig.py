@@ -9,9 +9,13 @@ Rules:
 
 1. After every driver turn :meth:`Reconfiguration.refresh` compares the
    configuration in force (:func:`arbiter.server.arbiterset.in_force`)
-   with the last one seen; on a change it logs it at INFO (voters,
-   learners, index) and calls ``on_change`` (the transport opens and closes
-   streams, the peer servicer's known set follows, subscribers are told).
+   with the last one seen (a change is logged at INFO: voters, learners,
+   index), and the replicas to exchange Raft traffic with (:attr:`peers`:
+   the configuration in force and the applied one, so that a replica being
+   removed gets the log until its removal commits and learns it, the core's
+   membership rule 3); on a change of either it calls ``on_change`` (the
+   transport opens and closes streams, the peer servicer's known set
+   follows, subscribers are told).
 2. A replica that a *committed* configuration no longer has (the core's
    ``Replica.removed``; an uncommitted removal may still be undone) logs it
    at WARNING and calls ``on_removed`` once: the server stops and the
@@ -110,6 +114,10 @@ class Reconfiguration:
         self._on_removed = on_removed
         self._changed = asyncio.Event()
         self.current = in_force(driver.replica, self._first)
+        # The replicas to exchange Raft traffic with: the configuration in force and
+        # the applied one (a replica being removed gets the log until its removal
+        # commits, so that it learns it: the core's membership rule 3).
+        self.peers = {**self.applied().members, **self.current.members}
         self.removed = False
         # Rule 2: this replica was in a configuration of its own log once (a
         # joining one is not, until the leader's log reaches its add_learner:
@@ -126,8 +134,12 @@ class Reconfiguration:
         """Rule 1 and 2: called after every driver turn."""
         self._changed.set()
         now = in_force(self._driver.replica, self._first)
-        if now != self.current:
-            self._changed_to(now)
+        peers = {**self.applied().members, **now.members}
+        if now != self.current or peers != self.peers:
+            if now != self.current:
+                self._changed_to(now)
+            self.peers = peers
+            self._on_change(now)
         self._maybe_promote()
         me = self._driver.replica_id
         if me in self._driver.replica.configuration:
@@ -185,7 +197,6 @@ class Reconfiguration:
             describe(now.voters) or "none",
             describe(now.learners) or "none",
         )
-        self._on_change(now)
 
     def driver_status(self) -> ReplicaStatus:
         """The replica's leader, quorum, term and role now."""

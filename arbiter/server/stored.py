@@ -58,14 +58,14 @@ def first_configuration(
         The configuration in force may have changed since (the log says).
     """
     if storage.first_start:
-        if peers:
-            log.info(
-                "arbiter %s: first start: arbiter set from --peers (%s), cluster identity "
-                "%s recorded in the data dir",
-                replica_id,
-                describe(peers),
-                storage.identity,
-            )
+        log.info(
+            "arbiter %s: first start: arbiter set from %s (%s), cluster identity %s recorded "
+            "in the data dir",
+            replica_id,
+            "the group it joins" if storage.joined else "--peers",
+            describe(peers),
+            storage.identity,
+        )
         return dict(peers)
     stored = storage.arbiters
     if stored and "" in stored.values():  # a data dir that recorded ids only (old)
