@@ -132,7 +132,6 @@ class FaultSchedule:
                 "crash_leader",
                 "crash_all",
                 "reconfig",
-                "reconfig",
             )
         )
         if kind == "reconfig":

@@ -128,6 +128,7 @@ class SimReplica:
         self._spins = 0
         self._spin_at = -1.0
         self._view_moved = False
+        self._ack_conf: tuple[object, tuple[str, ...], tuple[str, ...]] = (None, (), ())
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -196,6 +197,9 @@ class SimReplica:
         now = w.q.now
         v = core.heartbeat(hb.node_id, hb.incarnation, w.labels, now)
         conf = core.configuration
+        if self._ack_conf[0] is not conf:  # rule 6: the set in acks, built once per change
+            self._ack_conf = (conf, tuple(conf.voters), tuple(conf.learners))
+        _, voters, learners = self._ack_conf
         ack = Ack(
             self.id,
             hb.node_id,
@@ -205,8 +209,8 @@ class SimReplica:
             v.incarnation,
             core.state.epoch,
             core.in_quorum(now),
-            tuple(conf.voters),
-            tuple(conf.learners),
+            voters,
+            learners,
             conf.index,
         )
         w.net.send(self.id, hb.node_id, w.deliver_ack, ack)

@@ -80,6 +80,9 @@ class RaftLog:
                 configuration=configuration.at(self.snapshot.index),
             )
         self._confs: list[ArbiterConfiguration] = []  # rule 3: CONFIG entries after the snapshot
+        self._base: ArbiterConfiguration = self.snapshot.configuration or configuration
+        # Rule 3: the configuration in force, the last CONFIG entry's, else the snapshot's.
+        self.configuration: ArbiterConfiguration = self._base
         self.pending_snapshot: Snapshot | None = None
         snapshot_index = self.snapshot.index
         self._entries: list[Entry] = list(entries)
@@ -157,17 +160,6 @@ class RaftLog:
 
     # --- configurations (rule 3) ---------------------------------------------------
 
-    @property
-    def configuration(self) -> ArbiterConfiguration:
-        """The configuration in force: the last CONFIG entry's, else the snapshot's."""
-        return self._confs[-1] if self._confs else self._base
-
-    @property
-    def _base(self) -> ArbiterConfiguration:
-        conf = self.snapshot.configuration
-        assert conf is not None
-        return conf
-
     def configuration_at(self, index: int) -> ArbiterConfiguration:
         """The configuration in force at ``index`` (at or above the snapshot index)."""
         for conf in reversed(self._confs):
@@ -180,6 +172,7 @@ class RaftLog:
         for e in entries:
             if e.type is EntryType.CONFIG:
                 self._confs.append(decode_change(e.data, e.index)[1])
+        self.configuration = self._confs[-1] if self._confs else self._base
 
     # --- changes ----------------------------------------------------------------
 
@@ -311,6 +304,7 @@ class RaftLog:
         del self._entries[: index - self.snapshot.index]
         self._confs = [c for c in self._confs if c.index > index]
         self.snapshot = snapshot
+        self._base = conf
         return snapshot
 
     def restore(self, snapshot: Snapshot) -> None:
@@ -330,6 +324,8 @@ class RaftLog:
         self._entries.clear()
         self._confs.clear()
         self.snapshot = snapshot
+        assert snapshot.configuration is not None
+        self._base = self.configuration = snapshot.configuration
         self.pending_snapshot = snapshot
         self.committed = snapshot.index
         self.unstable_from = snapshot.index + 1

@@ -2,10 +2,11 @@
 
 Everything here is plain, immutable data (frozen dataclasses, enums); the
 shell maps it to and from the wire by field and enum name. The message set
-and field meanings follow etcd raft (``raftpb.Message``), trimmed to what a
-static group needs (Ongaro & Ousterhout, "In Search of an Understandable
+and field meanings follow etcd raft (``raftpb.Message``), trimmed to what
+this group needs (Ongaro & Ousterhout, "In Search of an Understandable
 Consensus Algorithm", 2014, Fig. 2 and §7 for snapshots; Ongaro's thesis,
-2014, §9.6 for PreVote).
+2014, §9.6 for PreVote and §4 for membership changes: ``EntryType.CONFIG``,
+``Snapshot.configuration``).
 """
 
 from __future__ import annotations
