@@ -11,8 +11,10 @@ Rules:
    not an address of this machine) before the data dir is opened or created.
 2. ``--data-dir`` is required: a replica's Raft state is where the operator
    says (as etcd's ``--data-dir``), never a default shared by every cluster
-   started on the machine. A data dir written by another arbiter set is
-   refused (exit 1) with what to do.
+   started on the machine. ``--peers`` counts at the first start only; after
+   it the stored configuration wins (arbiter/server/stored.py): a data dir
+   that holds state is checked against it (``--listen`` at this replica's
+   stored address, exit 1 otherwise), not against ``--peers``.
 3. SIGINT and SIGTERM stop the replica gracefully in every phase, start-up
    and the host name checks included (exit 0); a second one exits at once.
 4. Secure by default: ``--tls-ca --tls-cert --tls-key`` (or the
@@ -33,6 +35,11 @@ Rules:
    non-empty data dir is exit 1.
 7. ``--health-listen HOST:PORT`` serves the health service alone in
    plaintext (arbiter/server/health_port.py), from start to stop.
+8. ``--join ADDR[,ADDR...]`` instead of ``--peers``: a replica added with
+   ``membership admin arbiters add`` joins the running group
+   (arbiter/server/joining.py); a data dir that already holds state just
+   restarts from its stored configuration. A replica removed from the group
+   logs it at WARNING and exits 0.
 """
 
 from __future__ import annotations
@@ -141,10 +148,17 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--id", required=True, help="this replica's id; must appear in --peers")
     p.add_argument("--listen", required=True, help="address to listen on, host:port")
-    p.add_argument(
+    first = p.add_mutually_exclusive_group(required=True)
+    first.add_argument(
         "--peers",
-        required=True,
-        help="every replica, itself included: a1=host:port,a2=host:port,...",
+        help="every replica of a new group, itself included: a1=host:port,a2=host:port,... "
+        "(used at the first start only: the stored configuration wins after it)",
+    )
+    first.add_argument(
+        "--join",
+        metavar="ADDR[,ADDR...]",
+        help="join a running group as the learner added by 'membership admin arbiters add "
+        "ID=HOST:PORT' (replicas of the group to ask; see README 'Replacing an arbiter')",
     )
     p.add_argument("--cluster", default="default", help="cluster name (default: default)")
     p.add_argument(
@@ -251,13 +265,21 @@ def run(args: argparse.Namespace, interrupt: Interrupt) -> Any:
 
 async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
     from arbiter.server.app import check_listen, cluster_identity, parse_peers
+    from arbiter.server.storage import DB_NAME
     from membership.validation import parse_address
 
-    peers = parse_peers(args.peers)
+    join = [] if args.join is None else [parse_address(a) for a in args.join.split(",") if a]
+    if args.join is not None and not join:
+        raise InvalidArgument("--join needs at least one replica address, host:port")
+    if join and args.restore is not None:
+        raise InvalidArgument(
+            "--restore starts a new group and --join joins a running one: give one of them"
+        )
     listen = parse_address(args.listen)
     health_listen = None if args.health_listen is None else parse_address(args.health_listen)
     if health_listen is not None and health_listen == listen:
         raise InvalidArgument(f"--health-listen {health_listen} is --listen: give another port")
+    peers = parse_peers(args.peers) if args.peers is not None else {args.id: listen}
     config = _config(args)
     if args.id not in peers:
         raise InvalidArgument(f"--id {args.id!r} is not in --peers ({', '.join(peers)})")
@@ -267,17 +289,23 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
     loaded = None if files is None else load(files)
     if loaded is not None:
         check_replica_cert(loaded, config.cluster, args.id)
-    checked, _ = await interrupt.race(_in_thread(check_listen, args.id, listen, peers))
-    if not checked:
-        return EXIT_OK
     data_dir: Path = args.data_dir
+    # A data dir that holds state is checked against its stored configuration, by the server.
+    if not (data_dir / DB_NAME).exists():
+        checked, _ = await interrupt.race(_in_thread(check_listen, args.id, listen, peers))
+        if not checked:
+            return EXIT_OK
     if args.check_config:
         print(f"arbiter {args.id}: configuration OK")
         settings = {
             "id": args.id,
             "listen": listen,
-            "peers": ",".join(f"{k}={v}" for k, v in peers.items()),
-            "cluster_identity": cluster_identity(config.cluster, peers),
+            "peers" if not join else "join": ",".join(f"{k}={v}" for k, v in peers.items())
+            if not join
+            else ",".join(join),
+            "cluster_identity": "taken from the group at the first start"
+            if join
+            else cluster_identity(config.cluster, peers),
             "data_dir": data_dir,
             "health_listen": health_listen or "off",
         }
@@ -300,7 +328,16 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
             print(f"  {f.name} = {getattr(config, f.name)}")
         return EXIT_OK
     return await _serve(
-        args.id, peers, listen, config, data_dir, interrupt, loaded, args.restore, health_listen
+        args.id,
+        peers,
+        listen,
+        config,
+        data_dir,
+        interrupt,
+        loaded,
+        args.restore,
+        health_listen,
+        join,
     )
 
 
@@ -339,6 +376,7 @@ async def _serve(
     loaded: LoadedTLS | None = None,
     restore: Path | None = None,
     health_listen: str | None = None,
+    join: list[str] | None = None,
 ) -> int:
     from arbiter.server.app import ArbiterServer
     from arbiter.server.health_port import start_health_port
@@ -351,6 +389,7 @@ async def _serve(
         data_dir=data_dir,
         tls=loaded,
         restore=restore,
+        join=join or [],
     )
     loop = asyncio.get_running_loop()
     try:
@@ -374,6 +413,10 @@ async def _serve(
     await server.stop()
     if health_port is not None:  # after the stop: probes saw NOT_SERVING during its grace
         await health_port.stop(0)
+    if server.removed is not None and server.failure is None:
+        logging.getLogger("arbiter").warning("%s", server.removed)
+        print(f"arbiter {replica_id} stopped: {server.removed}", file=sys.stderr)
+        return EXIT_OK
     if server.failure is not None:
         print(f"membership arbiter: error: {server.failure}", file=sys.stderr)
         return EXIT_FAILURE

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from membership import calls, convert
+from membership.agent_follow import follow
+from membership.arbiterset import ArbiterFollower
 from membership.backoff import Backoff
 from membership.config import ClientConfig
 from membership.errors import (
@@ -30,18 +32,16 @@ from membership.errors import (
     RejectedError,
     UnavailableError,
 )
+from membership.eventlog import log_session_event
 from membership.heartbeats import HeartbeatLink, LinkTimings
 from membership.identity import ClusterCheck
 from membership.session import (
     EndReason,
-    Evicted,
     Fenced,
     NodeSession,
-    Rejoined,
     SessionEvent,
     StateChanged,
     Superseded,
-    eviction_text,
 )
 from membership.transport import Channels
 from membership.v1 import membership_pb2 as pb
@@ -110,11 +110,14 @@ class NodeAgent:
             a: HeartbeatLink(a, owner=self, channels=channels, backoff=backoff)
             for a in self.arbiters
         }
+        self.follower = ArbiterFollower(self.arbiters)  # membership/arbiterset.py
+        self.link_tasks: dict[str, asyncio.Task[None]] = {}
+        self.settled: asyncio.Event | None = None
         self._check = check
         self._denied: dict[str, str] = {}  # arbiter address -> its PERMISSION_DENIED
         self._discovery = discovery
-        self._channels = channels
-        self._backoff = backoff
+        self.channels = channels
+        self.backoff = backoff
         self._left_epoch = 0
         from membership.collector import StatusCollector  # threads: only for nodes
 
@@ -142,16 +145,26 @@ class NodeAgent:
         if self._own_status:
             self.status.start()
         loop = asyncio.get_running_loop()
-        tasks = [
-            loop.create_task(self._run_link(link, settled), name=f"heartbeat-{addr}")
-            for addr, link in self.links.items()
-        ]
+        self.settled = settled
+        tasks = [self.start_link(link) for link in self.links.values()]
         tasks.append(loop.create_task(self._fence_timer(), name="fence-timer"))
         tasks.append(loop.create_task(self._log_reachability(), name="reachability"))
         return tasks
 
+    def start_link(self, link: HeartbeatLink) -> asyncio.Task[None]:
+        """Runs ``link`` in a task of its own (at start, and for an arbiter added later)."""
+        assert self.settled is not None
+        task = asyncio.get_running_loop().create_task(
+            self._run_link(link, self.settled), name=f"heartbeat-{link.address}"
+        )
+        self.link_tasks[link.address] = task
+        return task
+
     def close_status(self) -> None:
-        """Stops the status probes if the agent started them."""
+        """Stops the status probes if the agent started them, and the links of arbiters
+        added since the start (the client reaped the first ones)."""
+        for task in self.link_tasks.values():
+            task.cancel()
         if self._own_status:
             self.status.close()
 
@@ -277,6 +290,7 @@ class NodeAgent:
                     self.node_id,
                     self.interval,
                 )
+        follow(self, address, ack, now)
         self.dispatch(
             self.session.on_ack(
                 address,
@@ -321,38 +335,11 @@ class NodeAgent:
     def dispatch(self, events: list[SessionEvent]) -> None:
         """Logs session events, passes them to ``on_event``, and notices the session's end."""
         for ev in events:
-            if isinstance(ev, StateChanged):
-                log.info("%s incarnation %d is %s", self.node_id, ev.incarnation, ev.state.value)
+            log_session_event(self.node_id, ev)
+            if isinstance(ev, (StateChanged, Superseded)):
                 self.state_changed.set()
             elif isinstance(ev, Fenced):
                 self.fence_changed.set()
-                log.info(
-                    "%s %s (epoch %d)",
-                    self.node_id,
-                    "fenced" if ev.fenced else "holds a quorum of leases",
-                    ev.epoch,
-                )
-            elif isinstance(ev, Superseded):
-                # Also in end_reason, ended and on_event: said once, at info.
-                log.info(
-                    "%s: incarnation %d was taken over by incarnation %d (another process "
-                    "with the same node id?); this client stops heartbeating",
-                    self.node_id,
-                    ev.incarnation,
-                    ev.by,
-                )
-                self.state_changed.set()
-            elif isinstance(ev, Evicted):
-                # Never silent: the application may still believe it is a member.
-                log.error("%s", eviction_text(self.node_id, ev))
-            elif isinstance(ev, Rejoined):
-                log.info(
-                    "%s: incarnation %d is over (%s); rejoining as %d",
-                    self.node_id,
-                    ev.old_incarnation,
-                    ev.reason,
-                    ev.new_incarnation,
-                )
             if self._on_event is not None:
                 try:
                     self._on_event(ev)
@@ -476,7 +463,7 @@ class NodeAgent:
         while time.monotonic() < deadline:
             resp = await calls.leave_round(
                 self.arbiters,
-                self._channels,
+                self.channels,
                 request,
                 deadline=deadline,
                 call_timeout=self.config.call_timeout,
@@ -494,7 +481,7 @@ class NodeAgent:
                 return self._left_epoch
             attempt += 1
             await asyncio.sleep(
-                min(self._backoff.delay(attempt), max(0.0, deadline - time.monotonic()))
+                min(self.backoff.delay(attempt), max(0.0, deadline - time.monotonic()))
             )
         detail = "; ".join(f"{a}: {e}" for a, e in errors.items()) or "no arbiter tried"
         raise UnavailableError(f"leave not committed within {timeout:g}s ({detail})")

@@ -326,7 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     admin = sub.add_parser(
         "admin",
-        help="administer the cluster (remove a node, the replicas' status, save a snapshot)",
+        help="administer the cluster (remove a node, change the arbiter group, the replicas' "
+        "status, save a snapshot)",
         description="Administer the cluster. Under mutual TLS these commands need an admin "
         "certificate.",
     )
@@ -379,6 +380,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_tls_flags(p)
     p.set_defaults(func=_admin_status)
+
+    from membership import admin_arbiters
+
+    admin_arbiters.register(admin_sub, _arbiters, arb_help)
 
     p = sub.add_parser(
         "demo",

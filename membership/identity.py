@@ -148,9 +148,7 @@ class ClusterCheck:
                 f"{address} is in cluster {identity}, not {self.expected} like the others"
             )
             return False
-        twin = next(
-            (a for a, i in self.ids.items() if i == arbiter_id and a != address), None
-        )
+        twin = next((a for a, i in self.ids.items() if i == arbiter_id and a != address), None)
         if arbiter_id and twin is not None and twin not in self.refused:
             self.refused[address] = f"{address} is arbiter {arbiter_id}, reached at {twin} already"
             return False

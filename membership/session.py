@@ -40,6 +40,19 @@ Rules:
    (:meth:`NodeSession.leave`), was removed (LEFT without asking), was
    declared DEAD with ``auto_rejoin`` off, or was superseded. An ended
    session sends nothing more and takes no ack.
+9. The arbiter group changes (Raft single-server changes with learners):
+   acks carry the configuration in force and its ``config_index``, and
+   :meth:`NodeSession.configure` follows the highest index seen, never an
+   older one. From then on the lease quorum is a strict majority of that
+   configuration's *voters*, and only voters' leases count (a learner's
+   never; a removed arbiter's no longer). This is safe for a node at most
+   one single-server change behind the group: the majorities of two
+   consecutive configurations intersect (Ongaro 2014, "Consensus: Bridging
+   Theory and Practice", section 4.2), so a quorum of leases under the
+   node's configuration and a quorum of suspicions under the group's share
+   a replica that promised not to suspect it before its lease ran out. Once
+   configured, ``cluster_size`` no longer raises the quorum (it is the
+   voters' count of the answering replica's configuration, which may lag).
 """
 
 from __future__ import annotations
@@ -192,6 +205,9 @@ class NodeSession:
         self.quorum = len(arbiters) // 2 + 1
         self.state = MemberState.JOINING
         self._arbiters = {a: _Arbiter(sent=collections.OrderedDict()) for a in arbiters}
+        # Rule 9: the arbiters whose leases count, and the config_index followed (-1: none yet).
+        self._voters = set(arbiters)
+        self.config_index = -1
         self._seq = 0
         self._fenced = True
         self.fencing_epoch = 0
@@ -292,13 +308,13 @@ class NodeSession:
         Returns:
             The events this ack caused, in order.
         """
-        a = self._arbiters[arbiter]
-        sent = a.sent.get(seq)
-        if sent is None or self.ended:
+        a = self._arbiters.get(arbiter)
+        sent = None if a is None else a.sent.get(seq)  # None: an arbiter removed since (rule 9)
+        if a is None or sent is None or self.ended:
             return []
         send_time, incarnation = sent
         self.heard = True
-        if cluster_size > 0:
+        if cluster_size > 0 and self.config_index < 0:
             self.quorum = max(self.quorum, cluster_size // 2 + 1)
         if incarnation != self.incarnation:
             return []  # about an incarnation that is over (rule 2)
@@ -372,7 +388,43 @@ class NodeSession:
         return self._update_fence(now, None)
 
     def _holding(self, now: float) -> int:
-        return sum(1 for a in self._arbiters.values() if a.lease_until > now)
+        return sum(
+            1 for k, a in self._arbiters.items() if k in self._voters and a.lease_until > now
+        )
+
+    def configure(
+        self, voters: Sequence[str], learners: Sequence[str], index: int, now: float
+    ) -> list[SessionEvent]:
+        """Follows the arbiter configuration of log index ``index`` (rule 9).
+
+        Args:
+            voters: the arbiters (as the shell names them) whose leases count.
+            learners: arbiters heartbeated to whose leases do not count.
+            index: the configuration's ``config_index``; one not above the
+                one followed is ignored.
+            now: monotonic seconds.
+
+        Returns:
+            The events (Fenced, when the node no longer holds a quorum of the
+            new configuration's voters, or now does).
+
+        Raises:
+            ValueError: no voters.
+        """
+        if index <= self.config_index:
+            return []
+        if not voters:
+            raise ValueError("a configuration has at least one voter")
+        self.config_index = index
+        keep = set(voters) | set(learners)
+        for key in list(self._arbiters):
+            if key not in keep:
+                del self._arbiters[key]
+        for key in keep:
+            self._arbiters.setdefault(key, _Arbiter(sent=collections.OrderedDict()))
+        self._voters = set(voters)
+        self.quorum = len(self._voters) // 2 + 1
+        return self._update_fence(now, None)
 
     def _update_fence(self, now: float, epoch: int | None) -> list[SessionEvent]:
         fenced = self._holding(now) < self.quorum
@@ -399,5 +451,7 @@ class NodeSession:
         """When the fence could next close: the quorum-th latest lease expiry (None if fenced)."""
         if self._fenced:
             return None
-        ends = sorted((a.lease_until for a in self._arbiters.values()), reverse=True)
+        ends = sorted(
+            (a.lease_until for k, a in self._arbiters.items() if k in self._voters), reverse=True
+        )
         return ends[self.quorum - 1]

@@ -33,6 +33,7 @@ import grpc
 
 from membership import convert
 from membership.aiotools import reap
+from membership.arbiterset import ArbiterFollower
 from membership.backoff import Backoff
 from membership.config import ClientConfig
 from membership.errors import ClusterMismatch, InvalidArgument
@@ -121,6 +122,7 @@ class Watcher:
         if isinstance(since_epoch, bool) or not isinstance(since_epoch, int) or since_epoch < 0:
             raise InvalidArgument(f"since_epoch must be an int >= 0, got {since_epoch!r}")
         self._addresses = list(addresses)
+        self._follower = ArbiterFollower(self._addresses)  # membership/arbiterset.py
         self._settled = settled
         self._settling: asyncio.Future[Any] | None = None
         self._channels = channels
@@ -330,8 +332,10 @@ class Watcher:
         self._queue = []
         self._hedge_at = None
         self._failures = 0
-        self._last_index = self._addresses.index(attempt.address)
+        if attempt.address in self._addresses:
+            self._last_index = self._addresses.index(attempt.address)
         self._serving = attempt
+        self._follow(attempt.address, msg)
         attempt.next_read()
         epoch = msg.quorum.epoch if msg.WhichOneof("event") == "quorum" else 0
         reset = self.feed.opened(
@@ -361,10 +365,33 @@ class Watcher:
             self.feed.on_failure(serving.address, "ended the subscription", now)
             return []
         serving.next_read()
+        self._follow(serving.address, msg)
         ev = convert.event_from_pb(msg)
         if ev is None:
             return []
         return self._passed_on(self.feed.on_event(serving.address, ev, now))
+
+    def _follow(self, address: str, msg: Any) -> None:
+        """The arbiters to subscribe to follow the set QuorumStatus and Progress carry
+        (membership/arbiterset.py): an added arbiter is tried in the next rounds, a
+        removed one no more (the one serving, when removed, stops and is left)."""
+        kind = msg.WhichOneof("event")
+        if kind not in ("quorum", "progress"):
+            return
+        inner = getattr(msg, kind)
+        self._follower.heard(address, msg.arbiter_id)
+        plan = self._follower.offer(
+            ((a.id, a.address, a.voter) for a in inner.arbiters), inner.config_index
+        )
+        if plan is None:
+            return
+        self._addresses = list(self._follower.links)
+        self._last_index = 0
+        log.info(
+            "watch follows the arbiter configuration at log index %d: %s",
+            plan.index,
+            ",".join(self._addresses),
+        )
 
     def _refused(self, address: str, e: grpc.aio.AioRpcError) -> None:
         detail = e.details() or ""

@@ -1,5 +1,5 @@
 """Floors of forgotten records: what the tally keeps of a node once its DEAD or
-LEFT record is removed from the view (tally rule 11), so no old life comes back.
+LEFT record is removed from the view (tally rule 12), so no old life comes back.
 
 Sans-I/O and deterministic, like the tally that owns one :class:`Floors`.
 

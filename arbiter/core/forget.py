@@ -3,7 +3,7 @@
 Kept apart from :mod:`arbiter.core.commands` (which encodes it, as every
 command, and re-exports it) so that module stays one concept per screenful.
 Who proposes it and when is :mod:`arbiter.core.retention`; what applying it
-does is tally rule 11 (:mod:`arbiter.core.tally`).
+does is tally rule 12 (:mod:`arbiter.core.tally`).
 
 Rules (commands rule 3c):
 
@@ -31,7 +31,7 @@ FINAL_STATES = ("DEAD", "LEFT")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Forget:
-    """Removes DEAD and LEFT records whose retention has passed (rule 1; tally rule 11).
+    """Removes DEAD and LEFT records whose retention has passed (rule 1; tally rule 12).
 
     Attributes:
         records: ``(node_id, incarnation, state)`` of each record to remove,

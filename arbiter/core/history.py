@@ -42,7 +42,7 @@ sees are contiguous, or it is sent a fresh snapshot; nothing is lost silently):
    behind), the changes in between are not known here: the history is
    forgotten, and every subscriber behind the new view is sent a snapshot of
    it; one level with it or ahead gets nothing (rule 2a).
-6. Forgotten records (bounded history, tally rule 11) need nothing here: the
+6. Forgotten records (bounded history, tally rule 12) need nothing here: the
    removal is an ordinary change at its own epoch (``MemberChange.forgotten``),
    retained, resumed and published like any other, so a subscriber folding
    changes and one taking a snapshot hold the same view at every epoch; a

@@ -17,7 +17,7 @@ Rules:
 3. Incarnations. A heartbeat at an incarnation below the cluster's record, or
    at a DEAD or LEFT incarnation, or at one retired by a leave before it joined
    (the state machine's rule 5: answered LEFT), or at or below the floor of a
-   forgotten record (rule 11: answered as that record was), is refused: it refreshes
+   forgotten record (rule 12: answered as that record was), is refused: it refreshes
    nothing and earns no lease. An opinion of a retired incarnation is
    forgotten instead of being proposed. A heartbeat at a higher incarnation
    than the one tracked restarts the detector for the node: heartbeats of one
@@ -194,7 +194,7 @@ class Observer:
         Returns:
             The verdict to put in the ack.
         """
-        # A forgotten record's floor refuses as the record did (tally rule 11).
+        # A forgotten record's floor refuses as the record did (tally rule 12).
         record = state.member(node_id) or state.floors.record(node_id)
         highest = max(state.highest_incarnation(node_id) or 0, incarnation)
         if record is not None and (

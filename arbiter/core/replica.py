@@ -6,11 +6,19 @@ composition; they differ only in where time, messages and storage come from.
 Rules:
 
 1. Inputs: ``heartbeat`` (a node's heartbeat received at ``now``), ``step`` (a
-   Raft message from a peer), ``tick`` (time passes), ``propose_leave`` and
-   ``propose_remove``.
+   Raft message from a peer), ``tick`` (time passes), ``propose_leave``,
+   ``propose_remove`` and ``propose_config_change``.
 2. ``tick`` ticks Raft and the observer, then proposes every owed observation
    as one batch (the observer's rules 1 and 2). Without a leader the batch is
-   dropped; the observer proposes it again after its retry interval.
+   dropped; the observer proposes it again after its retry interval. A
+   replica that is not a member of the applied configuration (a joining or
+   removed replica) proposes none. A learner does: the tally stores its
+   observations without counting them (its rule 9), so its opinions are
+   committed and it grants leases (observer rule 4) before it is promoted,
+   so no node loses its quorum of leases when it starts to vote (session
+   rule 9). A replica that is no member of the configuration in force (its
+   removal appended, not yet committed) grants no lease: a node must not
+   count on a replica that is leaving.
 3. Output follows etcd's Ready: the caller takes ``ready()``, persists its
    snapshot, hard state and entries (when :func:`must_persist` says there are
    any), then hands it to ``deliver(ready, send)``, which sends its messages
@@ -21,32 +29,48 @@ Rules:
    persist (a writer thread, a simulated disk) and send.
 4. Restart: a replica is built from its durable snapshot (the state machine
    is restored from it) and the log entries after it; the entries up to the
-   restored commit index are applied again by the first Ready. A snapshot
-   must come from a group with exactly the configured arbiters: anything
-   else is a :class:`RestoreError`, before anything is persisted.
+   restored commit index are applied again by the first Ready. The state
+   machine's configuration in a snapshot must be the one Raft's snapshot
+   carries (for a snapshot written before configurations were replicated:
+   have exactly the initial voters): anything else is a
+   :class:`RestoreError`, before anything is persisted.
 5. Compaction: ``maybe_compact`` snapshots the state machine once
    ``settings.snapshot_every`` entries were applied since the last snapshot
    and returns the snapshot for the caller to persist (Raft §7).
 6. Instance: a leader whose applied state has no instance id yet proposes a
    Bootstrap with a random one (drawn from the injected random source), once
    per term; the tally keeps the first applied (its rule 10).
-7. Bounded history: ``tick`` also lets :mod:`arbiter.core.retention` age the
+7. Configuration (Raft single-server changes with learners, Ongaro's
+   thesis §4; :mod:`arbiter.core.raft.membership`): ``configuration`` is the
+   one in force in the log (Raft's peers), ``applied_configuration`` the one
+   as of the applied index (the tally's quorum, tally rule 11); the initial
+   one comes from the shell at first start only, later the snapshot and the
+   log decide. Committed CONFIG entries are applied to the tally in log
+   order with the other entries. A leader that needs a snapshot for a joining
+   replica gets one from ``maybe_compact``.
+8. Bounded history: ``tick`` also lets :mod:`arbiter.core.retention` age the
    DEAD and LEFT records on this replica's clock; a leader proposes the
-   Forget it returns (tally rule 11), one pending at a time.
+   Forget it returns (tally rule 12), one pending at a time.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from arbiter.core.commands import Bootstrap, Leave, ObserveBatch, Remove, encode
 from arbiter.core.detection import FailureDetector, suggest_interval
 from arbiter.core.observer import HeartbeatVerdict, Observer
 from arbiter.core.raft import (
+    ArbiterConfiguration,
+    ConfChange,
+    ConfChangeOp,
     Entry,
+    EntryType,
     HardState,
+    InvalidInput,
     Message,
     ProposalDropped,
     RaftConfig,
@@ -56,10 +80,12 @@ from arbiter.core.raft import (
     Rng,
     Role,
     Snapshot,
+    decode_change,
 )
-from arbiter.core.retention import Retention, RetentionPolicy
-from arbiter.core.tally import ApplyResult, MembershipState, SnapshotDecodeError
-from arbiter.errors import ArbiterError
+from arbiter.core.replica_settings import ReplicaSettings
+from arbiter.core.restore import RestoreError, restore_state
+from arbiter.core.retention import Retention
+from arbiter.core.tally import ApplyResult, MembershipState
 
 __all__ = [
     "Delivered",
@@ -90,84 +116,17 @@ class Delivered:
     applied: tuple[tuple[Entry, ApplyResult], ...]
 
 
-class RestoreError(ArbiterError, ValueError):
-    """A snapshot does not fit this replica: undecodable, or another group's arbiters (rule 4)."""
-
-
-def restore_state(snapshot: Snapshot, replica_ids: Sequence[str]) -> MembershipState:
-    """The state machine a snapshot holds, checked against the configured arbiters.
-
-    Args:
-        snapshot: a Raft snapshot whose data is ``MembershipState.to_bytes()``.
-        replica_ids: every configured replica id.
-
-    Raises:
-        RestoreError: the data is not a membership snapshot, it was taken at
-            another index than the snapshot's, or its arbiters differ from
-            ``replica_ids``.
-    """
-    try:
-        state = MembershipState.from_bytes(snapshot.data)
-    except SnapshotDecodeError as e:
-        raise RestoreError(f"snapshot at index {snapshot.index}: {e}") from None
-    if state.arbiters != tuple(sorted(replica_ids)):
-        raise RestoreError(
-            f"snapshot at index {snapshot.index} is of arbiters {', '.join(state.arbiters)}, "
-            f"but this replica is configured with {', '.join(sorted(replica_ids))}"
-        )
-    if state.applied_index != snapshot.index:
-        raise RestoreError(
-            f"snapshot at index {snapshot.index} holds a state applied to {state.applied_index}"
-        )
-    return state
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ReplicaSettings:
-    """What a replica core needs besides Raft's own configuration.
-
-    Attributes:
-        lease: seconds of lease granted per accepted heartbeat (<= detection time).
-        observation_retry: seconds before an uncommitted observation is proposed again.
-        restart_grace: seconds after start without casting suspicion (one maximum lease).
-        heartbeat_interval: seconds between heartbeats suggested to nodes of a
-            small cluster (H0); the detector scales its timeout with it.
-        snapshot_every: applied log entries between two snapshots of the
-            state machine (rule 5); 0 never snapshots.
-        heartbeat_budget: heartbeats per second this replica should handle
-            at most; the suggested interval grows with the number of nodes
-            to stay within it (:func:`arbiter.core.detection.interval.suggest_interval`);
-            ``inf`` always suggests ``heartbeat_interval``.
-        max_heartbeat_interval: the longest interval suggested or accepted
-            from a node, seconds (>= heartbeat_interval).
-        retention: when DEAD and LEFT records are forgotten (rule 7); the
-            default forgets nothing.
-    """
-
-    lease: float
-    observation_retry: float
-    restart_grace: float
-    heartbeat_interval: float
-    snapshot_every: int = 0
-    heartbeat_budget: float = math.inf
-    max_heartbeat_interval: float = math.inf
-    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
-
-    def lease_for(self, interval: float) -> float:
-        """Seconds of lease for a node heartbeating every ``interval`` seconds.
-
-        ``lease`` is the lease at ``heartbeat_interval``; it scales with the
-        interval, as the detector's suspicion time does.
-        """
-        return self.lease * interval / self.heartbeat_interval
-
-
 class Replica:
     """Raft + membership state machine + observer of one replica.
 
     Args:
         replica_id: this replica's id.
-        replica_ids: every configured replica id, this one included.
+        replica_ids: the group's first voters (the configuration at index
+            0), this one included; ignored with ``join``. They count only
+            until a snapshot carries the configuration, so a restart must
+            pass the same ones as the first start (the shell keeps them in
+            the data dir); the configuration in force is then the snapshot's
+            and the log's (rule 7), whatever the command line says now.
         raft_config: Raft timings and features.
         settings: lease, retry and grace timings.
         detector: the failure detector (owned from now on).
@@ -179,10 +138,18 @@ class Replica:
             (from index 1 without one), if any.
         snapshot: restored Raft snapshot, if any; the state machine starts
             from it (rule 4).
+        addresses: replica id -> ``host:port`` of those first voters
+            (missing ones are ``""``).
+        join: this replica starts empty to join a running group: no initial
+            configuration, it never campaigns, and it learns the
+            configuration from the leader's snapshot once an ``add_learner``
+            for it is in the leader's log. Ignored when restoring a snapshot
+            (a replica that joined before restarts as any other).
 
     Raises:
         RestoreError: the snapshot does not fit the configuration (rule 4).
-        InvalidInput: the restored Raft state contradicts itself.
+        InvalidInput: the restored Raft state contradicts itself, or this
+            replica is not in the initial configuration (without ``join``).
     """
 
     def __init__(
@@ -199,25 +166,45 @@ class Replica:
         hard_state: HardState | None = None,
         entries: Sequence[Entry] = (),
         snapshot: Snapshot | None = None,
+        addresses: Mapping[str, str] | None = None,
+        join: bool = False,
     ) -> None:
         self.replica_id = replica_id
-        self.replica_ids = tuple(replica_ids)
+        self.replica_ids = () if join else tuple(replica_ids)
         self.settings = settings
-        if snapshot is not None and snapshot.index > 0:
-            self.state = restore_state(snapshot, replica_ids)
+        addresses = addresses or {}
+        self._initial = ArbiterConfiguration.initial(
+            {r: addresses.get(r, "") for r in self.replica_ids}
+        )
+        restoring = snapshot is not None and snapshot.index > 0
+        join = join and not restoring
+        if restoring:
+            assert snapshot is not None
+            self.state = restore_state(snapshot, self._initial)
+            if snapshot.configuration is None:  # an old one: Raft takes the checked config
+                snapshot = Snapshot(
+                    index=snapshot.index,
+                    term=snapshot.term,
+                    data=snapshot.data,
+                    configuration=self.state.configuration,
+                )
+        elif join:
+            self.state = MembershipState([replica_id])  # a placeholder until the leader's snapshot
         else:
-            self.state = MembershipState(list(replica_ids))
+            self.state = MembershipState(self._initial)
+        self._joining = join  # until the leader's snapshot replaces the placeholder state
         self._rng = rng
         self._bootstrap_term = -1
         self.raft = RaftNode(
             node_id=replica_id,
-            peers=list(replica_ids),
             config=raft_config,
             rng=rng,
             now=now,
             hard_state=hard_state,
             entries=entries,
             snapshot=snapshot,
+            configuration=self._initial,
+            join=join,
         )
         # A leader's snapshot handed out by ready(), decoded once and checked there.
         self._restoring: tuple[Snapshot, MembershipState] | None = None
@@ -267,7 +254,7 @@ class Replica:
                 f"heartbeat interval must be in (0, {s.max_heartbeat_interval:g}] seconds, "
                 f"got {interval!r}"
             )
-        return self.observer.heartbeat(
+        verdict = self.observer.heartbeat(
             node_id,
             incarnation,
             labels,
@@ -276,6 +263,10 @@ class Replica:
             interval=interval,
             lease=s.lease_for(interval),
         )
+        if verdict.lease and self.replica_id not in self.raft.configuration:
+            # Rule 2: a replica being removed promises nothing (a learner does).
+            return dataclasses.replace(verdict, lease=0.0)
+        return verdict
 
     def suggested_interval(self) -> float:
         """The heartbeat interval to suggest in acks now, seconds (adaptive: module interval)."""
@@ -299,7 +290,7 @@ class Replica:
     def tick(self, now: float) -> None:
         """Lets time pass: Raft timers, detector suspicions, owed observations (rule 2),
         and, on a leader of a cluster without an instance id, its Bootstrap (rule 6),
-        and on a leader the Forget of records past their retention (rule 7)."""
+        and on a leader the Forget of records past their retention (rule 8)."""
         self.raft.tick(now)
         self._bootstrap(now)
         forget = self.retention.due(self.state, now, leader=self.raft.status().role is Role.LEADER)
@@ -310,7 +301,7 @@ class Replica:
                 self.proposals_dropped += 1
         self.observer.tick(now, self.state)
         owed = self.observer.observations(now, self.state)
-        if owed:
+        if owed and not self._joining and self.replica_id in self.state.configuration:
             self.observations_proposed += len(owed)
             try:
                 self.raft.propose(
@@ -365,6 +356,54 @@ class Replica:
         command = Remove(node_id=node_id, incarnation=incarnation, by=by, request_id=request_id)
         self.raft.propose(encode(command), now)
 
+    def propose_config_change(
+        self, op: str, replica_id: str, address: str | None, now: float
+    ) -> None:
+        """Proposes one change of the arbiter group (rule 7; Raft membership rules 1-2).
+
+        Args:
+            op: ``"add_learner"`` (needs ``address``), ``"promote"`` or ``"remove"``.
+            replica_id: the replica the change is about.
+            address: its ``host:port`` for ``add_learner``; ignored otherwise.
+            now: monotonic seconds.
+
+        The change is in force on this leader at once (:attr:`configuration`)
+        and committed like any entry; the tally follows it once it is applied
+        (:attr:`applied_configuration`). Automatic promotion of a caught-up
+        learner is ``RaftConfig.auto_promote`` (on by default).
+
+        Raises:
+            ProposalDropped: this replica is not the leader, another change
+                is not committed yet, or this leader has not committed an
+                entry of its term yet; retry later (or at the leader).
+            InvalidInput: an unknown ``op``, or a change that does not apply:
+                adding an existing id, an address already in use or none,
+                promoting a replica that is not a learner, removing an
+                unknown id or the last voter.
+        """
+        try:
+            kind = ConfChangeOp(op)
+        except ValueError:
+            ops = ", ".join(o.value for o in ConfChangeOp)
+            raise InvalidInput(f"unknown configuration change {op!r} (one of {ops})") from None
+        addr = (address or "") if kind is ConfChangeOp.ADD_LEARNER else ""
+        self.raft.propose_conf_change(ConfChange(op=kind, replica_id=replica_id, address=addr), now)
+
+    @property
+    def configuration(self) -> ArbiterConfiguration:
+        """The arbiter configuration in force: the latest in the Raft log, committed or not."""
+        return self.raft.configuration
+
+    @property
+    def applied_configuration(self) -> ArbiterConfiguration:
+        """The arbiter configuration as of the applied index: the tally's (its rule 11)."""
+        return self.state.configuration
+
+    @property
+    def removed(self) -> bool:
+        """True once a committed configuration no longer has this replica: the shell stops it."""
+        return self.raft.removed
+
     # --- outputs --------------------------------------------------------------------
 
     def has_ready(self) -> bool:
@@ -381,7 +420,7 @@ class Replica:
         rd = self.raft.ready()
         snap = rd.snapshot
         if snap is not None and (self._restoring is None or self._restoring[0] is not snap):
-            self._restoring = (snap, restore_state(snap, self.replica_ids))
+            self._restoring = (snap, restore_state(snap, self._initial))
         return rd
 
     def advance(self, ready: Ready) -> list[ApplyResult]:
@@ -399,9 +438,16 @@ class Replica:
             assert self._restoring is not None and self._restoring[0] is ready.snapshot
             self.state = self._restoring[1]
             self._restoring = None
-        results = [self.state.apply(e.index, e.data) for e in ready.committed_entries]
+            self._joining = False
+        results = [self._apply(e) for e in ready.committed_entries]
         self.raft.advance(ready)
         return results
+
+    def _apply(self, entry: Entry) -> ApplyResult:
+        if entry.type is EntryType.CONFIG:
+            _, conf = decode_change(entry.data, entry.index)  # checked when it was appended
+            return self.state.apply_configuration(entry.index, conf)
+        return self.state.apply(entry.index, entry.data)
 
     def deliver(self, ready: Ready, send: Callable[[Message], None]) -> Delivered:
         """Steps 2 to 4 of a persisted Ready: sends its messages, then :meth:`advance`.
@@ -427,7 +473,9 @@ class Replica:
     def maybe_compact(self, every: int | None = None) -> Snapshot | None:
         """Snapshots the state machine if enough entries were applied since the last one (rule 5).
 
-        Call between :meth:`advance` and the next :meth:`ready`.
+        Call between :meth:`advance` and the next :meth:`ready`. A leader
+        that needs a snapshot for a joining replica (rule 7) snapshots at
+        once, whatever ``every``.
 
         Args:
             every: applied entries between snapshots; default
@@ -439,7 +487,8 @@ class Replica:
         """
         every = self.settings.snapshot_every if every is None else every
         st = self.raft.status()
-        if every <= 0 or st.applied - st.snapshot_index < every:
+        wanted = self.raft.wants_snapshot() and st.applied > st.snapshot_index
+        if not wanted and (every <= 0 or st.applied - st.snapshot_index < every):
             return None
         assert self.state.applied_index == st.applied, "state machine and raft disagree"
         return self.raft.compact(st.applied, self.state.to_bytes())
@@ -461,9 +510,10 @@ class Replica:
         """True while this replica has a leader it can reach (itself included)."""
         return self.raft.in_quorum(now)
 
-    def status(self) -> RaftStatus:
-        """Raft's role, term, leader and indexes."""
-        return self.raft.status()
+    def status(self, now: float | None = None) -> RaftStatus:
+        """Raft's role, term, leader, indexes and configuration; with ``now``
+        (monotonic seconds), a leader's progress of each peer too."""
+        return self.raft.status(now)
 
     def follower_matches(self) -> dict[str, int]:
         """On a leader: each follower's match index, the highest log index known to be

@@ -4,7 +4,7 @@ Sans-I/O: time is the ``now`` argument (monotonic seconds of the replica that
 runs it). :class:`arbiter.core.replica.Replica` owns one :class:`Retention`,
 feeds it on every tick, and proposes what :meth:`Retention.due` returns; the
 tally applies the :class:`~arbiter.core.forget.Forget` deterministically (its
-rule 11), so every replica removes the same records at the same log index
+rule 12), so every replica removes the same records at the same log index
 whatever clock decided it.
 
 Rules:

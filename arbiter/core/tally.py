@@ -4,7 +4,8 @@ Every replica applies the same committed log entries in the same order to a
 :class:`MembershipState`, and so holds the same view at the same epoch
 (docs/architecture.md, "Correctness rules"). Nothing here depends on time, dict order
 or which replica runs it; outputs are sorted by node_id / replica id. Quorum:
-a strict majority of the configured arbiters; one opinion is never enough.
+a strict majority of the voters of the arbiter configuration in force at the
+entry's log index (rule 11); one opinion is never enough.
 
 Rules of the tally, applied to each entry:
 
@@ -14,7 +15,7 @@ Rule 1. Of replica r's observations of node n only the latest is kept, latest
     re-proposed old observation never overrides a newer one.
 Rule 2. An observation below the incarnation of n's record is ignored; so is
     one at the record's incarnation when the record is DEAD or LEFT (final),
-    one at or below n's retired incarnation (rule 5) or its floor (rule 11).
+    one at or below n's retired incarnation (rule 5) or its floor (rule 12).
 Rule 3. n becomes ALIVE at incarnation i when a quorum of replicas' latest
     observations of n are ALIVE at exactly i and n has no record, or a record
     at an incarnation below i (or, impossible in practice, a non-final record
@@ -30,12 +31,12 @@ Rule 4. ALIVE at k becomes DEAD at k when a quorum of replicas' latest
     that restarted as k', was heard while nothing could commit, then died,
     would stay ALIVE at k for ever: found by the simulator, seed 142.)
 Rule 5. Leave(n, i) ends only a life the cluster knows: a record ALIVE at i
-    becomes LEFT at i; a *joining* incarnation above the record is *retired*
-    (nothing recorded, no observation at or below i counts any more: rule 2;
-    an ALIVE record below i is DEAD, replaced). Anything else changes
-    nothing (:mod:`arbiter.core.leaves`, rule 5, in full).
+    becomes LEFT; a *joining* incarnation above the record is *retired* (no
+    observation at or below i counts any more, rule 2); anything else
+    changes nothing (:mod:`arbiter.core.leaves`, rule 5).
 Rule 5a. Remove(n, i, by), an administrator's removal: a record ALIVE at i
-    (0: any) becomes LEFT carrying ``removed_by`` (:mod:`arbiter.core.leaves`).
+    (0: at whatever incarnation it records) becomes LEFT, the change
+    carrying ``removed_by``; LEFT, not DEAD (:mod:`arbiter.core.leaves`).
 Rule 6. An entry that changes the view bumps the epoch by exactly one, however
     many member changes it carries; an entry that changes nothing leaves the
     epoch alone. Changes of one entry are ordered by node_id (a DEAD-then-
@@ -50,12 +51,25 @@ Rule 8. The tally runs once per entry, after all the entry's observations are
     stored, over the nodes whose observations changed. A batch is one
     replica's opinions; only the latest of them counts (rule 1).
 Rule 9. Raft no-ops (empty data), undecodable entries and batches from a
-    replica that is not a configured arbiter change nothing but the applied
-    index; the last two return an error, the same on every replica.
+    replica that is not a member of the configuration in force (a removed or
+    unknown replica) change nothing but the applied index; the last two
+    return an error, the same on every replica. A learner's batch is stored
+    but never counted (only voters' observations make a quorum, rules 3 and
+    4): its opinions are committed, so it grants leases (observer rule 4)
+    before it is promoted, and a node holds its lease by the time it votes.
 Rule 10. A Bootstrap (commands rule 3a) sets the cluster's instance id if it
     has none; later ones change nothing. It never changes the view or the
     epoch.
-Rule 11. Forget (:mod:`arbiter.core.forget`) removes each named record that
+Rule 11. A configuration-change entry (Raft ``EntryType.CONFIG``, applied
+    with :meth:`MembershipState.apply_configuration`) replaces the arbiter
+    configuration from its index on: the quorum becomes a strict majority of
+    its voters; the stored observations of every replica that is not a
+    member (a removed one) are dropped, so they never count again; a
+    promoted learner's stored observations count from this entry on; then every
+    node with observations or an ALIVE record is tallied again (rules 3, 4),
+    which may decide a pending ALIVE or DEAD in that entry (rule 6). A
+    replica re-added later starts with no observations.
+Rule 12. Forget (:mod:`arbiter.core.forget`) removes each named record that
     still matches exactly (node, incarnation, DEAD or LEFT), with a change
     marked ``forgotten``, and its observations at or below it; n keeps a
     floor by which all is judged as by the record (:mod:`arbiter.core.floors`).
@@ -69,7 +83,6 @@ in :mod:`arbiter.core.tally_snapshot`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 from arbiter.core import leaves, tally_snapshot
 from arbiter.core.commands import (
@@ -82,12 +95,13 @@ from arbiter.core.commands import (
     Remove,
     decode,
 )
-from arbiter.core.floors import Floors
 from arbiter.core.leaves import LeaveOutcome, LeaveRefusal
 from arbiter.core.outcomes import ApplyResult, ViewChange
 from arbiter.core.outcomes import change as _change
-from arbiter.core.tally_snapshot import ObservationRecord, SnapshotDecodeError, TallyImage
-from membership.view import Member, MemberChange, MemberState, View
+from arbiter.core.raft.configuration import ArbiterConfiguration
+from arbiter.core.tally_records import TallyRecords
+from arbiter.core.tally_snapshot import ObservationRecord, SnapshotDecodeError
+from membership.view import Member, MemberChange, MemberState
 
 __all__ = [
     "ApplyResult",
@@ -100,53 +114,41 @@ __all__ = [
 ]
 
 
-class MembershipState:
-    """The membership tally, replicated by applying the Raft log (see module rules)."""
+class MembershipState(TallyRecords):
+    """The membership tally, replicated by applying the Raft log (see module rules).
 
-    def __init__(self, arbiters: Sequence[str]) -> None:
-        """Creates the empty state (epoch 0, nothing applied).
+    Args:
+        arbiters: the initial arbiter configuration, or its voter ids
+            (:class:`~arbiter.core.tally_records.TallyRecords`).
+
+    Raises:
+        ValueError: no voter, an empty id or a duplicate id.
+    """
+
+    def apply_configuration(self, index: int, configuration: ArbiterConfiguration) -> ApplyResult:
+        """Applies the configuration-change entry at ``index`` (rule 11).
 
         Args:
-            arbiters: ids of the configured arbiter replicas (static). The
-                quorum is ``len(arbiters) // 2 + 1``.
+            index: the entry's log index; greater than :attr:`applied_index`.
+            configuration: the configuration the entry makes (its ``index``
+                is ``index``; decoded by ``arbiter.core.raft.decode_change``).
 
-        Raises:
-            ValueError: no arbiters, an empty id or a duplicate id.
+        Returns:
+            What the entry did: the view changes the new quorum decided, if any.
         """
-        ids = tuple(sorted(arbiters))
-        if not ids or not all(isinstance(a, str) and a for a in ids) or len(set(ids)) < len(ids):
-            raise ValueError(f"arbiters must be distinct non-empty ids, got {list(arbiters)!r}")
-        self._arbiters = ids
-        self._quorum = len(ids) // 2 + 1
-        self._epoch = 0
-        self._applied = 0
-        self._members: dict[str, Member] = {}
-        self._obs: dict[str, dict[str, ObservationRecord]] = {}  # node -> replica -> latest
-        # node -> highest incarnation retired by a leave before it joined (rule 5)
-        self._retired: dict[str, int] = {}
-        self._floors = Floors()  # rule 11
-        self._instance = ""  # rule 10
-        self._view: View | None = View()
-
-    @property
-    def arbiters(self) -> tuple[str, ...]:
-        """The configured arbiter ids, sorted."""
-        return self._arbiters
-
-    @property
-    def epoch(self) -> int:
-        """The epoch of the current view (0 before any change)."""
-        return self._epoch
-
-    @property
-    def applied_index(self) -> int:
-        """Log index of the last applied entry (0 before any)."""
-        return self._applied
-
-    @property
-    def quorum(self) -> int:
-        """How many replicas make a strict majority of the arbiters."""
-        return self._quorum
+        assert index > self._applied, f"apply({index}) after {self._applied}: log order broken"
+        assert configuration.voters, "a committed configuration always has a voter"
+        self._applied = index
+        self._set_configuration(configuration)
+        for n in list(self._obs):
+            kept = {r: o for r, o in self._obs[n].items() if r in configuration}
+            if kept:
+                self._obs[n] = kept
+            else:
+                del self._obs[n]
+        alive = [n for n, m in self._members.items() if m.state is MemberState.ALIVE]
+        changes = [c for n in sorted(set(self._obs) | set(alive)) for c in self._tally(n)]
+        return ApplyResult(index=index, change=self._commit(changes))
 
     def apply(self, index: int, data: bytes) -> ApplyResult:
         """Applies the committed entry at ``index`` (rules 1 to 9).
@@ -173,9 +175,9 @@ class MembershipState:
                 self._instance = command.instance
             return ApplyResult(index=index)
         if isinstance(command, ObserveBatch):
-            if command.replica_id not in self._arbiters:
+            if command.replica_id not in self._configuration:
                 return ApplyResult(
-                    index=index, error=f"observations from unknown replica {command.replica_id!r}"
+                    index=index, error=f"observations from {command.replica_id!r}, not a member"
                 )
             changes = [c for n in sorted(self._store(command)) for c in self._tally(n)]
             return ApplyResult(index=index, change=self._commit(changes))
@@ -203,76 +205,6 @@ class MembershipState:
             incarnation=incarnation,
         )
         return ApplyResult(index=index, change=change, leave=leave)
-
-    def view(self) -> View:
-        """The current view: every member with a record, sorted by node_id."""
-        if self._view is None:
-            members = tuple(self._members[n] for n in sorted(self._members))
-            self._view = View(epoch=self._epoch, members=members)
-        return self._view
-
-    def member(self, node_id: str) -> Member | None:
-        """The node's record in the view, or None if it has none."""
-        return self._members.get(node_id)
-
-    @property
-    def instance(self) -> str:
-        """The cluster's instance id (rule 10); "" until a leader's Bootstrap is applied."""
-        return self._instance
-
-    def retired(self, node_id: str) -> int:
-        """The highest incarnation of the node retired by a leave before it joined
-        the view (rule 5); 0 for none. Incarnations at or below it never join."""
-        return self._retired.get(node_id, 0)
-
-    @property
-    def floors(self) -> Floors:
-        """The floors of forgotten records (rule 11); read ``member(n) or floors.record(n)``."""
-        return self._floors
-
-    def observation(self, replica_id: str, node_id: str) -> ObservationRecord | None:
-        """The replica's latest committed observation of the node, or None."""
-        return self._obs.get(node_id, {}).get(replica_id)
-
-    def suspected_by(self, node_id: str) -> tuple[str, ...]:
-        """Replicas whose latest observation of the node's current incarnation is SUSPECT.
-
-        The current incarnation is the record's; for a node without a record
-        (JOINING) it is the highest one observed. Sorted by replica id.
-        """
-        record = self._members.get(node_id)
-        incarnation = record.incarnation if record else self.highest_incarnation(node_id)
-        obs = self._obs.get(node_id, {})
-        return tuple(
-            r
-            for r in sorted(obs)
-            if obs[r].incarnation == incarnation and obs[r].opinion is Opinion.SUSPECT
-        )
-
-    def death_votes(self, node_id: str) -> tuple[str, ...]:
-        """Replicas whose latest observation is SUSPECT at the record's incarnation or a
-        later one (rule 4), sorted; empty for a node without a record."""
-        record = self._members.get(node_id)
-        if record is None:
-            return ()
-        obs = self._obs.get(node_id, {})
-        return tuple(
-            r
-            for r in sorted(obs)
-            if obs[r].incarnation >= record.incarnation and obs[r].opinion is Opinion.SUSPECT
-        )
-
-    def highest_incarnation(self, node_id: str) -> int | None:
-        """The highest incarnation known for the node (record, retired incarnation or
-        any observation), or None."""
-        known = [o.incarnation for o in self._obs.get(node_id, {}).values()]
-        if node_id in self._members:
-            known.append(self._members[node_id].incarnation)
-        if node_id in self._retired:
-            known.append(self._retired[node_id])
-        if self._floors.has(node_id):
-            known.append(self._floors.incarnation(node_id))
-        return max(known, default=None)
 
     # -- the tally -----------------------------------------------------------
 
@@ -310,7 +242,7 @@ class MembershipState:
         obs = self._obs.get(node_id, {})
         alive: dict[int, list[str]] = {}
         for r in sorted(obs):
-            if obs[r].opinion is Opinion.ALIVE:
+            if obs[r].opinion is Opinion.ALIVE and r in self._arbiters:  # voters only
                 alive.setdefault(obs[r].incarnation, []).append(r)
         winners = [i for i, rs in alive.items() if len(rs) >= self._quorum]
         assert len(winners) <= 1, f"two ALIVE quorums for {node_id!r}: {winners}"
@@ -399,7 +331,7 @@ class MembershipState:
         return [dataclasses.replace(left, removed_by=command.by)], None, reason, record.incarnation
 
     def _forget(self, command: Forget) -> list[MemberChange]:
-        """Rule 11: forgotten changes of the records that still match; sets their floors."""
+        """Rule 12: forgotten changes of the records that still match; sets their floors."""
         changes = []
         for n, i, state in command.records:
             record = self._members.get(n)
@@ -416,7 +348,7 @@ class MembershipState:
             return None
         self._epoch += 1
         for c in changes:
-            if c.forgotten:  # rule 11
+            if c.forgotten:  # rule 12
                 del self._members[c.node_id]
                 continue
             self._floors.drop(c.node_id)
@@ -436,20 +368,12 @@ class MembershipState:
 
     # -- snapshots (the encoding is in arbiter.core.tally_snapshot) ------------
 
-    def to_bytes(self) -> bytes:
-        """A canonical snapshot of the whole state (for log compaction).
-
-        The same state gives the same bytes on every replica; the layout is
-        in :mod:`arbiter.core.tally_snapshot`.
-        """
-        return tally_snapshot.encode(self._image())
-
     @classmethod
     def from_bytes(cls, data: bytes) -> MembershipState:
         """Restores a state written by :meth:`to_bytes`.
 
-        The arbiters come from the snapshot; the caller checks they match
-        its configuration.
+        The configuration comes from the snapshot; the caller checks it
+        against Raft's (``arbiter.core.replica.restore_state``).
 
         Raises:
             SnapshotDecodeError: the bytes are not a snapshot :meth:`to_bytes`
@@ -458,39 +382,10 @@ class MembershipState:
         """
         image = tally_snapshot.decode(data)
         try:
-            state = cls(image.arbiters)
+            state = cls(image.configuration)
         except ValueError as e:
             raise SnapshotDecodeError(f"invalid snapshot: {e!r}") from None
         state._load(image)
         if state.to_bytes() != bytes(data):
             raise SnapshotDecodeError("snapshot is not canonical (unsorted or duplicate records)")
         return state
-
-    def _image(self) -> TallyImage:
-        """This state as plain records, in canonical order."""
-        return TallyImage(
-            arbiters=self._arbiters,
-            epoch=self._epoch,
-            applied_index=self._applied,
-            members=tuple(self._members[n] for n in sorted(self._members)),
-            observations=tuple(
-                (n, r, o) for n in sorted(self._obs) for r, o in sorted(self._obs[n].items())
-            ),
-            retired=tuple((n, self._retired[n]) for n in sorted(self._retired)),
-            instance=self._instance,
-            forgotten=self._floors.rows(),
-        )
-
-    def _load(self, image: TallyImage) -> None:
-        """Fills this empty state with ``image``'s records (a later duplicate wins;
-        :meth:`from_bytes` then refuses the snapshot as not canonical)."""
-        self._epoch, self._applied = image.epoch, image.applied_index
-        for m in image.members:
-            self._members[m.node_id] = m
-        for node, replica, record in image.observations:
-            self._obs.setdefault(node, {})[replica] = record
-        for node, incarnation in image.retired:
-            self._retired[node] = incarnation
-        self._instance = image.instance
-        self._floors = Floors(image.forgotten)
-        self._view = None

@@ -19,14 +19,19 @@ Rules:
    ...]`` is present only when some incarnation was retired, and
    ``"instance": id`` only once the cluster has one, and ``"forgotten":
    [[node, incarnation, state], ...]`` (the floors of forgotten records, tally
-   rule 11, state ``"DEAD"`` or ``"LEFT"``) only when there is one, so a state
-   without them encodes as it did before they existed.
+   rule 12, state ``"DEAD"`` or ``"LEFT"``) only when there is one, so a state
+   without them encodes as it did before they existed. ``"config": {"voters": {id:
+   address}, "learners": {...}, "index": i}`` is the arbiter configuration
+   in force (tally rule 11); it is left out while that is the initial one
+   with no addresses (``arbiters`` says it all), and ``"arbiters"`` always
+   lists its voters.
 3. Decoding refuses, with :class:`SnapshotDecodeError`, anything this
    module could not have written: another version, a wrong type (a bool is
    not an int), a negative number, an empty id, unsorted or duplicate
    labels, a JOINING member, a member epoch outside ``1..epoch``, an
-   observation from a replica that is not an arbiter, a forgotten floor that
-   is not DEAD or LEFT or whose node has a record. The state checks the
+   observation from a replica that is not a voter, a ``config`` whose voters
+   are not ``arbiters`` or whose index is above ``applied_index``, a forgotten
+   floor that is not DEAD or LEFT or whose node has a record. The state checks the
    rest (distinct arbiters, no duplicate records) by encoding what it
    restored and comparing with the input.
 
@@ -42,6 +47,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from arbiter.core.commands import Opinion
+from arbiter.core.raft.configuration import ArbiterConfiguration
+from arbiter.core.raft.errors import InvalidInput
 from arbiter.errors import ArbiterError
 from membership.view import Evidence, Member, MemberState
 
@@ -94,7 +101,8 @@ class TallyImage:
     """Everything a tally holds, as plain records in canonical order.
 
     Attributes:
-        arbiters: the configured arbiter ids, sorted.
+        configuration: the arbiter configuration in force (its voters are
+            the snapshot's ``arbiters``).
         epoch: the epoch of the view.
         applied_index: log index of the last applied entry.
         members: every member record, sorted by node id.
@@ -103,10 +111,10 @@ class TallyImage:
         retired: (node id, highest retired incarnation), sorted by node id.
         instance: the cluster's instance id ("" before its Bootstrap).
         forgotten: (node id, incarnation, DEAD or LEFT) of each floor of a
-            forgotten record (tally rule 11), sorted by node id.
+            forgotten record (tally rule 12), sorted by node id.
     """
 
-    arbiters: tuple[str, ...]
+    configuration: ArbiterConfiguration
     epoch: int
     applied_index: int
     members: tuple[Member, ...] = ()
@@ -128,7 +136,7 @@ def encode(image: TallyImage) -> bytes:
     ]
     snapshot: dict[str, Any] = {
         "v": SNAPSHOT_VERSION,
-        "arbiters": list(image.arbiters),
+        "arbiters": list(image.configuration.voters),
         "epoch": image.epoch,
         "applied_index": image.applied_index,
         "members": members,
@@ -140,6 +148,9 @@ def encode(image: TallyImage) -> bytes:
         snapshot["instance"] = image.instance
     if image.forgotten:
         snapshot["forgotten"] = [[n, i, s.value] for n, i, s in image.forgotten]
+    conf = image.configuration
+    if conf.index or conf.learners or any(conf.voters.values()):
+        snapshot["config"] = conf.to_json()
     return json.dumps(snapshot, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -170,6 +181,7 @@ def _image(snap: Any) -> TallyImage:
         raise SnapshotDecodeError("not a version 1 membership snapshot")
     arbiters = tuple(snap["arbiters"])
     epoch, applied = _int(snap["epoch"]), _int(snap["applied_index"])
+    conf = _configuration(snap, arbiters, applied)
     members = []
     for node, inc, st, member_epoch, labels in snap["members"]:
         member = Member(
@@ -185,7 +197,7 @@ def _image(snap: Any) -> TallyImage:
     observations = []
     for row in snap["obs"]:
         node, replica, inc, op, seq, labels = row[:6]
-        if replica not in arbiters:
+        if replica not in arbiters and replica not in conf:  # a learner's: tally rule 9
             raise SnapshotDecodeError(f"observation from unknown replica {replica!r}")
         silence, suspicion, detector = _evidence(row[6:])
         record = ObservationRecord(
@@ -209,7 +221,7 @@ def _image(snap: Any) -> TallyImage:
             raise SnapshotDecodeError(f"{node!r} has both a record and a forgotten floor")
         forgotten.append((_str(node, empty=False), _int(inc), state))
     return TallyImage(
-        arbiters=arbiters,
+        configuration=conf,
         epoch=epoch,
         applied_index=applied,
         members=tuple(members),
@@ -218,6 +230,23 @@ def _image(snap: Any) -> TallyImage:
         instance=_str(snap.get("instance", "")),
         forgotten=tuple(forgotten),
     )
+
+
+def _configuration(
+    snap: dict[str, Any], arbiters: tuple[str, ...], applied: int
+) -> ArbiterConfiguration:
+    """The snapshot's configuration (rule 2): ``config``, else ``arbiters`` at index 0."""
+    if not all(isinstance(a, str) for a in arbiters):
+        raise SnapshotDecodeError(f"bad arbiters {arbiters!r}")
+    try:
+        if "config" not in snap:
+            return ArbiterConfiguration.initial(dict.fromkeys(arbiters, ""))
+        conf = ArbiterConfiguration.from_json(snap["config"])
+    except InvalidInput as e:
+        raise SnapshotDecodeError(f"invalid snapshot configuration: {e}") from None
+    if tuple(conf.voters) != arbiters or conf.index > applied:
+        raise SnapshotDecodeError(f"configuration {conf!r} disagrees with arbiters {arbiters!r}")
+    return conf
 
 
 def _ev_row(o: ObservationRecord) -> list[Any]:

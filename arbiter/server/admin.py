@@ -10,7 +10,10 @@ the member becomes LEFT at its recorded incarnation, the change carrying who
 removed it. The removed node's heartbeats are then answered LEFT, and it
 stops without rejoining (membership/session.py rule 5).
 
-Status codes: PERMISSION_DENIED (or the refusal's own code) when the caller
+The arbiter RPCs (ListArbiters, AddArbiter, RemoveArbiter, PromoteArbiter)
+are :mod:`arbiter.server.admin_arbiters`'s; this servicer hands them over.
+
+Status codes of RemoveNode: PERMISSION_DENIED (or the refusal's own code) when the caller
 may not administer; INVALID_ARGUMENT for a malformed node id;
 FAILED_PRECONDITION for another cluster's identity, a member already DEAD
 or LEFT, or one not at the incarnation asked for; NOT_FOUND for a node the
@@ -31,6 +34,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from arbiter.server.admin_arbiters import ArbiterAdmin
 from arbiter.server.authz import AllowAll, Authorizer
 from arbiter.server.backup import stream_snapshot
 from arbiter.server.driver import Driver
@@ -69,6 +73,43 @@ class AdminServicer(pb_grpc.AdminServicer):
         self.cluster = cluster
         self._authz: Authorizer = authz if authz is not None else AllowAll()
         self._status = status
+        # The arbiter RPCs, set by the server once its configuration follower exists.
+        self.arbiters: ArbiterAdmin | None = None
+
+    async def _arbiters(self, context: grpc.aio.ServicerContext) -> ArbiterAdmin:
+        if self.arbiters is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter starting; try again")
+        assert self.arbiters is not None
+        return self.arbiters
+
+    async def ListArbiters(
+        self, request: pb.ListArbitersRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListArbitersResponse:
+        """The configuration in force (admin_arbiters.py rule 2)."""
+        return await (await self._arbiters(context)).list(request, context)
+
+    async def AddArbiter(
+        self, request: pb.AddArbiterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ArbiterChangeResponse:
+        """A new learner (admin_arbiters.py rules 3, 4)."""
+        admin = await self._arbiters(context)
+        return await admin.change(
+            "add_learner", request.id, request.address, request.cluster, context
+        )
+
+    async def RemoveArbiter(
+        self, request: pb.RemoveArbiterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ArbiterChangeResponse:
+        """A voter or learner leaves the configuration (admin_arbiters.py rules 3, 4)."""
+        admin = await self._arbiters(context)
+        return await admin.change("remove", request.id, "", request.cluster, context)
+
+    async def PromoteArbiter(
+        self, request: pb.PromoteArbiterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ArbiterChangeResponse:
+        """A learner votes from now on (admin_arbiters.py rules 3, 4)."""
+        admin = await self._arbiters(context)
+        return await admin.change("promote", request.id, "", request.cluster, context)
 
     def _caller(self, context: grpc.aio.ServicerContext) -> str:
         """Who is asking, for ``removed_by``: the authorizer's identity, else the peer address."""

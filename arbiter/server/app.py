@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import errno
-import hashlib
 import logging
-import socket
 from pathlib import Path
 
 import grpc
@@ -16,16 +13,22 @@ from arbiter.config import ArbiterConfig
 from arbiter.core.replica import RestoreError
 from arbiter.core.tally import ViewChange
 from arbiter.server import metrics, status, surfaces
+from arbiter.server.addresses import check_bindable, check_listen, parse_peers, split_host_port
 from arbiter.server.admin import AdminServicer
+from arbiter.server.admin_arbiters import ArbiterAdmin
+from arbiter.server.arbiterset import ArbiterSet
 from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
 from arbiter.server.backup import restore_data_dir
 from arbiter.server.decoding import DecodeRefusal
 from arbiter.server.driver import Driver, ReplicaStatus
 from arbiter.server.hub import Hub, HubStatus
+from arbiter.server.joining import ask_group
 from arbiter.server.peers import PeerServicer, PeerTransport
+from arbiter.server.reconfig import Reconfiguration
 from arbiter.server.security import announce_security, check_replica_cert, reload_tls
 from arbiter.server.servicers import MembershipServicer
-from arbiter.server.storage import Storage, StorageError
+from arbiter.server.storage import DB_NAME, Storage, StorageError, cluster_identity
+from arbiter.server.stored import first_configuration, warn_if_peers_differ
 from arbiter.v1 import peer_pb2_grpc
 from membership.errors import InvalidArgument
 from membership.tls import LoadedTLS, ServerCredentials, channel_credentials
@@ -102,169 +105,14 @@ def channel_options(config: ArbiterConfig) -> list[tuple[str, int]]:
     ]
 
 
-def cluster_identity(cluster: str, peers: dict[str, str], restored_from: str = "") -> str:
-    """``name@digest``: the cluster name and a digest of the replica list.
-
-    Stamped on every Raft message; a replica refuses traffic stamped with
-    another identity, so replicas given different ``--peers`` lists fail
-    loudly instead of forming two groups. A group restored from a backup
-    (``--restore``) also digests the backup's sha256 (``restored_from``), so
-    it is a new group, the same on each of its replicas
-    (arbiter/server/backup.py, rule 4).
-    """
-    listing = ",".join(f"{k}={v}" for k, v in sorted(peers.items()))
-    if restored_from:
-        listing += f";restored-from={restored_from}"
-    return f"{cluster}@{hashlib.sha256(listing.encode()).hexdigest()[:12]}"
-
-
-def split_host_port(address: str) -> tuple[str, int]:
-    """``host:port`` (IPv6 hosts in brackets) to ``(host, port)``, the host without brackets.
-
-    Raises:
-        InvalidArgument: when it is not host:port with a port in 1..65535.
-    """
-    from membership.validation import parse_address
-
-    host, _, port = parse_address(address).rpartition(":")
-    return host.removeprefix("[").removesuffix("]"), int(port)
-
-
-def parse_peers(spec: str) -> dict[str, str]:
-    """Parses ``a1=host:port,a2=host:port,...`` into an ordered id -> address map.
-
-    Raises:
-        InvalidArgument: for an empty list, a malformed item, a duplicate id,
-            or one address given to two replicas (hosts compared without case).
-    """
-    from membership.validation import parse_address, validate_node_id
-
-    peers: dict[str, str] = {}
-    owner: dict[tuple[str, int], str] = {}
-    for item in (p.strip() for p in spec.split(",")):
-        if not item:
-            continue
-        rid, sep, addr = item.partition("=")
-        if not sep:
-            raise InvalidArgument(f"peer {item!r} is not id=host:port")
-        try:
-            validate_node_id(rid)
-        except InvalidArgument as e:
-            raise InvalidArgument(f"peer id: {e}") from None
-        if rid in peers:
-            raise InvalidArgument(f"peer id {rid!r} appears twice")
-        peers[rid] = parse_address(addr)
-        host, port = split_host_port(peers[rid])
-        key = (host.lower(), port)
-        if key in owner:
-            raise InvalidArgument(
-                f"--peers gives one address, {peers[rid]}, to {owner[key]} and {rid}: "
-                "every replica needs its own"
-            )
-        owner[key] = rid
-    if not peers:
-        raise InvalidArgument("no peers given")
-    return peers
-
-
-# Listen hosts meaning "every address of this machine".
-WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
-
-
-def _addresses_of(host: str, port: int) -> set[str]:
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return {str(info[4][0]) for info in infos}
-
-
-def check_listen(replica_id: str, listen: str, peers: dict[str, str]) -> None:
-    """Checks that ``--listen`` is this replica's own ``--peers`` address.
-
-    The others reach this replica at its ``--peers`` address only, so a replica
-    listening elsewhere is never heard and the group never elects a leader.
-    Accepted: the same port, and
-
-    - the same host (without case), or
-    - a wildcard listen host (``0.0.0.0``, ``::``, ``[::]``): it listens on
-      every address of the machine, and the peer name is not resolved, since
-      other machines may resolve it differently (docker-compose.yml listens on
-      ``0.0.0.0:7000`` with ``a1=a1:7000``), or
-    - two hosts that resolve here to a common address (``localhost`` and
-      ``127.0.0.1``).
-
-    Blocks while host names resolve (run it in a thread where that matters).
-
-    Raises:
-        InvalidArgument: naming both addresses and how to fix it (a host that
-            does not resolve here cannot be checked and is refused too).
-    """
-    own = peers[replica_id]
-    lhost, lport = split_host_port(listen)
-    phost, pport = split_host_port(own)
-    fix = (
-        f"--listen {listen} is not {replica_id}'s own address in --peers ({own}), where the "
-        "other replicas look for it; give the same host and port in both, or listen on "
-        f"0.0.0.0:{pport}"
-    )
-    if lport != pport:
-        raise InvalidArgument(f"{fix} (the ports differ)")
-    if lhost in WILDCARD_HOSTS or lhost.lower() == phost.lower():
-        return
-    try:
-        common = _addresses_of(lhost, lport) & _addresses_of(phost, pport)
-    except OSError as e:
-        raise InvalidArgument(f"{fix} (cannot resolve a host here: {e})") from None
-    if not common:
-        raise InvalidArgument(f"{fix} (the hosts resolve to different addresses)")
-
-
-def check_bindable(listen: str) -> None:
-    """Binds ``listen`` with the standard library and lets go, before gRPC tries.
-
-    gRPC logs its own line when a bind fails and reports every failure alike;
-    this names the cause. A process may still take the port between this
-    check and gRPC's bind; gRPC's error covers that.
-
-    Raises:
-        OSError: ``cannot listen on ADDRESS: unknown host``, ``address in use``,
-            ``not an address of this machine``, or the system's reason.
-        InvalidArgument: a malformed address.
-    """
-    host, port = split_host_port(listen)
-    try:
-        infos = socket.getaddrinfo(
-            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-    except socket.gaierror as e:
-        raise OSError(f"cannot listen on {listen}: unknown host {host!r} ({e.strerror})") from None
-    reasons = {
-        errno.EADDRINUSE: "address in use (another process listens on it)",
-        errno.EADDRNOTAVAIL: f"{host} is not an address of this machine",
-        errno.EACCES: "permission denied (ports below 1024 need privileges)",
-    }
-    bound = 0
-    failure: OSError | None = None
-    for family, kind, proto, _, sockaddr in infos:
-        try:
-            with socket.socket(family, kind, proto) as sock:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does
-                sock.bind(sockaddr)
-            bound += 1
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:
-                failure = e
-                break
-            failure = failure or e
-    if failure is not None and (bound == 0 or failure.errno == errno.EADDRINUSE):
-        why = reasons.get(failure.errno or 0, failure.strerror or str(failure))
-        raise OSError(f"cannot listen on {listen}: {why}")
-
-
 class ArbiterServer:
     """One arbiter replica: gRPC server, Raft transport and the driver loop.
 
     Args:
         replica_id: this replica's id; must be a key of ``peers``.
-        peers: every replica's id -> ``host:port`` (this one included).
+        peers: every replica's id -> ``host:port`` (this one included): the
+            group's first configuration, used at a first start only (the
+            stored configuration wins after it: :mod:`arbiter.server.stored`).
         listen: the address to bind, ``host:port``.
         config: the configuration (validated here).
         data_dir: the directory of this replica's durable Raft state (created
@@ -275,6 +123,8 @@ class ArbiterServer:
             :class:`arbiter.server.authz.MutualTLS` policy. None is plaintext
             with :class:`arbiter.server.authz.AllowAll` (``--insecure``; the
             command line refuses to start without one or the other).
+        join: ``--join``'s replicas of a running group, ``host:port``; empty
+            for a replica of a new group (:mod:`arbiter.server.joining`).
         restore: a backup file (``membership admin snapshot save``) to start
             a new group from, into an empty ``data_dir``
             (:func:`arbiter.server.backup.restore_data_dir`).
@@ -292,9 +142,12 @@ class ArbiterServer:
         config: ArbiterConfig | None = None,
         data_dir: Path | None = None,
         tls: LoadedTLS | None = None,
+        join: list[str] | None = None,
         restore: Path | None = None,
     ) -> None:
-        if replica_id not in peers:
+        self.join = list(join or [])
+        self.restore = restore
+        if not self.join and replica_id not in peers:
             raise InvalidArgument(
                 f"--id {replica_id!r} is not in --peers ({', '.join(peers)}); list every replica"
             )
@@ -306,25 +159,32 @@ class ArbiterServer:
         self.listen = listen
         self.data_dir = data_dir
         self.tls = tls
-        self.restore = restore
         self._server_credentials = None if tls is None else ServerCredentials(tls)
         self.authz: Authorizer = AllowAll() if tls is None else MutualTLS(self.config.cluster)
         self._storage: Storage | None = None
         self._server: grpc.aio.Server | None = None
         self._stopped = asyncio.Event()
         self._failed = asyncio.Event()
+        # Set when this replica was removed from the group (exits 0, not a failure).
+        self.removed: str | None = None
+        self._told_removed: set[str] = set()  # peers that say it was (peers.py)
+        self.identity = ""
         # Why this replica stopped taking part by itself (None while it is fit).
         self.failure: str | None = None
         self.port = 0
         self.metrics: metrics.MetricsServer | None = None
 
     def configuration(self) -> dict[str, dict[str, str]]:
-        """The arbiter configuration in force: ``{"voters": {id: host:port}, "learners": {}}``.
+        """The arbiter configuration in force: ``{"voters": {id: host:port}, "learners": {..}}``.
 
-        The one accessor that metrics and ``Admin.Status`` read: today the
-        static ``--peers`` (:attr:`peers`), to repoint once the group changes online.
+        The one accessor that metrics and ``Admin.Status`` read
+        (:mod:`arbiter.server.reconfig`); the first ``--peers`` before start.
         """
-        return {"voters": dict(self.peers), "learners": {}}
+        reconfig = getattr(self, "reconfig", None)
+        if reconfig is None:
+            return {"voters": dict(self.peers), "learners": {}}
+        current = reconfig.current
+        return {"voters": dict(current.voters), "learners": dict(current.learners)}
 
     async def start(self) -> None:
         """Recovers the durable state, binds the port, starts the driver, transport and server.
@@ -343,25 +203,45 @@ class ArbiterServer:
             restore_data_dir(
                 self.data_dir, self.restore, self.replica_id, cluster=cfg.cluster, peers=self.peers
             )
+        group = None
+        if self.join and (self.data_dir is None or not (self.data_dir / DB_NAME).exists()):
+            group = await ask_group(
+                self.replica_id,
+                self.listen,
+                self.join,
+                None if self.tls is None else channel_credentials(self.tls),
+            )
+            members = group.arbiters.members
+            await asyncio.to_thread(check_listen, self.replica_id, self.listen, members)
+            self.peers = members
         storage = Storage.open(
             self.data_dir,
             replica_id=self.replica_id,
             cluster=cfg.cluster,
             arbiters=self.peers,
+            identity=None if group is None else group.identity,
+            joined=group is not None,
         )
         try:
-            await self._start(cfg, storage)
+            given = self.peers
+            self.peers = first_configuration(storage, self.replica_id, given)
+            self.identity = storage.identity
+            await self._start(cfg, storage, given)
+            if self.join and not storage.first_start:
+                log.info(
+                    "arbiter %s: --join with a data dir that holds state: restarting "
+                    "from the stored configuration",
+                    self.replica_id,
+                )
         except BaseException:
             storage.close()
             raise
         self._storage = storage
 
-    async def _start(self, cfg: ArbiterConfig, storage: Storage) -> None:
+    async def _start(self, cfg: ArbiterConfig, storage: Storage, given: dict[str, str]) -> None:
         if self.data_dir is None:
             log.warning("arbiter %s: no data dir: raft state is in memory only", self.replica_id)
-        # A restored group's identity is in its data dir (backup.py, rule 4).
-        identity = storage.get_meta("identity") or cluster_identity(cfg.cluster, self.peers)
-        self.identity = identity
+        identity = self.identity
         if len(self.peers) < 3:
             log.warning(
                 "arbiter %s: a group of %d replica(s) survives no replica failure; run 3 or 5",
@@ -375,6 +255,7 @@ class ArbiterServer:
             report_unreachable=lambda p: self.driver.report_unreachable(p),
             channel_options=channel_options(cfg),
             credentials=None if self.tls is None else channel_credentials(self.tls),
+            removed_by=self._removed_by,
         )
         self.hub = Hub(
             view=lambda: self.driver.state.view(),
@@ -384,7 +265,7 @@ class ArbiterServer:
         try:
             self.driver = Driver(
                 replica_id=self.replica_id,
-                replica_ids=list(self.peers),
+                replica_ids=self.peers,
                 config=cfg,
                 send=self.transport.send,
                 on_change=self._on_change,
@@ -392,6 +273,7 @@ class ArbiterServer:
                 storage=storage,
                 on_reset=self.hub.reset,
                 on_fatal=self._fatal,
+                join=storage.joined,
             )
         except RestoreError as e:
             raise StorageError(f"data dir {self.data_dir}: {e}") from None
@@ -413,6 +295,25 @@ class ArbiterServer:
             authz=self.authz,
         )
         peer_pb2_grpc.add_PeerServicer_to_server(self.peer_api, server)
+        self.reconfig = Reconfiguration(
+            self.driver,
+            self.peers,
+            on_change=self._on_configuration,
+            on_removed=self._removed,
+            joining=storage.joined and storage.first_start,
+        )
+        self.driver.after_turn = self.reconfig.refresh
+        if not storage.first_start:  # before the port serves anything (stored.py rules 2, 3)
+            warn_if_peers_differ(
+                self.replica_id, given, self.reconfig.current.members, self.reconfig.current.index
+            )
+            await self._check_own_address()
+        self.api.arbiters = lambda: self.reconfig.current
+        self.admin_api.arbiters = ArbiterAdmin(
+            self.reconfig, self.replica_id, identity, self.authz, cfg.election_timeout * 5
+        )
+        self.transport.set_peers(self.reconfig.peers)
+        self.peer_api.known = set(self.reconfig.peers)
         surfaces.add_standard_services(server, self.health)
         try:
             if self._server_credentials is None:
@@ -448,6 +349,50 @@ class ArbiterServer:
             metrics.where(self.metrics),
         )
 
+    async def _check_own_address(self) -> None:
+        """stored.py rule 3: ``--listen`` must be this replica's address in force."""
+        members = self.reconfig.current.members
+        if self.replica_id not in members:
+            return
+        try:
+            await asyncio.to_thread(check_listen, self.replica_id, self.listen, members)
+        except InvalidArgument as e:
+            raise StorageError(
+                f"{e} (the stored configuration at log index {self.reconfig.current.index} "
+                "wins over --peers; listen at the stored address, or replace this replica: "
+                "README, 'Replacing an arbiter')"
+            ) from None
+
+    def _removed_by(self, peer: str) -> None:
+        """peers.py: ``peer`` says this replica was removed; a majority of voters stops it."""
+        self._told_removed.add(peer)
+        voters = set(self.reconfig.current.voters) - {self.replica_id}
+        if not self.reconfig.removed and len(self._told_removed & voters) > len(voters) // 2:
+            self.reconfig.removed = True
+            log.warning(
+                "%s: %s say this replica was removed from the arbiter group: stopping",
+                self.replica_id,
+                ", ".join(sorted(self._told_removed)),
+            )
+            self._removed(self.reconfig.current)
+
+    def _on_configuration(self, arbiters: ArbiterSet) -> None:
+        """reconfig.py rule 1: the transport, the peer servicer and subscribers follow."""
+        peers = self.reconfig.peers
+        self.peer_api.removed |= set(self.peer_api.known) - set(peers)
+        self.peer_api.removed -= set(peers)
+        self.transport.set_peers(peers)
+        self.peer_api.known = set(peers)
+        self._on_quorum(self.driver.status())
+
+    def _removed(self, arbiters: ArbiterSet) -> None:
+        """reconfig.py rule 2: removed from the group: stop (the command exits 0)."""
+        self.removed = (
+            f"arbiter {self.replica_id} was removed from the group at log index "
+            f"{arbiters.index}; its data dir can be deleted"
+        )
+        self._failed.set()
+
     def reload_tls(self) -> bool:
         """SIGHUP: re-reads the TLS files for new handshakes (:func:`reload_tls`)."""
         return reload_tls(self, getattr(self, "transport", None))
@@ -458,10 +403,12 @@ class ArbiterServer:
         self._failed.set()
 
     async def wait_failed(self) -> str:
-        """Returns the reason once this replica has found it must stop (see Driver on_fatal)."""
+        """Returns the reason once this replica has found it must stop (see Driver on_fatal),
+        or was removed from the group (:attr:`removed`)."""
         await self._failed.wait()
-        assert self.failure is not None
-        return self.failure
+        reason = self.failure or self.removed
+        assert reason is not None
+        return reason
 
     def _on_change(self, change: ViewChange) -> None:
         self.hub.publish(change)

@@ -76,7 +76,7 @@ from pathlib import Path
 
 import grpc
 
-from arbiter.core.raft import HardState, Ready, Snapshot
+from arbiter.core.raft import ArbiterConfiguration, HardState, Ready, Snapshot
 from arbiter.core.tally_snapshot import SnapshotDecodeError, decode, encode
 from arbiter.server.authz import Authorizer
 from arbiter.server.driver import Driver
@@ -228,13 +228,20 @@ def check_restore(
         image = decode(snap.data)
     except SnapshotDecodeError as e:
         raise RestoreRefused(f"--restore {path}: {e}") from None
-    if image.arbiters != tuple(sorted(replica_ids)):
+    saved = tuple(image.configuration.voters)
+    if saved != tuple(sorted(replica_ids)):
         raise RestoreRefused(
-            f"--restore {path} was saved by arbiters {', '.join(image.arbiters)}, but --peers "
+            f"--restore {path} was saved by arbiters {', '.join(saved)}, but --peers "
             f"lists {', '.join(sorted(replica_ids))}: restore with the same replica ids "
             "(their addresses may change)"
         )
-    return snap, encode(replace(image, instance=""))
+    # The new group's first configuration is --peers (ids here, addresses from the
+    # data dir's first arbiter set: arbiter/core/restore.py); the backup's learners go.
+    first = ArbiterConfiguration.initial(dict.fromkeys(saved, ""))
+    observations = tuple(o for o in image.observations if o[1] in first)
+    return snap, encode(
+        replace(image, configuration=first, observations=observations, instance="")
+    )
 
 
 def restore_data_dir(

@@ -66,7 +66,8 @@ class Driver:
 
     Args:
         replica_id: this replica's id.
-        replica_ids: every configured replica id, this one included.
+        replica_ids: the first arbiter set, id -> ``host:port`` (or ids only), this one included.
+        join: start empty to join a running group (the core's ``Replica(join=True)``).
         config: validated configuration.
         send: called with each outgoing Raft message (must not block).
         on_change: called with each committed view change, in epoch order.
@@ -90,7 +91,7 @@ class Driver:
         self,
         *,
         replica_id: str,
-        replica_ids: list[str],
+        replica_ids: Mapping[str, str] | list[str],
         config: ArbiterConfig,
         send: Callable[[Message], None],
         on_change: Callable[[ViewChange], None],
@@ -98,6 +99,7 @@ class Driver:
         storage: Storage,
         on_reset: Callable[[], None] = lambda: None,
         on_fatal: Callable[[str], None] = lambda reason: None,
+        join: bool = False,
     ) -> None:
         self.replica_id = replica_id
         self._on_fatal = on_fatal
@@ -114,8 +116,10 @@ class Driver:
         now = time.monotonic()
         self.replica = Replica(
             replica_id=replica_id,
-            replica_ids=replica_ids,
-            raft_config=config.raft(),
+            replica_ids=list(replica_ids),
+            addresses=replica_ids if isinstance(replica_ids, Mapping) else None,
+            join=join and not _has_state(durable),
+            raft_config=dataclasses.replace(config.raft(), auto_promote=False),  # reconfig.py 4
             settings=dataclasses.replace(
                 config.replica_settings(),
                 # A replica with no durable state never granted a lease and
@@ -149,6 +153,7 @@ class Driver:
         self._replaying = False
         # Term of the entry at raft.status().applied (a backup's term; arbiter/server/backup.py).
         self.applied_term = self.raft.snapshot().term
+        self.after_turn: Callable[[], None] = lambda: None
         self._recover(t0, durable)
 
     @property
@@ -245,6 +250,10 @@ class Driver:
             log.error("raft message %s from %s refused: %s", msg.type.value, msg.src, e)
         self._wake.set()
 
+    def wake(self) -> None:
+        """Runs a turn soon (the core was given an input from outside the loop)."""
+        self._wake.set()
+
     def report_unreachable(self, peer: str) -> None:
         """Transport hint: ``peer`` could not be reached."""
         self.raft.report_unreachable(peer)
@@ -311,11 +320,6 @@ class Driver:
             role=st.role.name.lower(),
             epoch=self.state.epoch,
         )
-
-    @property
-    def cluster_size(self) -> int:
-        """Number of configured replicas (the quorum is a strict majority of them)."""
-        return len(self.state.arbiters)
 
     def suggested_interval(self) -> float:
         """Seconds between heartbeats to suggest in acks (grows with the node count)."""
@@ -425,6 +429,7 @@ class Driver:
             self._send_and_apply(rd)
         await self._maybe_compact()
         self._check_quorum(time.monotonic())  # the writes above may have taken a while
+        self.after_turn()
 
     def _persisted(self, rd: Ready, took: float) -> None:
         """Accounts for one Ready's write of ``took`` seconds; warns when the disk was slow."""

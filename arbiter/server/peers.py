@@ -14,13 +14,30 @@ on one stream (the server's receive limit is the public API's, 64 KiB by
 default); the receiver reassembles them per stream and delivers one
 message. A chunk lost to a full outbox or a broken stream leaves an
 incomplete snapshot that is dropped; Raft sends the snapshot again.
+
+The set of peers follows the arbiter configuration in force
+(:meth:`PeerTransport.set_peers`, :attr:`PeerServicer.known`): a peer added
+gets a sender task and a channel at once; a removed one's task is cancelled,
+its outbox dropped and its channel closed ``LINGER`` seconds later (what
+was queued for it, such as the commit of its own removal, still leaves); a
+peer whose address changed is removed and added again at once. Messages
+for a peer not in the set are dropped with a DEBUG line (Raft tolerates
+loss).
+
+A removed replica may never receive the entry that removed it (the leader
+stops sending to it at once). The peer servicer therefore refuses a sender
+that was in an earlier configuration and is in none now with
+PERMISSION_DENIED ``replica X was removed from the arbiter group`` (the
+``REMOVED`` text), and the transport reports such an answer with
+``removed_by(peer)``; the server stops once a majority of its voters say so
+(arbiter/server/app.py), as an etcd member told "removed" by its peers does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -29,108 +46,31 @@ from typing import Any
 import grpc
 from tenacity import AsyncRetrying, retry_if_exception_type
 
-from arbiter.core.raft import Entry, Message, MessageType, Snapshot
+from arbiter.core.raft import Message, MessageType
 from arbiter.server.authz import AllowAll, Authorizer
+from arbiter.server.peercodec import SNAPSHOT_CHUNK, SnapshotAssembler, from_proto, to_protos
 from arbiter.v1 import peer_pb2, peer_pb2_grpc
 from membership.backoff import Backoff
 
-__all__ = ["PeerServicer", "PeerTransport", "SnapshotAssembler", "from_proto", "to_protos"]
+__all__ = [
+    "SNAPSHOT_CHUNK",
+    "PeerServicer",
+    "PeerTransport",
+    "SnapshotAssembler",
+    "from_proto",
+    "to_protos",
+]
 
 log = logging.getLogger("arbiter.peers")
 
 OUTBOX_LIMIT = 1024
+# Seconds a peer that left the configuration is still sent to (its queued messages).
+LINGER = 1.0
+# The refusal's words for a sender that was removed from the group (module docstring).
+REMOVED = "was removed from the arbiter group"
 # A stream that takes no queued message for STALL_LIMIT seconds is reopened.
 STALL_CHECK = 0.5
 STALL_LIMIT = 2.0
-# Bytes of snapshot data per wire message: well under the 64 KiB receive limit.
-SNAPSHOT_CHUNK = 32 * 1024
-
-
-def to_protos(
-    msg: Message, cluster: str, chunk: int = SNAPSHOT_CHUNK
-) -> list[peer_pb2.RaftMessage]:
-    """Encodes a core Raft message for the wire: one message, or a SNAPSHOT's chunks."""
-    snap = msg.snapshot
-    if snap is None:
-        return [_to_proto(msg, cluster)]
-    size = len(snap.data)
-    out = []
-    for offset in range(0, max(size, 1), chunk):
-        pb = _to_proto(msg, cluster)
-        pb.index, pb.log_term = snap.index, snap.term
-        pb.snapshot_chunk = snap.data[offset : offset + chunk]
-        pb.snapshot_offset, pb.snapshot_size = offset, size
-        out.append(pb)
-    return out
-
-
-def _to_proto(msg: Message, cluster: str) -> peer_pb2.RaftMessage:
-    return peer_pb2.RaftMessage(
-        type=msg.type.value,
-        src=msg.src,
-        dst=msg.dst,
-        term=msg.term,
-        log_term=msg.log_term,
-        index=msg.index,
-        entries=[peer_pb2.RaftEntry(term=e.term, index=e.index, data=e.data) for e in msg.entries],
-        commit=msg.commit,
-        reject=msg.reject,
-        reject_hint=msg.reject_hint,
-        cluster=cluster,
-    )
-
-
-def from_proto(pb: peer_pb2.RaftMessage, snapshot: Snapshot | None = None) -> Message:
-    """Decodes a wire Raft message (a SNAPSHOT with its reassembled ``snapshot``).
-
-    Raises:
-        ValueError: for an unknown message type.
-    """
-    return Message(
-        type=MessageType(pb.type),
-        src=pb.src,
-        dst=pb.dst,
-        term=pb.term,
-        log_term=pb.log_term,
-        index=pb.index,
-        entries=tuple(Entry(term=e.term, index=e.index, data=e.data) for e in pb.entries),
-        commit=pb.commit,
-        reject=pb.reject,
-        reject_hint=pb.reject_hint,
-        snapshot=snapshot,
-    )
-
-
-class SnapshotAssembler:
-    """Reassembles the chunks of SNAPSHOT messages arriving in order on one stream."""
-
-    def __init__(self) -> None:
-        self._key: tuple[str, int, int, int, int] | None = None
-        self._buf = bytearray()
-
-    def add(self, pb: peer_pb2.RaftMessage) -> Message | None:
-        """Takes one chunk; returns the whole message once its last chunk is in.
-
-        Raises:
-            ValueError: for a chunk beyond the announced size.
-        """
-        key = (pb.src, pb.term, pb.index, pb.log_term, pb.snapshot_size)
-        if pb.snapshot_offset == 0:
-            self._key, self._buf = key, bytearray()
-        elif key != self._key or pb.snapshot_offset != len(self._buf):
-            log.info("incomplete snapshot from %s dropped (a chunk was lost)", pb.src)
-            self._key, self._buf = None, bytearray()
-            return None
-        self._buf += pb.snapshot_chunk
-        if len(self._buf) > pb.snapshot_size:
-            raise ValueError(f"snapshot chunks exceed the announced {pb.snapshot_size} bytes")
-        if len(self._buf) < pb.snapshot_size:
-            return None
-        snap = Snapshot(index=pb.index, term=pb.log_term, data=bytes(self._buf))
-        self._key, self._buf = None, bytearray()
-        # On the wire index and log_term carried the snapshot's position; in the core it is
-        # in the snapshot, and a SNAPSHOT's own index and log_term are unused (0).
-        return dataclasses.replace(from_proto(pb, snap), index=0, log_term=0)
 
 
 class _StreamBroken(Exception):
@@ -170,6 +110,8 @@ class _Peer:
         self.generation = 0
         # When the stream last took a message from the outbox (monotonic seconds).
         self.last_pull = 0.0
+        # Set once it left the configuration: it is let go when this fires.
+        self.linger: asyncio.TimerHandle | None = None
 
 
 class PeerTransport:
@@ -194,16 +136,75 @@ class PeerTransport:
         report_unreachable: Callable[[str], None],
         channel_options: list[tuple[str, int]],
         credentials: grpc.ChannelCredentials | None = None,
+        removed_by: Callable[[str], None] = lambda peer: None,
     ) -> None:
+        self._removed_by = removed_by
         self._self_id = self_id
         self._cluster = cluster
         self._report = report_unreachable
         self._credentials = credentials
+        self._options = channel_options
+        self._started = False
+        self._closing: set[asyncio.Task[None]] = set()
         self._peers = {
             pid: _Peer(pid, addr, channel_options, credentials)
             for pid, addr in peers.items()
             if pid != self_id
         }
+
+    @property
+    def peers(self) -> dict[str, str]:
+        """The peers sent to now: id -> ``host:port`` (this replica excluded)."""
+        return {pid: p.address for pid, p in self._peers.items()}
+
+    def set_peers(self, peers: dict[str, str]) -> None:
+        """Follows a new configuration: opens streams to added peers, closes removed ones'.
+
+        Args:
+            peers: every replica of the configuration in force (voters and
+                learners), id -> ``host:port``; this replica's own id is skipped.
+        """
+        wanted = {pid: addr for pid, addr in peers.items() if pid != self._self_id}
+        for pid in list(self._peers):
+            peer = self._peers[pid]
+            if wanted.get(pid) == peer.address:
+                if peer.linger is not None:  # back before it was let go
+                    peer.linger.cancel()
+                    peer.linger = None
+            elif pid not in wanted and peer.linger is None:
+                # Messages queued for it (the commit of its own removal) still leave.
+                log.info("raft transport: %s (%s) left the configuration", pid, peer.address)
+                peer.linger = asyncio.get_running_loop().call_later(LINGER, self._let_go, pid, peer)
+            elif pid in wanted:  # another address: a new peer
+                self._let_go(pid, peer)
+        for pid, addr in wanted.items():
+            if pid not in self._peers:
+                log.info("raft transport: %s (%s) joined the configuration", pid, addr)
+                peer = _Peer(pid, addr, self._options, self._credentials)
+                self._peers[pid] = peer
+                if self._started:
+                    self._start_sender(peer)
+
+    def _let_go(self, pid: str, peer: _Peer) -> None:
+        if self._peers.get(pid) is peer:
+            del self._peers[pid]
+        task = asyncio.get_running_loop().create_task(self._retire(peer))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    @staticmethod
+    async def _retire(peer: _Peer) -> None:
+        peer.outbox.clear()
+        if peer.task is not None:
+            peer.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await peer.task
+        await peer.channel.close(grace=None)
+
+    def _start_sender(self, peer: _Peer) -> None:
+        peer.task = asyncio.get_running_loop().create_task(
+            self._sender(peer), name=f"raft-send-{peer.peer_id}"
+        )
 
     def set_credentials(self, credentials: grpc.ChannelCredentials) -> None:
         """New TLS client credentials (rotation): each peer's next connection uses
@@ -222,14 +223,18 @@ class PeerTransport:
 
     def start(self) -> None:
         """Starts one sender task per peer."""
+        self._started = True
         for peer in self._peers.values():
-            peer.task = asyncio.get_running_loop().create_task(
-                self._sender(peer), name=f"raft-send-{peer.peer_id}"
-            )
+            self._start_sender(peer)
 
     async def close(self) -> None:
         """Stops the sender tasks and closes the channels."""
+        for task in list(self._closing):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         for peer in self._peers.values():
+            if peer.linger is not None:
+                peer.linger.cancel()
             if peer.task is not None:
                 peer.task.cancel()
         for peer in self._peers.values():
@@ -243,8 +248,8 @@ class PeerTransport:
     def send(self, msg: Message) -> None:
         """Queues ``msg`` for its destination; never blocks (drops the oldest when full)."""
         peer = self._peers.get(msg.dst)
-        if peer is None:
-            log.warning("no peer %s for raft message %s", msg.dst, msg.type.value)
+        if peer is None:  # not (or no longer) in the configuration in force
+            log.debug("no peer %s for raft message %s", msg.dst, msg.type.value)
             return
         if not peer.outbox:
             peer.last_pull = time.monotonic()  # the wait to be taken starts now
@@ -339,6 +344,8 @@ class PeerTransport:
                         grpc.StatusCode.FAILED_PRECONDITION,
                         grpc.StatusCode.PERMISSION_DENIED,
                     )
+                    if REMOVED in (e.details() or ""):
+                        self._removed_by(peer.peer_id)
                     if refused and not peer.refused:
                         peer.refused = True  # once: it is retried for ever
                         log.error(
@@ -369,7 +376,8 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     Args:
         cluster: this cluster's name; messages stamped with another are refused.
         deliver: called with each decoded message.
-        known: the configured replica ids; other senders are refused.
+        known: the replica ids of the configuration in force; other senders
+            are refused. Replaced as the configuration changes (:attr:`known`).
         authz: who may send as which replica (checked on each stream's first
             message: under mutual TLS the certificate must be ``arbiter/<src>``;
             a later message claiming another ``src`` ends the stream).
@@ -387,7 +395,9 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
         self._cluster = cluster
         self._deliver = deliver
         self._refused: set[str] = set()
-        self._known = known
+        self.known = known
+        # Replicas of an earlier configuration that are in none now (REMOVED).
+        self.removed: set[str] = set()
         self._closing = False
 
     def close(self) -> None:
@@ -430,8 +440,10 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
                 )
                 self._refuse(pb.src, why)
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
-            if pb.src not in self._known:
-                why = f"unknown replica {pb.src!r} (not in --peers)"
+            if pb.src not in self.known:
+                why = f"unknown replica {pb.src!r} (not in the configuration in force)"
+                if pb.src in self.removed:
+                    why = f"replica {pb.src!r} {REMOVED} (not in the configuration in force)"
                 self._refuse(pb.src, why)
                 await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
             try:

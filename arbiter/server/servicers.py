@@ -5,7 +5,10 @@ RESOURCE_EXHAUSTED and a message that says what was wrong; every other
 node and subscriber is served as before.
 
 Every ack, event and view carries the replica's cluster identity
-(``name@digest`` of its arbiter set); a request that names another identity
+(``name@digest`` of its first arbiter set, fixed at the group's first start:
+arbiter/server/stored.py); acks, QuorumStatus, Progress and GetView also
+carry the arbiter configuration in force and its log index
+(arbiter/server/arbiterset.py), which clients follow. A request that names another identity
 is refused with FAILED_PRECONDITION before it is acted on, so a client given
 the replicas of two clusters joins neither by mistake. A subscription that
 resumes after an epoch this replica has not reached waits up to
@@ -24,13 +27,14 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
 from arbiter.core.tally import ViewChange
 from arbiter.server import limits
+from arbiter.server.arbiterset import ArbiterSet, to_protos
 from arbiter.server.authz import AllowAll, Authorizer, Refusal
 from arbiter.server.driver import Driver
 from arbiter.server.encoding import ViewEncoder
@@ -101,6 +105,16 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         self.board = StatusBoard()
         self._views = ViewEncoder(driver, self.board)
         self._pruned_at = time.monotonic()
+        # The configuration in force (set by the server: arbiter/server/arbiterset.py).
+        self.arbiters: Callable[[], ArbiterSet] = lambda: ArbiterSet(voters={})
+        self._wire: tuple[ArbiterSet, list[pb.Arbiter]] = (ArbiterSet(voters={}), [])
+
+    def _arbiter_set(self) -> tuple[list[pb.Arbiter], int]:
+        """The configuration in force on the wire and its index (arbiterset.py rule 2)."""
+        now = self.arbiters()
+        if self._wire[0] is not now:
+            self._wire = (now, to_protos(now))
+        return self._wire[1], now.index
 
     def close(self) -> None:
         """Shutdown: heartbeat streams end with UNAVAILABLE so nodes go elsewhere."""
@@ -190,6 +204,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                         self.board.prune(now)
                 status = self._driver.status()
                 counters.acks += 1
+                arbiters, config_index = self._arbiter_set()
                 yield pb.HeartbeatAck(
                     seq=req.seq,
                     epoch=status.epoch,
@@ -200,9 +215,11 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     arbiter_id=status.arbiter_id,
                     incarnation=verdict.incarnation,
                     leader_id=status.leader_id or "",
-                    cluster_size=self._driver.cluster_size,
+                    cluster_size=sum(a.voter for a in arbiters),
                     cluster=self.cluster,
                     instance=self._driver.state.instance,
+                    arbiters=arbiters,
+                    config_index=config_index,
                 )
         finally:
             self.heartbeat_streams -= 1
@@ -305,6 +322,8 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                                     epoch=self._driver.state.epoch,
                                     in_quorum=self._driver.status().in_quorum,
                                     progress_interval_seconds=self._config.progress_interval,
+                                    arbiters=self._arbiter_set()[0],
+                                    config_index=self._arbiter_set()[1],
                                 ),
                             ),
                         )
@@ -345,6 +364,8 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 in_quorum=status.in_quorum,
                 leader_id=status.leader_id or "",
                 epoch=status.epoch,
+                arbiters=self._arbiter_set()[0],
+                config_index=self._arbiter_set()[1],
             ),
         )
 
@@ -411,6 +432,8 @@ class MembershipServicer(pb_grpc.MembershipServicer):
             local_suspects=[] if request.summary else self._driver.local_suspects(),
             cluster=self.cluster,
             instance=self._driver.state.instance,
+            arbiters=self._arbiter_set()[0],
+            config_index=self._arbiter_set()[1],
         )
 
     async def Leave(

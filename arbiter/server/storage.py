@@ -25,16 +25,28 @@ Rules:
    entries it covers, in one transaction.
 5. Ownership. An exclusive ``flock`` on ``LOCK`` in the data directory, held
    while open, keeps two processes off one directory; the directory also
-   records the replica id, cluster and arbiter set (each replica's id and
-   address) it belongs to and refuses any other, saying how to proceed:
-   Raft membership is static here, and a log written by one group of
-   replicas must never vote or count in another. A directory restored from
-   a backup also records ``identity`` and ``restored_from``
-   (arbiter/server/backup.py, rule 4).
+   records the replica id and cluster it belongs to and refuses any other,
+   saying how to proceed: a log written by one replica must never vote or
+   count as another's.
+5a. Identity and the first configuration. The first open records the
+   cluster identity (``name@digest`` of the first ``--peers``, or the one a
+   joining replica took from its group) and that first arbiter set; every
+   later open reads them back (:attr:`Storage.identity`,
+   :attr:`Storage.arbiters`) and never takes them from the caller again:
+   the stored configuration wins over ``--peers`` after the first start
+   (changes since are in the log and snapshot; see
+   :mod:`arbiter.server.stored`). A directory written before the identity
+   was recorded gets the one its recorded set implies.
+   A directory restored from a backup records the restored group's
+   ``identity`` and ``restored_from`` (arbiter/server/backup.py, rule 4).
 
 6. Threads. The driver writes from a thread of its own
    (:mod:`arbiter.server.writer`) and reads on the event loop; every public
    method holds one lock, so the connection is used by one thread at a time.
+
+7. Entry types and snapshot configurations (Raft membership changes) are
+   folded into the ``data`` blobs by :mod:`arbiter.core.raft.codec`: a blob
+   written before they existed means what it meant, so no migration.
 
 SQLite's own journal already detects torn writes; the checksums catch what
 it cannot (bit rot, a file edited or copied in part).
@@ -44,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import logging
 import os
 import sqlite3
@@ -56,9 +69,15 @@ from pathlib import Path
 from typing import IO
 
 from arbiter.core.raft import Entry, HardState, Ready, Snapshot
+from arbiter.core.raft.codec import (
+    entry_from_payload,
+    entry_payload,
+    snapshot_from_payload,
+    snapshot_payload,
+)
 from arbiter.errors import ArbiterError
 
-__all__ = ["DurableState", "Storage", "StorageError"]
+__all__ = ["DurableState", "Storage", "StorageError", "cluster_identity"]
 
 log = logging.getLogger("arbiter.storage")
 
@@ -128,6 +147,9 @@ class Storage:
         self.path = path
         self._lock = lock
         self._mutex = threading.Lock()  # rule 6
+        # The meta rows as claimed (rule 5a), and whether this open created them.
+        self._meta: dict[str, str] = {}
+        self.first_start = False
 
     @classmethod
     def open(
@@ -137,6 +159,8 @@ class Storage:
         replica_id: str,
         cluster: str,
         arbiters: Mapping[str, str] | Sequence[str],
+        identity: str | None = None,
+        joined: bool = False,
     ) -> Storage:
         """Opens (creating if needed) the replica's data directory.
 
@@ -145,14 +169,18 @@ class Storage:
                 survives the process: for tests only).
             replica_id: this replica's id; the directory must belong to it.
             cluster: the cluster name; the directory must belong to it.
-            arbiters: every configured replica, id -> ``host:port`` (or ids
-                only, which checks the ids only); the directory must have
-                been written by the same set (rule 5).
+            arbiters: the first arbiter set, id -> ``host:port`` (or ids
+                only): recorded on the first open, ignored afterwards
+                (rule 5a; read :attr:`arbiters` for the recorded one).
+            identity: the cluster identity to record on the first open; None
+                computes it from ``cluster`` and ``arbiters``
+                (:func:`cluster_identity`). Ignored afterwards.
+            joined: the first open is of a replica that joins a running group
+                (``--join``): recorded, see :attr:`joined`.
 
         Raises:
             StorageError: the directory cannot be created or written, another
-                process holds it, or it belongs to another replica, cluster
-                or set of arbiters.
+                process holds it, or it belongs to another replica or cluster.
         """
         lock = _lock(data_dir) if data_dir is not None else None
         target = str(data_dir / DB_NAME) if data_dir is not None else ":memory:"
@@ -164,7 +192,7 @@ class Storage:
                 conn.execute("PRAGMA synchronous=FULL")
             conn.executescript(_SCHEMA)
             storage = cls(conn, data_dir, lock)
-            storage._claim(replica_id, cluster, _arbiter_set(arbiters))
+            storage._claim(replica_id, cluster, _arbiter_set(arbiters), identity, joined)
         except BaseException as e:
             if conn is not None:
                 conn.close()
@@ -175,24 +203,28 @@ class Storage:
             raise
         return storage
 
-    def _claim(self, replica_id: str, cluster: str, arbiters: str) -> None:
-        """Rule 5: records whose directory this is, or checks it is ours.
+    def _claim(
+        self, replica_id: str, cluster: str, arbiters: str, identity: str | None, joined: bool
+    ) -> None:
+        """Rules 5 and 5a: records whose directory this is, or checks it is ours.
 
         ``arbiters`` is the set as recorded: ``a1=host:port,...`` sorted by
-        id, or ``a1,a2,...`` when the caller knows ids only. A directory that
-        recorded ids only (before addresses were) is upgraded to the pairs on
-        the first open whose ids match.
+        id (``a1,a2,...`` when the caller knows ids only).
         """
         rows = dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
-        want = {
-            "schema": SCHEMA_VERSION,
-            "replica_id": replica_id,
-            "cluster": cluster,
-            "arbiters": arbiters,
-        }
         if not rows:
+            want = {
+                "schema": SCHEMA_VERSION,
+                "replica_id": replica_id,
+                "cluster": cluster,
+                "arbiters": arbiters,
+                "identity": identity or _identity_of(cluster, arbiters),
+                "joined": "1" if joined else "0",
+            }
             with self._tx():
                 self._conn.executemany("INSERT INTO meta VALUES (?, ?)", sorted(want.items()))
+            self.first_start = True
+            self._meta = want
             return
         if rows.get("schema") != SCHEMA_VERSION:
             raise StorageError(f"data dir {self.path}: unknown schema {rows.get('schema')!r}")
@@ -202,27 +234,38 @@ class Storage:
                 f"{rows.get('cluster')!r}, not {replica_id!r} of {cluster!r}; give each "
                 "replica its own --data-dir"
             )
-        recorded = rows.get("arbiters")
-        if recorded == arbiters:
-            return
-        if recorded is not None and _ids(recorded) != _ids(arbiters):
-            self._refuse(recorded, arbiters)
-        if recorded is not None and "=" in recorded and "=" in arbiters:
-            self._refuse(recorded, arbiters)  # same ids, another address
-        if recorded is None or ("=" in arbiters and "=" not in recorded):
-            # Written before the set (or its addresses) was recorded: record it now.
+        missing = {}
+        if "arbiters" not in rows:
+            missing["arbiters"] = arbiters
+        recorded = rows.get("arbiters") or arbiters
+        if "identity" not in rows:  # written before rule 5a: the identity its set implies
+            missing["identity"] = _identity_of(cluster, recorded)
+        if missing:
             with self._tx():
-                self._conn.execute(
-                    "INSERT OR REPLACE INTO meta VALUES ('arbiters', ?)", (arbiters,)
+                self._conn.executemany(
+                    "INSERT OR REPLACE INTO meta VALUES (?, ?)", sorted(missing.items())
                 )
+        self._meta = {**rows, **missing}
 
-    def _refuse(self, recorded: str, arbiters: str) -> None:
-        raise StorageError(
-            f"data dir {self.path} was written by arbiters {recorded}, but --peers lists "
-            f"{arbiters}; the arbiter set is static: give the same --peers as before, or, "
-            "to form a new cluster, start every replica on a fresh --data-dir (move this "
-            "one away)"
-        )
+    @property
+    def identity(self) -> str:
+        """The cluster identity recorded at the first start (rule 5a)."""
+        return self._meta["identity"]
+
+    @property
+    def arbiters(self) -> dict[str, str]:
+        """The first arbiter set as recorded, id -> ``host:port`` (``""`` for a
+        directory that recorded ids only; empty for a replica that joined)."""
+        out: dict[str, str] = {}
+        for item in filter(None, self._meta["arbiters"].split(",")):
+            rid, _, address = item.partition("=")
+            out[rid] = address
+        return out
+
+    @property
+    def joined(self) -> bool:
+        """True when the directory was created by ``--join`` (not by a first ``--peers``)."""
+        return self._meta.get("joined") == "1"
 
     def get_meta(self, key: str) -> str | None:
         """A value recorded in the directory's meta table (rule 5), or None."""
@@ -234,6 +277,8 @@ class Storage:
         """Records ``key`` in the meta table, fsynced (the identity of a restored group)."""
         with self._mutex, self._tx() as conn:
             conn.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+            if key in self._meta:  # rule 5a's claimed rows (the restored identity)
+                self._meta[key] = value
 
     def close(self) -> None:
         """Closes the database and releases the lock (idempotent)."""
@@ -293,9 +338,10 @@ class Storage:
 
     @staticmethod
     def _put_snapshot(conn: sqlite3.Connection, s: Snapshot) -> None:
+        data = snapshot_payload(s)  # rule 7: the data and the configuration at its index
         conn.execute(
             "INSERT OR REPLACE INTO snapshot VALUES (0, ?, ?, ?, ?)",
-            (s.index, s.term, s.data, _entry_crc(s.index, s.term, s.data)),
+            (s.index, s.term, data, _entry_crc(s.index, s.term, data)),
         )
 
     @staticmethod
@@ -303,7 +349,10 @@ class Storage:
         conn.execute("DELETE FROM entries WHERE idx >= ?", (entries[0].index,))
         conn.executemany(
             "INSERT INTO entries VALUES (?, ?, ?, ?)",
-            [(e.index, e.term, e.data, _entry_crc(e.index, e.term, e.data)) for e in entries],
+            [
+                (e.index, e.term, p, _entry_crc(e.index, e.term, p))
+                for e, p in ((e, entry_payload(e)) for e in entries)
+            ],
         )
 
     # --- reading ------------------------------------------------------------------
@@ -328,7 +377,7 @@ class Storage:
                     f"data dir {self.path}: the snapshot at index {idx} is corrupt (checksum); "
                     "move the directory away to let the replica catch up from its peers"
                 )
-            snapshot = Snapshot(index=idx, term=term, data=bytes(data))
+            snapshot = snapshot_from_payload(idx, term, bytes(data))
         base = snapshot.index if snapshot is not None else 0
         entries, bad = self._verified_entries(base, snapshot.term if snapshot else 0)
         truncated = 0
@@ -356,7 +405,7 @@ class Storage:
             if t < term:
                 log.warning("raft log: entry %d has term %d below the %d before it", idx, t, term)
                 return entries, idx
-            entries.append(Entry(term=t, index=idx, data=bytes(data)))
+            entries.append(entry_from_payload(t, idx, bytes(data)))
             expected, term = idx + 1, t
         return entries, None
 
@@ -405,8 +454,26 @@ def _arbiter_set(arbiters: Mapping[str, str] | Sequence[str]) -> str:
     return ",".join(sorted(arbiters))
 
 
-def _ids(recorded: str) -> list[str]:
-    return [item.partition("=")[0] for item in recorded.split(",")]
+def cluster_identity(cluster: str, arbiters: Mapping[str, str], restored_from: str = "") -> str:
+    """``name@digest``: the cluster name and the first 12 hex digits of the SHA-256
+    of the arbiter set (``id=host:port`` pairs sorted by id, comma-joined).
+
+    Computed from the first ``--peers`` at the group's first start and stored
+    (rule 5a); stamped on every Raft message and stated in every ack, so
+    replicas given different first ``--peers`` lists refuse each other and a
+    client refuses replicas of another group (:mod:`membership.identity`).
+    A group restored from a backup (``--restore``) also digests the backup's
+    sha256 (``restored_from``), so it is a new group, the same on each of its
+    replicas (arbiter/server/backup.py, rule 4).
+    """
+    recorded = _arbiter_set(arbiters)
+    if restored_from:
+        recorded += f";restored-from={restored_from}"
+    return _identity_of(cluster, recorded)
+
+
+def _identity_of(cluster: str, recorded: str) -> str:
+    return f"{cluster}@{hashlib.sha256(recorded.encode()).hexdigest()[:12]}"
 
 
 def _lock(data_dir: Path) -> IO[str]:

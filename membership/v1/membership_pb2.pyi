@@ -44,7 +44,10 @@ class _MemberStateEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_MemberSta
 class MemberState(_MemberState, metaclass=_MemberStateEnumTypeWrapper):
     """The cluster's identity, carried by acks, events and views:
     "<name>@<digest>", the cluster name and the first 12 hex digits of the
-    SHA-256 of its arbiter set ("id=host:port" pairs, sorted, comma-joined).
+    SHA-256 of its first arbiter set ("id=host:port" pairs, sorted,
+    comma-joined). It is fixed at the group's first start and kept in every
+    replica's data dir: a change of the arbiter set does not change it, and a
+    replica that joins later takes it from the group.
     Requests may carry the identity the client expects; a replica of another
     cluster refuses them with FAILED_PRECONDITION before acting on them, so a
     client given replicas of two clusters joins neither by mistake.
@@ -272,6 +275,8 @@ class HeartbeatAck(_message.Message):
     CLUSTER_SIZE_FIELD_NUMBER: _builtins.int
     CLUSTER_FIELD_NUMBER: _builtins.int
     INSTANCE_FIELD_NUMBER: _builtins.int
+    ARBITERS_FIELD_NUMBER: _builtins.int
+    CONFIG_INDEX_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """the request this answers"""
     epoch: _builtins.int
@@ -295,6 +300,14 @@ class HeartbeatAck(_message.Message):
     """the replica's cluster identity"""
     instance: _builtins.str
     """the cluster's instance id (see MembershipEvent)"""
+    config_index: _builtins.int
+    @_builtins.property
+    def arbiters(self) -> _containers.RepeatedCompositeFieldContainer[Global___Arbiter]:
+        """The arbiter configuration in force at the replica (see Arbiter) and the
+        log index of the entry that made it (0 = the group's first one). The node
+        follows the highest config_index it has seen.
+        """
+
     def __init__(
         self,
         *,
@@ -310,14 +323,46 @@ class HeartbeatAck(_message.Message):
         cluster_size: _builtins.int = ...,
         cluster: _builtins.str = ...,
         instance: _builtins.str = ...,
+        arbiters: _abc.Iterable[Global___Arbiter] | None = ...,
+        config_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "cluster", b"cluster", "cluster_size", b"cluster_size", "epoch", b"epoch", "in_quorum", b"in_quorum", "incarnation", b"incarnation", "instance", b"instance", "leader_id", b"leader_id", "lease_seconds", b"lease_seconds", "next_interval_seconds", b"next_interval_seconds", "seq", b"seq", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "arbiters", b"arbiters", "cluster", b"cluster", "cluster_size", b"cluster_size", "config_index", b"config_index", "epoch", b"epoch", "in_quorum", b"in_quorum", "incarnation", b"incarnation", "instance", b"instance", "leader_id", b"leader_id", "lease_seconds", b"lease_seconds", "next_interval_seconds", b"next_interval_seconds", "seq", b"seq", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HeartbeatAck: _TypeAlias = HeartbeatAck  # noqa: Y015
+
+@_typing.final
+class Arbiter(_message.Message):
+    """One arbiter of a configuration: voters count in every quorum (of the tally
+    and of leases); learners receive the log and vote in nothing.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    VOTER_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    address: _builtins.str
+    """host:port, as the group reaches it"""
+    voter: _builtins.bool
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        address: _builtins.str = ...,
+        voter: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "id", b"id", "voter", b"voter"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Arbiter: _TypeAlias = Arbiter  # noqa: Y015
 
 @_typing.final
 class SubscribeRequest(_message.Message):
@@ -671,19 +716,28 @@ class QuorumStatus(_message.Message):
     IN_QUORUM_FIELD_NUMBER: _builtins.int
     LEADER_ID_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    ARBITERS_FIELD_NUMBER: _builtins.int
+    CONFIG_INDEX_FIELD_NUMBER: _builtins.int
     in_quorum: _builtins.bool
     leader_id: _builtins.str
     epoch: _builtins.int
+    config_index: _builtins.int
+    @_builtins.property
+    def arbiters(self) -> _containers.RepeatedCompositeFieldContainer[Global___Arbiter]:
+        """the configuration in force (see HeartbeatAck)"""
+
     def __init__(
         self,
         *,
         in_quorum: _builtins.bool = ...,
         leader_id: _builtins.str = ...,
         epoch: _builtins.int = ...,
+        arbiters: _abc.Iterable[Global___Arbiter] | None = ...,
+        config_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "in_quorum", b"in_quorum", "leader_id", b"leader_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiters", b"arbiters", "config_index", b"config_index", "epoch", b"epoch", "in_quorum", b"in_quorum", "leader_id", b"leader_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -700,21 +754,30 @@ class Progress(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     IN_QUORUM_FIELD_NUMBER: _builtins.int
     PROGRESS_INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
+    ARBITERS_FIELD_NUMBER: _builtins.int
+    CONFIG_INDEX_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     in_quorum: _builtins.bool
     """the serving replica is in a quorum"""
     progress_interval_seconds: _builtins.float
     """the next marker comes within this (idle stream)"""
+    config_index: _builtins.int
+    @_builtins.property
+    def arbiters(self) -> _containers.RepeatedCompositeFieldContainer[Global___Arbiter]:
+        """the configuration in force (see HeartbeatAck)"""
+
     def __init__(
         self,
         *,
         epoch: _builtins.int = ...,
         in_quorum: _builtins.bool = ...,
         progress_interval_seconds: _builtins.float = ...,
+        arbiters: _abc.Iterable[Global___Arbiter] | None = ...,
+        config_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "in_quorum", b"in_quorum", "progress_interval_seconds", b"progress_interval_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiters", b"arbiters", "config_index", b"config_index", "epoch", b"epoch", "in_quorum", b"in_quorum", "progress_interval_seconds", b"progress_interval_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -809,6 +872,8 @@ class GetViewResponse(_message.Message):
     LOCAL_SUSPECTS_FIELD_NUMBER: _builtins.int
     CLUSTER_FIELD_NUMBER: _builtins.int
     INSTANCE_FIELD_NUMBER: _builtins.int
+    ARBITERS_FIELD_NUMBER: _builtins.int
+    CONFIG_INDEX_FIELD_NUMBER: _builtins.int
     arbiter_id: _builtins.str
     leader_id: _builtins.str
     in_quorum: _builtins.bool
@@ -817,6 +882,7 @@ class GetViewResponse(_message.Message):
     """the replica's cluster identity"""
     instance: _builtins.str
     """the cluster's instance id (see MembershipEvent)"""
+    config_index: _builtins.int
     @_builtins.property
     def view(self) -> Global___View: ...
     @_builtins.property
@@ -824,6 +890,10 @@ class GetViewResponse(_message.Message):
         """Nodes this replica's own failure detector suspects right now, committed
         or not (a replica without quorum cannot commit its suspicions).
         """
+
+    @_builtins.property
+    def arbiters(self) -> _containers.RepeatedCompositeFieldContainer[Global___Arbiter]:
+        """the configuration in force (see HeartbeatAck)"""
 
     def __init__(
         self,
@@ -836,10 +906,12 @@ class GetViewResponse(_message.Message):
         local_suspects: _abc.Iterable[_builtins.str] | None = ...,
         cluster: _builtins.str = ...,
         instance: _builtins.str = ...,
+        arbiters: _abc.Iterable[Global___Arbiter] | None = ...,
+        config_index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["view", b"view"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "cluster", b"cluster", "in_quorum", b"in_quorum", "instance", b"instance", "leader_id", b"leader_id", "local_suspects", b"local_suspects", "term", b"term", "view", b"view"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "arbiters", b"arbiters", "cluster", b"cluster", "config_index", b"config_index", "in_quorum", b"in_quorum", "instance", b"instance", "leader_id", b"leader_id", "local_suspects", b"local_suspects", "term", b"term", "view", b"view"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1235,3 +1307,191 @@ class SnapshotChunk(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SnapshotChunk: _TypeAlias = SnapshotChunk  # noqa: Y015
+
+@_typing.final
+class ListArbitersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CLUSTER_FIELD_NUMBER: _builtins.int
+    cluster: _builtins.str
+    """the cluster identity the caller expects; empty = not checked"""
+    def __init__(
+        self,
+        *,
+        cluster: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListArbitersRequest: _TypeAlias = ListArbitersRequest  # noqa: Y015
+
+@_typing.final
+class ArbiterStatus(_message.Message):
+    """One arbiter and, when the answering replica leads, its replication progress."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ARBITER_FIELD_NUMBER: _builtins.int
+    PROGRESS_KNOWN_FIELD_NUMBER: _builtins.int
+    MATCH_INDEX_FIELD_NUMBER: _builtins.int
+    LAG_FIELD_NUMBER: _builtins.int
+    LAST_HEARD_SECONDS_FIELD_NUMBER: _builtins.int
+    progress_known: _builtins.bool
+    """the fields below are set (the answering replica leads)"""
+    match_index: _builtins.int
+    """highest log index known replicated on it"""
+    lag: _builtins.int
+    """the leader's last index minus match_index, entries"""
+    last_heard_seconds: _builtins.float
+    """since the leader last heard it; -1 = never"""
+    @_builtins.property
+    def arbiter(self) -> Global___Arbiter: ...
+    def __init__(
+        self,
+        *,
+        arbiter: Global___Arbiter | None = ...,
+        progress_known: _builtins.bool = ...,
+        match_index: _builtins.int = ...,
+        lag: _builtins.int = ...,
+        last_heard_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["arbiter", b"arbiter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter", b"arbiter", "lag", b"lag", "last_heard_seconds", b"last_heard_seconds", "match_index", b"match_index", "progress_known", b"progress_known"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ArbiterStatus: _TypeAlias = ArbiterStatus  # noqa: Y015
+
+@_typing.final
+class ListArbitersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ARBITERS_FIELD_NUMBER: _builtins.int
+    CONFIG_INDEX_FIELD_NUMBER: _builtins.int
+    LEADER_ID_FIELD_NUMBER: _builtins.int
+    ARBITER_ID_FIELD_NUMBER: _builtins.int
+    COMMIT_INDEX_FIELD_NUMBER: _builtins.int
+    config_index: _builtins.int
+    leader_id: _builtins.str
+    """empty when unknown"""
+    arbiter_id: _builtins.str
+    """the replica that answered"""
+    commit_index: _builtins.int
+    @_builtins.property
+    def arbiters(self) -> _containers.RepeatedCompositeFieldContainer[Global___ArbiterStatus]: ...
+    def __init__(
+        self,
+        *,
+        arbiters: _abc.Iterable[Global___ArbiterStatus] | None = ...,
+        config_index: _builtins.int = ...,
+        leader_id: _builtins.str = ...,
+        arbiter_id: _builtins.str = ...,
+        commit_index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "arbiters", b"arbiters", "commit_index", b"commit_index", "config_index", b"config_index", "leader_id", b"leader_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListArbitersResponse: _TypeAlias = ListArbitersResponse  # noqa: Y015
+
+@_typing.final
+class AddArbiterRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    address: _builtins.str
+    """host:port the group will reach it at"""
+    cluster: _builtins.str
+    """the cluster identity the caller expects; empty = not checked"""
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        address: _builtins.str = ...,
+        cluster: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "cluster", b"cluster", "id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddArbiterRequest: _TypeAlias = AddArbiterRequest  # noqa: Y015
+
+@_typing.final
+class RemoveArbiterRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    cluster: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        cluster: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveArbiterRequest: _TypeAlias = RemoveArbiterRequest  # noqa: Y015
+
+@_typing.final
+class PromoteArbiterRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    cluster: _builtins.str
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        cluster: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "id", b"id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PromoteArbiterRequest: _TypeAlias = PromoteArbiterRequest  # noqa: Y015
+
+@_typing.final
+class ArbiterChangeResponse(_message.Message):
+    """The configuration once the change is committed (and applied on the leader)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ARBITERS_FIELD_NUMBER: _builtins.int
+    CONFIG_INDEX_FIELD_NUMBER: _builtins.int
+    config_index: _builtins.int
+    @_builtins.property
+    def arbiters(self) -> _containers.RepeatedCompositeFieldContainer[Global___Arbiter]: ...
+    def __init__(
+        self,
+        *,
+        arbiters: _abc.Iterable[Global___Arbiter] | None = ...,
+        config_index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiters", b"arbiters", "config_index", b"config_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ArbiterChangeResponse: _TypeAlias = ArbiterChangeResponse  # noqa: Y015

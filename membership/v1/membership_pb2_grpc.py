@@ -292,6 +292,26 @@ class AdminStub:
                 request_serializer=membership_dot_v1_dot_membership__pb2.SaveSnapshotRequest.SerializeToString,
                 response_deserializer=membership_dot_v1_dot_membership__pb2.SnapshotChunk.FromString,
                 _registered_method=True)
+        self.ListArbiters = channel.unary_unary(
+                '/membership.v1.Admin/ListArbiters',
+                request_serializer=membership_dot_v1_dot_membership__pb2.ListArbitersRequest.SerializeToString,
+                response_deserializer=membership_dot_v1_dot_membership__pb2.ListArbitersResponse.FromString,
+                _registered_method=True)
+        self.AddArbiter = channel.unary_unary(
+                '/membership.v1.Admin/AddArbiter',
+                request_serializer=membership_dot_v1_dot_membership__pb2.AddArbiterRequest.SerializeToString,
+                response_deserializer=membership_dot_v1_dot_membership__pb2.ArbiterChangeResponse.FromString,
+                _registered_method=True)
+        self.RemoveArbiter = channel.unary_unary(
+                '/membership.v1.Admin/RemoveArbiter',
+                request_serializer=membership_dot_v1_dot_membership__pb2.RemoveArbiterRequest.SerializeToString,
+                response_deserializer=membership_dot_v1_dot_membership__pb2.ArbiterChangeResponse.FromString,
+                _registered_method=True)
+        self.PromoteArbiter = channel.unary_unary(
+                '/membership.v1.Admin/PromoteArbiter',
+                request_serializer=membership_dot_v1_dot_membership__pb2.PromoteArbiterRequest.SerializeToString,
+                response_deserializer=membership_dot_v1_dot_membership__pb2.ArbiterChangeResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -340,6 +360,48 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListArbiters(self, request, context):
+        """The arbiter group: Raft single-server membership changes (Ongaro,
+        "Consensus: Bridging Theory and Practice", 2014, section 4.2.1) with a
+        non-voting learner phase first (section 4.2.1's catch-up, as etcd's
+        learners).
+        Every one needs an admin identity (PERMISSION_DENIED otherwise). A change
+        is proposed by the leader only: a follower answers FAILED_PRECONDITION
+        "not the leader: the leader is ID at HOST:PORT" (UNAVAILABLE when no leader
+        is known), and the client asks the leader. A change is refused with
+        FAILED_PRECONDITION while another is pending (not yet committed).
+        ListArbiters: the configuration in force, with each arbiter's progress
+        when the answering replica leads.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddArbiter(self, request, context):
+        """AddArbiter: a new learner (no vote until promoted); ALREADY_EXISTS for
+        an id already in the configuration.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveArbiter(self, request, context):
+        """RemoveArbiter: a voter or learner leaves the configuration; NOT_FOUND
+        for an id that is not in it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PromoteArbiter(self, request, context):
+        """PromoteArbiter: a learner becomes a voter now (learners are promoted
+        automatically once caught up; this forces it). NOT_FOUND, or
+        FAILED_PRECONDITION for an id that already votes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -357,6 +419,26 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.SaveSnapshot,
                     request_deserializer=membership_dot_v1_dot_membership__pb2.SaveSnapshotRequest.FromString,
                     response_serializer=membership_dot_v1_dot_membership__pb2.SnapshotChunk.SerializeToString,
+            ),
+            'ListArbiters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListArbiters,
+                    request_deserializer=membership_dot_v1_dot_membership__pb2.ListArbitersRequest.FromString,
+                    response_serializer=membership_dot_v1_dot_membership__pb2.ListArbitersResponse.SerializeToString,
+            ),
+            'AddArbiter': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddArbiter,
+                    request_deserializer=membership_dot_v1_dot_membership__pb2.AddArbiterRequest.FromString,
+                    response_serializer=membership_dot_v1_dot_membership__pb2.ArbiterChangeResponse.SerializeToString,
+            ),
+            'RemoveArbiter': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveArbiter,
+                    request_deserializer=membership_dot_v1_dot_membership__pb2.RemoveArbiterRequest.FromString,
+                    response_serializer=membership_dot_v1_dot_membership__pb2.ArbiterChangeResponse.SerializeToString,
+            ),
+            'PromoteArbiter': grpc.unary_unary_rpc_method_handler(
+                    servicer.PromoteArbiter,
+                    request_deserializer=membership_dot_v1_dot_membership__pb2.PromoteArbiterRequest.FromString,
+                    response_serializer=membership_dot_v1_dot_membership__pb2.ArbiterChangeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -441,6 +523,114 @@ class Admin:
             '/membership.v1.Admin/SaveSnapshot',
             membership_dot_v1_dot_membership__pb2.SaveSnapshotRequest.SerializeToString,
             membership_dot_v1_dot_membership__pb2.SnapshotChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListArbiters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/membership.v1.Admin/ListArbiters',
+            membership_dot_v1_dot_membership__pb2.ListArbitersRequest.SerializeToString,
+            membership_dot_v1_dot_membership__pb2.ListArbitersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddArbiter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/membership.v1.Admin/AddArbiter',
+            membership_dot_v1_dot_membership__pb2.AddArbiterRequest.SerializeToString,
+            membership_dot_v1_dot_membership__pb2.ArbiterChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveArbiter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/membership.v1.Admin/RemoveArbiter',
+            membership_dot_v1_dot_membership__pb2.RemoveArbiterRequest.SerializeToString,
+            membership_dot_v1_dot_membership__pb2.ArbiterChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PromoteArbiter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/membership.v1.Admin/PromoteArbiter',
+            membership_dot_v1_dot_membership__pb2.PromoteArbiterRequest.SerializeToString,
+            membership_dot_v1_dot_membership__pb2.ArbiterChangeResponse.FromString,
             options,
             channel_credentials,
             insecure,

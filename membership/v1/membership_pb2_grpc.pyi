@@ -229,6 +229,32 @@ class AdminStub:
     identity; UNAVAILABLE: no leader in a quorum, or it could not catch up
     in time; PERMISSION_DENIED: the caller is not an administrator.
     """
+    ListArbiters: _grpc.UnaryUnaryMultiCallable[_membership_pb2.ListArbitersRequest, _membership_pb2.ListArbitersResponse]
+    """The arbiter group: Raft single-server membership changes (Ongaro,
+    "Consensus: Bridging Theory and Practice", 2014, section 4.2.1) with a
+    non-voting learner phase first (section 4.2.1's catch-up, as etcd's
+    learners).
+    Every one needs an admin identity (PERMISSION_DENIED otherwise). A change
+    is proposed by the leader only: a follower answers FAILED_PRECONDITION
+    "not the leader: the leader is ID at HOST:PORT" (UNAVAILABLE when no leader
+    is known), and the client asks the leader. A change is refused with
+    FAILED_PRECONDITION while another is pending (not yet committed).
+    ListArbiters: the configuration in force, with each arbiter's progress
+    when the answering replica leads.
+    """
+    AddArbiter: _grpc.UnaryUnaryMultiCallable[_membership_pb2.AddArbiterRequest, _membership_pb2.ArbiterChangeResponse]
+    """AddArbiter: a new learner (no vote until promoted); ALREADY_EXISTS for
+    an id already in the configuration.
+    """
+    RemoveArbiter: _grpc.UnaryUnaryMultiCallable[_membership_pb2.RemoveArbiterRequest, _membership_pb2.ArbiterChangeResponse]
+    """RemoveArbiter: a voter or learner leaves the configuration; NOT_FOUND
+    for an id that is not in it.
+    """
+    PromoteArbiter: _grpc.UnaryUnaryMultiCallable[_membership_pb2.PromoteArbiterRequest, _membership_pb2.ArbiterChangeResponse]
+    """PromoteArbiter: a learner becomes a voter now (learners are promoted
+    automatically once caught up; this forces it). NOT_FOUND, or
+    FAILED_PRECONDITION for an id that already votes.
+    """
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -264,6 +290,32 @@ class AdminAsyncStub(AdminStub):
     leader (the message names the leader it knows), or another cluster's
     identity; UNAVAILABLE: no leader in a quorum, or it could not catch up
     in time; PERMISSION_DENIED: the caller is not an administrator.
+    """
+    ListArbiters: _aio.UnaryUnaryMultiCallable[_membership_pb2.ListArbitersRequest, _membership_pb2.ListArbitersResponse]  # type: ignore[assignment]
+    """The arbiter group: Raft single-server membership changes (Ongaro,
+    "Consensus: Bridging Theory and Practice", 2014, section 4.2.1) with a
+    non-voting learner phase first (section 4.2.1's catch-up, as etcd's
+    learners).
+    Every one needs an admin identity (PERMISSION_DENIED otherwise). A change
+    is proposed by the leader only: a follower answers FAILED_PRECONDITION
+    "not the leader: the leader is ID at HOST:PORT" (UNAVAILABLE when no leader
+    is known), and the client asks the leader. A change is refused with
+    FAILED_PRECONDITION while another is pending (not yet committed).
+    ListArbiters: the configuration in force, with each arbiter's progress
+    when the answering replica leads.
+    """
+    AddArbiter: _aio.UnaryUnaryMultiCallable[_membership_pb2.AddArbiterRequest, _membership_pb2.ArbiterChangeResponse]  # type: ignore[assignment]
+    """AddArbiter: a new learner (no vote until promoted); ALREADY_EXISTS for
+    an id already in the configuration.
+    """
+    RemoveArbiter: _aio.UnaryUnaryMultiCallable[_membership_pb2.RemoveArbiterRequest, _membership_pb2.ArbiterChangeResponse]  # type: ignore[assignment]
+    """RemoveArbiter: a voter or learner leaves the configuration; NOT_FOUND
+    for an id that is not in it.
+    """
+    PromoteArbiter: _aio.UnaryUnaryMultiCallable[_membership_pb2.PromoteArbiterRequest, _membership_pb2.ArbiterChangeResponse]  # type: ignore[assignment]
+    """PromoteArbiter: a learner becomes a voter now (learners are promoted
+    automatically once caught up; this forces it). NOT_FOUND, or
+    FAILED_PRECONDITION for an id that already votes.
     """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
@@ -315,6 +367,56 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         leader (the message names the leader it knows), or another cluster's
         identity; UNAVAILABLE: no leader in a quorum, or it could not catch up
         in time; PERMISSION_DENIED: the caller is not an administrator.
+        """
+
+    @_abc_1.abstractmethod
+    def ListArbiters(
+        self,
+        request: _membership_pb2.ListArbitersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_membership_pb2.ListArbitersResponse, _abc.Awaitable[_membership_pb2.ListArbitersResponse]]:
+        """The arbiter group: Raft single-server membership changes (Ongaro,
+        "Consensus: Bridging Theory and Practice", 2014, section 4.2.1) with a
+        non-voting learner phase first (section 4.2.1's catch-up, as etcd's
+        learners).
+        Every one needs an admin identity (PERMISSION_DENIED otherwise). A change
+        is proposed by the leader only: a follower answers FAILED_PRECONDITION
+        "not the leader: the leader is ID at HOST:PORT" (UNAVAILABLE when no leader
+        is known), and the client asks the leader. A change is refused with
+        FAILED_PRECONDITION while another is pending (not yet committed).
+        ListArbiters: the configuration in force, with each arbiter's progress
+        when the answering replica leads.
+        """
+
+    @_abc_1.abstractmethod
+    def AddArbiter(
+        self,
+        request: _membership_pb2.AddArbiterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_membership_pb2.ArbiterChangeResponse, _abc.Awaitable[_membership_pb2.ArbiterChangeResponse]]:
+        """AddArbiter: a new learner (no vote until promoted); ALREADY_EXISTS for
+        an id already in the configuration.
+        """
+
+    @_abc_1.abstractmethod
+    def RemoveArbiter(
+        self,
+        request: _membership_pb2.RemoveArbiterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_membership_pb2.ArbiterChangeResponse, _abc.Awaitable[_membership_pb2.ArbiterChangeResponse]]:
+        """RemoveArbiter: a voter or learner leaves the configuration; NOT_FOUND
+        for an id that is not in it.
+        """
+
+    @_abc_1.abstractmethod
+    def PromoteArbiter(
+        self,
+        request: _membership_pb2.PromoteArbiterRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_membership_pb2.ArbiterChangeResponse, _abc.Awaitable[_membership_pb2.ArbiterChangeResponse]]:
+        """PromoteArbiter: a learner becomes a voter now (learners are promoted
+        automatically once caught up; this forces it). NOT_FOUND, or
+        FAILED_PRECONDITION for an id that already votes.
         """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -151,7 +151,9 @@ def test_cli_arbiter_unusable_listen_host_exit_one_no_data_dir(
     assert not (tmp_path / "a1").exists()
 
 
-def test_cli_arbiter_refuses_data_dir_of_another_arbiter_set(cluster: ProcCluster) -> None:
+def test_cli_arbiter_stored_configuration_wins_and_a_moved_address_is_refused(
+    cluster: ProcCluster,
+) -> None:
     cluster.start_arbiters(1)
     wait_until(cluster.leader, 15, "the arbiter to lead")
     first = cluster.arbiters["a1"]
@@ -160,13 +162,24 @@ def test_cli_arbiter_refuses_data_dir_of_another_arbiter_set(cluster: ProcCluste
     data_dir = cluster.data_dir("a1")
     meta = dict(sqlite3.connect(data_dir / "raft.sqlite3").execute("SELECT * FROM meta"))
     assert meta["arbiters"] == f"a1={first}"  # addresses recorded, not ids alone
-    # Same id, same cluster, another address: another arbiter set.
+    assert meta["identity"].startswith("default@")
+    # Same id, same cluster, another address: the stored configuration wins over
+    # --peers, and a1 would listen where the group does not look for it.
     (port,) = free_ports(1)
     r = run_cli(*_arbiter(f"127.0.0.1:{port}", data_dir))
-    assert r.returncode == 1
-    line = _one_line_error(r, "arbiter")
-    assert f"was written by arbiters a1={first}, but --peers lists a1=127.0.0.1:{port}" in line
-    assert "fresh --data-dir" in line, line
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "the stored configuration wins over --peers" in r.stderr  # says which is used
+    assert "listening on" not in r.stderr  # refused before serving anything
+    line = r.stderr.splitlines()[-1]
+    assert line.startswith("membership arbiter: error: "), line
+    assert f"is not a1's own address in --peers ({first})" in line, line
+    assert "the stored configuration at log index 0 wins over --peers" in line, line
+    # Its own address, but a --peers that lists another replica too: the stored
+    # configuration is used (a one-replica group still leads), with a WARNING.
+    (other,) = free_ports(1)
+    cluster.spawn("a1", *_arbiter(first, data_dir, f"a1={first},a2=127.0.0.1:{other}"))
+    wait_until(cluster.leader, 15, "a1 to lead alone, as its stored configuration says")
+    assert "differs from the stored configuration in force" in cluster.procs["a1"].stderr()
 
 
 def test_cli_node_declared_dead_with_no_rejoin_exits_three(cluster: ProcCluster) -> None:
@@ -180,8 +193,9 @@ def test_cli_node_declared_dead_with_no_rejoin_exits_three(cluster: ProcCluster)
     finally:
         node.signal(signal.SIGCONT)
     assert node.popen.wait(15) == 3, node.stderr()
-    assert "n1 was declared DEAD by the cluster and --no-rejoin is set" in (
-        node.stderr().splitlines()[-1]
+    assert (
+        "n1 was declared DEAD by the cluster and --no-rejoin is set"
+        in (node.stderr().splitlines()[-1])
     )
     # Said loudly before that: an ERROR line and the event's own line.
     assert re.search(r"ERROR .*n1 incarnation \d+ was declared DEAD by the cluster", node.stderr())

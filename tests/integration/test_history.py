@@ -1,6 +1,6 @@
 """Bounded history on real processes: a DEAD record is forgotten after the retention
 on every replica at the same epoch, and its incarnation stays refused (README,
-"Bounded history"; tally rule 11)."""
+"Bounded history"; tally rule 12)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,15 @@ Rules:
    ``LIVENESS_BOUND`` seconds later and at the end; L1 every quarter second.
 4. Every choice comes from the schedule's own random stream, and faults that
    name "the leader" resolve it when they happen, so a seed replays exactly.
+5. Reconfiguration episodes (``reconfig``) hand the operator one membership
+   operation (add a learner, which the leader promotes once caught up;
+   remove a voter, the leader perhaps; replace one, add then remove, with
+   its machine gone first or not; grow to five voters; shrink back to
+   three), keeping three to five voters and at most seven replicas in all,
+   and half of the time break the topology during the change (crash or
+   isolate the leader, crash the new replica, a minority partition). Added
+   replicas start with an empty disk. No new operation starts after the
+   final heal; one under way finishes.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from typing import Any
 
 from arbiter.config import ArbiterConfig
 from tests.sim.nodes import NodeStatus
+from tests.sim.reconfig import Operator
 from tests.sim.world import World
 
 __all__ = ["LEADER_BOUND", "LIVENESS_BOUND", "TAIL", "FaultSchedule"]
@@ -71,6 +81,7 @@ class FaultSchedule:
         self.seconds = seconds
         self.heal_at = max(1.0, seconds - TAIL)
         self.healed = False
+        self.operator: Operator = world.operator
 
     def start(self) -> None:
         """Schedules the first faults and every check."""
@@ -120,8 +131,11 @@ class FaultSchedule:
                 "crash",
                 "crash_leader",
                 "crash_all",
+                "reconfig",
             )
         )
+        if kind == "reconfig":
+            kind = self._reconfig(hold)
         lead = self._leader_id()
         others = [r for r in ids if r != lead]
         if kind == "isolate_leader":
@@ -157,6 +171,49 @@ class FaultSchedule:
                 w.crash_replica(r)
             hold = rng.uniform(0.05, 3.0)
         self._later(hold, self._end_episode)
+
+    def _reconfig(self, hold: float) -> str:
+        """Rule 5: submits one operation; returns the topology fault to hold with it."""
+        w, rng, op = self.w, self.rng, self.operator
+        conf = w.checker.conf
+        voters = list(conf.voters)
+        if op.busy or len(w.replicas) >= 7 or conf.learners:
+            return "calm"
+        fresh = f"r{len(w.replicas) + 1}"
+        kinds = ["replace", "replace_gone"]
+        kinds += ["add", "grow"] if len(voters) < 5 else []
+        kinds += ["remove", "shrink"] if len(voters) > 3 else []
+        what = rng.choice(kinds)
+        old = rng.choice(voters) if rng.random() < 0.7 else self._leader_id()
+        if old not in voters:
+            old = voters[0]
+        if what == "add":
+            steps = [("add", fresh), ("voter", fresh)]
+        elif what == "grow":
+            other = f"r{len(w.replicas) + 2}"
+            steps = [("add", fresh), ("voter", fresh)]
+            if len(voters) < 4:
+                steps += [("add", other), ("voter", other)]
+        elif what == "remove":
+            steps = [("remove", old)]
+        elif what == "shrink":
+            steps = [("remove", r) for r in rng.sample(voters, len(voters) - 3)]
+        else:
+            steps = [("add", fresh), ("voter", fresh), ("remove", old)]
+            if what == "replace_gone":
+                steps.insert(0, ("wipe", old))
+        op.submit(steps)
+        if rng.random() < 0.5:
+            return "calm"
+        during = rng.choice(("crash_leader", "isolate_leader", "minority", "crash_new"))
+        if during == "crash_new":
+            self._later(rng.uniform(0.05, 1.5), self._crash_if_running, fresh)
+            return "calm"
+        return during
+
+    def _crash_if_running(self, rid: str) -> None:
+        if rid in self.w.replicas:
+            self.w.crash_replica(rid)
 
     def _end_episode(self) -> None:
         w = self.w

@@ -13,27 +13,35 @@ S3 Log matching: every replica applies, at each index, the entry first
 S4 Same views: every replica's apply of an index gives the same view change
    at the same epoch; a replica's epoch never goes back within one life.
 S5 Quorum of suspicion: DEAD(n, k) is committed only by an entry after which
-   a quorum of replicas' latest observations of n are SUSPECT at k or at a
-   later incarnation (tally.py rule 4), or the same entry starts a later
-   incarnation of n. The latest observations are
-   kept here from the committed entries, independently of the state machine.
+   a quorum of the voters of the configuration in force at that log index
+   have latest observations of n SUSPECT at k or at a later incarnation
+   (tally.py rules 4 and 11), or the same entry starts a later incarnation
+   of n. The latest observations and the configuration are kept here from
+   the committed entries, independently of the state machine (a removed
+   replica's observations are dropped when its removal is applied; a
+   learner's are kept and count once it is a voter, tally rule 9).
 S6 Leases: a node that holds an unexpired lease from replica r (as its own
    session counts it) never has r's latest committed observation SUSPECT at
-   its incarnation; a node holding a quorum of leases is never DEAD at its
-   incarnation in a committed view. Leases are judged on the node's own
-   clock, which may drift (see ``nodes`` rule 5).
+   its incarnation; a node holding unexpired leases from a quorum of the
+   voters of the configuration in force at the DEAD entry's index is never
+   DEAD at its incarnation in a committed view, and neither is a node that
+   believes it holds a quorum (its session is not fenced, under the
+   configuration it last heard: ``nodes`` rule 6). Leases are judged on the
+   node's own clock, which may drift (see ``nodes`` rule 5).
 S7 Subscribers: contiguous epochs, once each; every view a subscriber holds
    equals the committed view at that epoch.
 S8 Forgotten lives: once a DEAD or LEFT record of n at k is forgotten (tally
-   rule 11: only a record still in the view, DEAD or LEFT, is forgotten), no
+   rule 12: only a record still in the view, DEAD or LEFT, is forgotten), no
    committed change names n at an incarnation <= k again, and no replica
    that applied the forgetting grants a lease to n at an incarnation <= k.
 
 Liveness (checked by ``World`` at set times, bounds in ``faults``):
 
-L1 If the replicas' topology (up replicas and the cuts between them) has not
-   changed for ``leader_bound`` seconds and a majority of replicas are up
-   and pairwise connected both ways, some replica is leader and in quorum.
+L1 If the replicas' topology (up replicas, the cuts between them, and the
+   configuration) has not changed for ``leader_bound`` seconds and, for the
+   committed configuration and every one in force on an up replica, a
+   majority of its voters are up and pairwise connected both ways, some
+   replica is leader and in quorum.
 L2 After the last fault has healed for ``liveness_bound`` seconds, every
    replica holds the same view at the same epoch, every running node is ALIVE
    there at its incarnation, no crashed node is ALIVE, and every subscriber
@@ -45,7 +53,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from arbiter.core.commands import ObserveBatch, Opinion, decode
-from arbiter.core.raft import Entry, Message, MessageType, Role
+from arbiter.core.raft import (
+    ArbiterConfiguration,
+    Entry,
+    EntryType,
+    Message,
+    MessageType,
+    Role,
+    decode_change,
+)
 from arbiter.core.tally import ApplyResult, ViewChange
 from membership.view import MemberChange, MemberState, View
 
@@ -69,7 +85,8 @@ class Checker:
 
     def __init__(self, world: World) -> None:
         self.world = world
-        self.quorum = len(world.replica_ids) // 2 + 1
+        # The configuration as of the highest index applied anywhere (committed).
+        self.conf = ArbiterConfiguration.initial(dict(world.addresses))
         self.leaders: dict[int, str] = {}
         self.log: dict[int, Entry] = {}
         self.changes: dict[int, ViewChange | None] = {}
@@ -162,7 +179,9 @@ class Checker:
             self.log[i] = entry
             self.changes[i] = change
             self.top = max(self.top, i)
-            if entry.data:
+            if entry.type is EntryType.CONFIG:
+                self._config_applied(entry, change)
+            elif entry.data:
                 self._first_apply(entry, change)
         else:
             if known != entry:
@@ -174,10 +193,25 @@ class Checker:
                 self.fail(f"S4: {replica.id} goes from epoch {replica.epoch} to {change.epoch}")
             replica.epoch = change.epoch
 
+    def _config_applied(self, entry: Entry, change: ViewChange | None) -> None:
+        """A configuration change is committed: S5's quorum and voters follow it."""
+        _, conf = decode_change(entry.data, entry.index)
+        self.conf = conf
+        w = self.world
+        w.trace(
+            f"configuration {entry.index} committed: voters {','.join(conf.voters)} "
+            f"learners {','.join(conf.learners) or '-'}"
+        )
+        w.topology_since = w.q.now
+        for latest in self.obs.values():
+            for r in [r for r in latest if r not in conf]:  # a learner's are kept (rule 9)
+                del latest[r]
+        self._view_changed(change)
+
     def _first_apply(self, entry: Entry, change: ViewChange | None) -> None:
         w = self.world
         cmd = decode(entry.data)
-        if isinstance(cmd, ObserveBatch):
+        if isinstance(cmd, ObserveBatch) and cmd.replica_id in self.conf:  # tally rule 9
             r = cmd.replica_id
             for o in cmd.observations:
                 latest = self.obs.setdefault(o.node_id, {})
@@ -191,6 +225,10 @@ class Checker:
                     if o.opinion is Opinion.SUSPECT:
                         self.suspected.add((o.node_id, r, o.incarnation))
                         self._suspect_committed(o.node_id, r, o.incarnation)
+        self._view_changed(change)
+
+    def _view_changed(self, change: ViewChange | None) -> None:
+        w = self.world
         if change is None:
             return
         if change.epoch != self.epoch + 1:
@@ -212,9 +250,9 @@ class Checker:
             suspects = sorted(
                 r
                 for r, (inc, _, op) in obs.items()
-                if inc >= c.incarnation and op is Opinion.SUSPECT
+                if inc >= c.incarnation and op is Opinion.SUSPECT and r in self.conf.voters
             )
-            if len(suspects) < self.quorum:
+            if len(suspects) < self.conf.quorum:
                 self.fail(
                     f"S5: {c.node_id}#{c.incarnation} DEAD at epoch {change.epoch} "
                     f"suspected only by {suspects}"
@@ -259,7 +297,7 @@ class Checker:
         if s is None or s.incarnation != incarnation:
             return
         assert node is not None
-        left = s.leases(node.local(self.world.q.now))[rid]
+        left = s.leases(node.local(self.world.q.now)).get(rid, 0.0)  # 0: it never heard of rid
         if left > 0:
             self.fail(
                 f"S6: {rid}'s SUSPECT of {node_id}#{incarnation} is committed while the "
@@ -276,7 +314,7 @@ class Checker:
         k = s.incarnation
         latest = self.obs.get(node.id, {}).get(rid)
         if latest is not None and latest[0] == k and latest[2] is Opinion.SUSPECT:
-            left = s.leases(now)[rid]
+            left = s.leases(now).get(rid, 0.0)
             if left > 0:
                 self.fail(
                     f"S6: {node.id}#{k} holds a lease from {rid} ({left:.4f}s) while {rid}'s "
@@ -290,9 +328,15 @@ class Checker:
         s = node.session
         if s is None or (node.id, s.incarnation) not in self.dead:
             return
+        held = {r: round(x, 4) for r, x in s.leases(now).items() if x > 0}
         if not s.fenced(now):
-            held = {r: round(x, 4) for r, x in s.leases(now).items() if x > 0}
             self.fail(f"S6: {node.id}#{s.incarnation} is DEAD while it holds leases {held}")
+        conf = self.conf
+        if sum(r in conf.voters for r in held) >= conf.quorum:
+            self.fail(
+                f"S6: {node.id}#{s.incarnation} is DEAD while it holds leases {held}, a quorum "
+                f"of the voters {','.join(conf.voters)} in force"
+            )
 
     # --- S7 ---------------------------------------------------------------------------------
 

@@ -10,8 +10,11 @@ issue's "done when" asks that each is caught within the CI seeds.
 - ``c``: a replica grants leases before its ALIVE observation is committed
   (observer.py, rule 4).
 - ``d``: CheckQuorum disabled (``RaftConfig(check_quorum=False)``).
-- ``e``: a forgotten record leaves no floor (tally.py rule 11,
+- ``e``: a forgotten record leaves no floor (tally.py rule 12,
   arbiter/core/floors.py), so its old incarnation may join again.
+- ``f``: after a configuration change the tally keeps counting the quorum of
+  the configuration before it (tally.py, rule 11): grown from three voters
+  to five, it declares DEAD on two suspicions.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ from collections.abc import Iterator, Mapping
 from arbiter.core.commands import Opinion
 from arbiter.core.floors import Floors
 from arbiter.core.observer import HeartbeatVerdict, Observer
-from arbiter.core.tally import MembershipState
+from arbiter.core.raft import ArbiterConfiguration
+from arbiter.core.tally import ApplyResult, MembershipState
 from tests.sim.world import Mutants
 
 __all__ = ["MUTANTS", "patched"]
 
-MUTANTS = ("a", "b", "c", "d", "e")
+MUTANTS = ("a", "b", "c", "d", "e", "f")
 
 
 @contextlib.contextmanager
@@ -87,6 +91,24 @@ def _forget_without_floor() -> Iterator[None]:
         Floors.set = original  # type: ignore[method-assign]
 
 
+def _old_quorum_after_change() -> Iterator[None]:
+    original = MembershipState.apply_configuration
+
+    def apply_configuration(
+        self: MembershipState, index: int, configuration: ArbiterConfiguration
+    ) -> ApplyResult:
+        quorum = self.quorum
+        result = original(self, index, configuration)
+        self._quorum = quorum  # the previous configuration's
+        return result
+
+    MembershipState.apply_configuration = apply_configuration  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        MembershipState.apply_configuration = original  # type: ignore[method-assign]
+
+
 def patched(mutant: str | None) -> tuple[contextlib.AbstractContextManager[None], Mutants]:
     """The core patch and the shell flags for ``mutant`` (None: no breakage).
 
@@ -105,4 +127,6 @@ def patched(mutant: str | None) -> tuple[contextlib.AbstractContextManager[None]
         return contextlib.nullcontext(), Mutants(no_check_quorum=True)
     if mutant == "e":
         return _forget_without_floor(), Mutants()
+    if mutant == "f":
+        return _old_quorum_after_change(), Mutants()
     raise ValueError(f"unknown mutant {mutant!r}; one of {', '.join(MUTANTS)}")

@@ -97,6 +97,15 @@ class Network:
         self.sent = 0
         self.lost = 0
 
+    def add_endpoint(self, name: str, others: Iterable[str], rng: random.Random) -> None:
+        """Adds ``name`` (a replica started during the run), its links to ``others`` drawn
+        from ``rng`` (not the network's stream, so runs without additions stay as they were)."""
+        p = self.profile
+        for o in others:
+            if o != name:
+                self._base[(name, o)] = rng.uniform(p.base_min, p.base_max)
+                self._base[(o, name)] = rng.uniform(p.base_min, p.base_max)
+
     # --- faults -------------------------------------------------------------------
 
     def cut(self, src: str, dst: str) -> None:

@@ -21,6 +21,14 @@ Rules:
    safe as long as lease x drift stays below the smallest one-way latency,
    because the node counts them from the send time (membership/session.py,
    rule 2).
+6. The arbiter set: a node starts with the voters and learners of the
+   latest committed configuration (what its operator lists), heartbeats to
+   every arbiter its session knows, and follows the configuration its acks
+   carry (the highest log index seen; ``NodeSession.configure``, session rule
+   9, as the SDK's ``membership/agent_follow.py`` does). Its lease quorum is
+   then that configuration's voters'. The assumption the simulator checks:
+   a node at most one single-server change behind is safe, because two
+   consecutive configurations' majorities intersect.
 """
 
 from __future__ import annotations
@@ -61,6 +69,9 @@ class Ack:
     incarnation: int
     epoch: int
     in_quorum: bool
+    voters: tuple[str, ...] = ()
+    learners: tuple[str, ...] = ()
+    config_index: int = 0
 
 
 class NodeStatus(enum.Enum):
@@ -120,7 +131,7 @@ class SimNode:
         self.session = NodeSession(
             node_id=self.id,
             incarnation=incarnation,
-            arbiters=self.world.replica_ids,
+            arbiters=self.world.listed_arbiters(),
             auto_rejoin=True,
         )
         self.status = NodeStatus.UP
@@ -174,7 +185,7 @@ class SimNode:
         local = now * self.rate
         send = w.net.send
         deliver = w.deliver_heartbeat
-        for rid in w.replica_ids:
+        for rid in sorted(session.leases(local)):  # rule 6: the arbiters it knows
             seq, inc = session.heartbeat(rid, local)
             send(self.id, rid, deliver, Heartbeat(self.id, inc, seq, rid))
         self._schedule_beat(now + self.interval)
@@ -199,6 +210,13 @@ class SimNode:
         )
         if events:
             self._session_events(events)
+        if ack.voters and ack.config_index > session.config_index:  # rule 6
+            if ack.config_index > 0:
+                self.world.trace(
+                    f"{self.id} follows the configuration at {ack.config_index}: "
+                    f"voters {','.join(ack.voters)} learners {','.join(ack.learners) or '-'}"
+                )
+            self._session_events(session.configure(ack.voters, ack.learners, ack.config_index, now))
         self.world.checker.after_ack(self, ack.replica_id, now)
         self._schedule_fence()
 

@@ -22,6 +22,13 @@ Rules:
    so it stays until the traces change for another reason.
 5. Mutant ``vote_after_send`` (for checking the checker): the hard state goes
    to disk only at the next Ready, after this Ready's messages were sent.
+6. Membership changes: a replica added during the run starts with an empty
+   disk and ``join=True`` (it learns the configuration from the leader's
+   snapshot); it is *joined* once a configuration in its log makes it a
+   voter. A replica whose removal is committed is *retired* by the operator
+   (``reconfig``): its process stops for good. A replica whose machine is
+   *gone* (disk lost) is never started again under its id. Acks carry the
+   configuration in force (as ``arbiter/server/arbiterset.py`` does).
 """
 
 from __future__ import annotations
@@ -102,9 +109,13 @@ class SimReplica:
         replica_id: its id.
     """
 
-    def __init__(self, world: World, replica_id: str) -> None:
+    def __init__(self, world: World, replica_id: str, *, join: bool = False) -> None:
         self.world = world
         self.id = replica_id
+        self.join = join
+        self.joined = not join  # rule 6
+        self.retired = False
+        self.gone = False
         self.disk = Disk()
         self.core: Replica | None = None
         self.feed: Feed | None = None
@@ -117,6 +128,7 @@ class SimReplica:
         self._spins = 0
         self._spin_at = -1.0
         self._view_moved = False
+        self._ack_conf: tuple[object, tuple[str, ...], tuple[str, ...]] = (None, (), ())
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -129,7 +141,9 @@ class SimReplica:
         restored: dict[str, Any] = {"snapshot": disk.snapshot} if HAS_SNAPSHOTS else {}
         self.core = Replica(
             replica_id=self.id,
-            replica_ids=w.replica_ids,
+            replica_ids=w.initial_ids,
+            addresses=w.addresses,
+            join=self.join,
             raft_config=w.raft_config,
             settings=w.settings,
             detector=cfg.detector(),
@@ -183,6 +197,10 @@ class SimReplica:
         now = w.q.now
         v = core.heartbeat(hb.node_id, hb.incarnation, w.labels, now)
         w.checker.granted(self, hb.node_id, hb.incarnation, v.lease)
+        conf = core.configuration
+        if self._ack_conf[0] is not conf:  # rule 6: the set in acks, built once per change
+            self._ack_conf = (conf, tuple(conf.voters), tuple(conf.learners))
+        _, voters, learners = self._ack_conf
         ack = Ack(
             self.id,
             hb.node_id,
@@ -192,6 +210,9 @@ class SimReplica:
             v.incarnation,
             core.state.epoch,
             core.in_quorum(now),
+            voters,
+            learners,
+            conf.index,
         )
         w.net.send(self.id, hb.node_id, w.deliver_ack, ack)
         self._schedule()  # a new opinion is owed to the log at once
@@ -286,6 +307,9 @@ class SimReplica:
             taken = core.maybe_compact()
             if taken is not None:
                 disk.compact(taken)
+        if not self.joined and core.configuration.is_voter(self.id):
+            self.joined = True
+            w.trace(f"{self.id} is a voter")
 
     def describe(self, now: float) -> str:
         """One line: role, term, epoch, quorum."""

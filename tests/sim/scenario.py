@@ -24,15 +24,20 @@ Commands (``T`` is seconds of virtual time):
 ``crash X..`` | ``restart X..`` | ``pause N`` | ``resume N``
 ``disconnect S`` | ``connect S R``
 ``status`` | ``views`` | ``suspects N``
+``operate STEP R [STEP R ...]``
+    hands the operator (``reconfig``) one membership operation, steps
+    ``add``, ``voter``, ``promote``... as in ``reconfig`` (``wipe``, ``add``,
+    ``voter``, ``remove``), e.g. ``operate wipe r3 add r4 voter r4 remove r3``.
 ``@leader`` and ``@followers`` in a command name the leader in quorum and
 the other replicas, ``@down`` the crashed replicas, when the command runs.
-``check alive|dead|fenced|unfenced|never-dead|never-suspected|leader ARG``
+``check alive|dead|fenced|unfenced|never-dead|never-suspected|leader|voters ARG``
 
 ``alive N``: every running replica's view has N ALIVE at its session's
 incarnation; ``dead N``: DEAD at some incarnation; ``leader R1,R2``: the
 leader in quorum is one of them; ``never-dead N``: no DEAD of N was ever
 committed; ``never-suspected N``: no SUSPECT observation of N was ever
-committed.
+committed; ``voters R1,R2``: the committed configuration's voters are these
+(no learner) and the operator is idle (also a ``wait`` condition).
 """
 
 from __future__ import annotations
@@ -157,6 +162,8 @@ class _Runner:
             return [self._view_line(rid) for rid in w.replicas]
         elif name == "suspects":
             return [self._suspects_line(rid, args[0]) for rid in w.replicas]
+        elif name == "operate":
+            w.operator.submit(list(zip(args[::2], args[1::2], strict=True)))
         elif name == "check":
             return [self._check(args[0], args[1] if len(args) > 1 else "")]
         else:
@@ -183,6 +190,9 @@ class _Runner:
 
     def _holds(self, what: str, arg: str) -> bool:
         w = self.world
+        if what == "voters":
+            conf = w.checker.conf
+            return not conf.learners and not w.operator.busy and list(conf.voters) == arg.split(",")
         if what == "leader":
             lead = w.leader()
             return lead is not None and (not arg or lead.id in arg.split(","))

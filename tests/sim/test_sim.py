@@ -84,7 +84,8 @@ def test_sim_failure_prints_replay_command() -> None:
 
 
 @pytest.mark.parametrize(
-    ("mutant", "invariant"), [("a", "S5"), ("b", "S2"), ("c", "S6"), ("d", "L1"), ("e", "S8")]
+    ("mutant", "invariant"),
+    [("a", "S5"), ("b", "S2"), ("c", "S6"), ("d", "L1"), ("e", "S8"), ("f", "S5")],
 )
 def test_sim_catches_deliberate_breakage(mutant: str, invariant: str) -> None:
     # The first CI seeds catch each breakage (the full CI range catches each many times).

@@ -6,6 +6,11 @@ in scheduling order, and nothing iterates a set. The fault methods are what
 scenario files and the random schedule (``faults``) call; each writes a trace
 line, and the trace (with the count of events run) is hashed so that two runs
 of one seed can be compared.
+
+Membership changes (``reconfig``): ``add_replica`` starts a replica with an
+empty disk that joins, ``retire_replica`` stops a removed one for good,
+``wipe_replica`` loses a replica's machine. ``replica_ids`` lists the
+replicas that are members (not retired), ``initial_ids`` the first group.
 """
 
 from __future__ import annotations
@@ -17,14 +22,15 @@ import random
 from dataclasses import dataclass
 
 from arbiter.config import ArbiterConfig
-from arbiter.core.raft import Message, RaftConfig, Role
+from arbiter.core.raft import ArbiterConfiguration, Message, RaftConfig, Role
 from arbiter.core.retention import RetentionPolicy
 from membership.view import MemberState, View
 from tests.sim.clock import EventQueue
 from tests.sim.invariants import Checker
 from tests.sim.network import NetProfile, Network
 from tests.sim.nodes import Ack, Heartbeat, NodeStatus, SimNode
-from tests.sim.replicas import SETTINGS_HAVE_SNAPSHOT_EVERY, SNAPSHOT_EVERY, SimReplica
+from tests.sim.reconfig import Operator
+from tests.sim.replicas import SETTINGS_HAVE_SNAPSHOT_EVERY, SNAPSHOT_EVERY, Disk, SimReplica
 from tests.sim.subscribers import SimSubscriber
 
 __all__ = ["Mutants", "World"]
@@ -102,6 +108,8 @@ class World:
         self.verbose = verbose
         self.q = EventQueue()
         self.replica_ids = [f"r{i + 1}" for i in range(replicas)]
+        self.initial_ids = list(self.replica_ids)
+        self.addresses = {r: f"{r}.sim:7000" for r in self.replica_ids}
         node_ids = [f"n{i + 1}" for i in range(nodes)]
         sub_ids = [f"s{i + 1}" for i in range(subscribers)]
         self.net = Network(
@@ -124,6 +132,7 @@ class World:
         }
         self.subs = {s: SimSubscriber(self, s) for s in sub_ids}
         self.topology_since = 0.0
+        self.operator = Operator(self)
 
     # --- running ------------------------------------------------------------------------
 
@@ -184,6 +193,42 @@ class World:
                 if not (self.net.connected(rid, s.id) and self.net.connected(s.id, rid)):
                     s.broken(feed)
 
+    def add_replica(self, rid: str) -> SimReplica:
+        """Starts a new replica ``rid`` with an empty disk, to join the group."""
+        assert rid not in self.replicas
+        others = [*self.replicas, *self.nodes, *self.subs]
+        self.net.add_endpoint(rid, others, random.Random(f"{self.seed}/net/{rid}"))
+        r = SimReplica(self, rid, join=True)
+        self.replicas[rid] = r
+        self.replica_ids.append(rid)
+        self.addresses[rid] = f"{rid}.sim:7000"
+        self._fault(f"add replica {rid} (empty disk)", topology=True)
+        r.start()
+        return r
+
+    def retire_replica(self, rid: str) -> None:
+        """Stops a replica whose removal is committed, for good."""
+        r = self.replicas[rid]
+        if r.core is not None:
+            r.crash()
+        r.retired = True
+        if rid in self.replica_ids:
+            self.replica_ids.remove(rid)
+        self._fault(f"retire {rid}", topology=True)
+
+    def wipe_replica(self, rid: str) -> None:
+        """The replica's machine is gone: killed, disk lost; never started again."""
+        r = self.replicas[rid]
+        if r.core is not None:
+            r.crash()
+        r.disk = Disk()
+        r.gone = True
+        self._fault(f"machine of {rid} gone (killed, disk lost)", topology=True)
+
+    def listed_arbiters(self) -> list[str]:
+        """The arbiters an operator lists for a node: the committed configuration's."""
+        return list(self.checker.conf.ids)
+
     def crash_replica(self, rid: str) -> None:
         """kill -9 of a replica."""
         r = self.replicas[rid]
@@ -194,7 +239,7 @@ class World:
     def restart_replica(self, rid: str) -> None:
         """Starts a crashed replica from its disk."""
         r = self.replicas[rid]
-        if r.core is None:
+        if r.core is None and not (r.retired or r.gone):
             self._fault(f"restart {rid}", topology=True)
             r.start()
 
@@ -273,14 +318,28 @@ class World:
                 return r
         return None
 
+    def configurations(self) -> list[ArbiterConfiguration]:
+        """The committed configuration and every one in force on an up replica, by index."""
+        confs = {self.checker.conf.index: self.checker.conf}
+        for r in self.replicas.values():
+            if r.core is not None and r.joined:
+                c = r.core.configuration
+                confs.setdefault(c.index, c)
+        return [confs[i] for i in sorted(confs)]
+
     def majority_connected(self) -> bool:
-        """True if a majority of replicas are up and pairwise connected both ways."""
+        """True if, for every configuration in play (``configurations``), a majority of
+        its voters are up and pairwise connected both ways."""
         up = [r for r, x in self.replicas.items() if x.core is not None]
         c = self.net.connected
-        return any(
-            all(c(a, b) and c(b, a) for a, b in itertools.combinations(group, 2))
-            for group in itertools.combinations(up, self.checker.quorum)
-        )
+        for conf in self.configurations():
+            voters = [r for r in up if r in conf.voters]
+            if not any(
+                all(c(a, b) and c(b, a) for a, b in itertools.combinations(group, 2))
+                for group in itertools.combinations(voters, conf.quorum)
+            ):
+                return False
+        return True
 
     def check_leader(self, bound: float) -> None:
         """L1 (see ``invariants``)."""
@@ -298,6 +357,8 @@ class World:
         fail = self.checker.fail
         views: list[tuple[str, View]] = []
         for r in self.replicas.values():
+            if r.retired or r.gone:
+                continue
             if r.core is None:
                 fail(f"L2: {r.id} is still down")
             else:
@@ -324,7 +385,7 @@ class World:
     def status_lines(self) -> list[str]:
         """One line per replica, node and subscriber."""
         now = self.q.now
-        out = [r.describe(now) for r in self.replicas.values()]
+        out = [r.describe(now) for r in self.replicas.values() if not r.retired]
         out += [n.describe(now) for n in self.nodes.values()]
         for s in self.subs.values():
             at = s.feed.replica.id if s.feed is not None else "nobody"

@@ -11,7 +11,10 @@ like one that applied every entry. After every event the harness checks the
 safety invariants: at most one leader per term, every applied entry equals
 the entry committed at that index anywhere, entries are applied once and in
 order, and every Ready persists the term, vote, snapshot and entries its
-messages depend on.
+messages depend on. Membership changes: ``add`` starts a replica with an
+empty disk that joins (``join=True``), ``change`` proposes a configuration
+change at a replica, ``wipe`` loses a crashed replica's disk; a leader that
+wants a snapshot for a joining replica gets one at once.
 """
 
 from __future__ import annotations
@@ -25,7 +28,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from arbiter.core.raft import (
+    ArbiterConfiguration,
+    ConfChange,
+    ConfChangeOp,
     Entry,
+    EntryType,
     HardState,
     Message,
     MessageType,
@@ -40,12 +47,15 @@ from arbiter.core.raft import (
 
 def encode_applied(entries: Sequence[Entry]) -> bytes:
     """The harness state machine's snapshot: every applied entry, in order."""
-    return json.dumps([[e.term, e.index, e.data.hex()] for e in entries]).encode()
+    return json.dumps([[e.term, e.index, e.data.hex(), e.type.value] for e in entries]).encode()
 
 
 def decode_applied(data: bytes) -> list[Entry]:
     """Inverse of :func:`encode_applied`."""
-    return [Entry(term=t, index=i, data=bytes.fromhex(d)) for t, i, d in json.loads(data)]
+    return [
+        Entry(term=t, index=i, data=bytes.fromhex(d), type=EntryType(k))
+        for t, i, d, k in json.loads(data)
+    ]
 
 
 @dataclass
@@ -114,6 +124,7 @@ class Network:
         self._queue: list[tuple[float, int, Message]] = []
         self._seq = 0
         self._incarnation = dict.fromkeys(ids, 0)
+        self.joined: set[str] = set()
         self._loss_rng = random.Random(f"{seed}/network")
         for i in ids:
             self._start(i)
@@ -122,9 +133,11 @@ class Network:
 
     def _start(self, node_id: str) -> None:
         disk = self.disks[node_id]
+        initial = [i for i in self.ids if i not in self.joined]
         self.nodes[node_id] = RaftNode(
             node_id=node_id,
-            peers=self.ids,
+            peers=initial,
+            join=node_id in self.joined,
             config=self.config,
             rng=random.Random(f"{self.seed}/{node_id}/{self._incarnation[node_id]}"),
             now=self.now,
@@ -147,6 +160,35 @@ class Network:
         self._incarnation[node_id] += 1
         self._start(node_id)
         self._trace(f"restart {node_id}")
+
+    def add(self, node_id: str) -> None:
+        """Starts a new replica with an empty disk, to join (``join=True``)."""
+        assert node_id not in self.ids
+        self.ids.append(node_id)
+        self.joined.add(node_id)
+        self.disks[node_id] = Disk()
+        self.applied[node_id] = []
+        self._incarnation[node_id] = 0
+        self._start(node_id)
+        self._trace(f"add {node_id}")
+
+    def wipe(self, node_id: str) -> None:
+        """Loses the disk of a crashed replica; it can only come back with ``add``."""
+        assert node_id in self.down
+        self.down.discard(node_id)
+        self.ids.remove(node_id)
+        del self.disks[node_id]
+
+    def change(
+        self, node_id: str, op: ConfChangeOp, replica_id: str, address: str = ""
+    ) -> ArbiterConfiguration:
+        """Proposes a configuration change at ``node_id`` (errors propagate)."""
+        conf = self.nodes[node_id].propose_conf_change(
+            ConfChange(op=op, replica_id=replica_id, address=address or _default(op, replica_id)),
+            self.now,
+        )
+        self._flush(node_id)
+        return conf
 
     # --- links -----------------------------------------------------------------------
 
@@ -248,22 +290,23 @@ class Network:
         return best[1] if best else None
 
     def stable_leader(self) -> str | None:
-        """A leader that every running replica reachable from it follows, in its term."""
+        """A leader that every running replica reachable from it follows, in its term
+        (replicas removed from the group excepted)."""
         lead = self.leader()
         if lead is None:
             return None
         term = self.nodes[lead].status().term
         for i, node in self.nodes.items():
-            if (lead, i) in self.cuts:
-                continue
             st = node.status()
+            if (lead, i) in self.cuts or st.removed:
+                continue
             if st.term != term or st.leader != lead:
                 return None
         return lead
 
     def data_applied(self, node_id: str) -> list[bytes]:
-        """The non-no-op commands ``node_id`` has applied, in order."""
-        return [e.data for e in self.applied[node_id] if e.data]
+        """The non-no-op commands ``node_id`` has applied, in order (no CONFIG entries)."""
+        return [e.data for e in self.applied[node_id] if e.data and e.type is EntryType.NORMAL]
 
     def check_invariants(self) -> None:
         """Election Safety and State Machine Safety (Raft Fig. 3)."""
@@ -277,6 +320,8 @@ class Network:
 
     def _delivered(self, msg: Message) -> bool:
         if msg.src in self.down or msg.dst in self.down or (msg.src, msg.dst) in self.cuts:
+            return False
+        if msg.dst not in self.nodes:  # a replica never started (or wiped)
             return False
         if self.drop_if is not None and self.drop_if(msg):
             return False
@@ -296,7 +341,8 @@ class Network:
             self._apply(node_id, rd.snapshot, rd.committed_entries)
             node.advance(rd)
         st = node.status()
-        if self.compact_every and st.applied - st.snapshot_index >= self.compact_every:
+        due = self.compact_every and st.applied - st.snapshot_index >= self.compact_every
+        if due or (node.wants_snapshot() and st.applied > st.snapshot_index):
             self.compact(node_id)
 
     def _persist(self, node_id: str, rd: Ready) -> None:
@@ -407,3 +453,8 @@ def random_faults(
                 with contextlib.suppress(ProposalDropped):
                     net.propose(rng.choice(sorted(net.nodes)), f"{seed}-{r}".encode())
     return net
+
+
+def _default(op: ConfChangeOp, replica_id: str) -> str:
+    """The address ``Network.change`` gives an added replica when none is given."""
+    return f"{replica_id}:1" if op is ConfChangeOp.ADD_LEARNER else ""

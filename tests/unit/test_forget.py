@@ -1,4 +1,4 @@
-"""Unit tests of bounded history: the Forget command (tally rule 11), the floors it
+"""Unit tests of bounded history: the Forget command (tally rule 12), the floors it
 leaves (arbiter.core.floors) and when a leader proposes it (arbiter.core.retention)."""
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def test_forget_decoding_is_strict(data: bytes) -> None:
         decode(data)
 
 
-# -- tally rule 11 -------------------------------------------------------------
+# -- tally rule 12 -------------------------------------------------------------
 
 
 def test_forget_removes_only_records_that_still_match() -> None:

@@ -4,21 +4,28 @@ from __future__ import annotations
 
 import pytest
 
-from arbiter.core.raft import Message, MessageType, Snapshot
+from arbiter.core.raft import ArbiterConfiguration, Message, MessageType, Snapshot
+from arbiter.core.raft.codec import snapshot_payload
 from arbiter.server.peers import SnapshotAssembler, from_proto, to_protos
 
+CONF = ArbiterConfiguration(voters={"a1": "h:1", "a2": "h:2"}, learners={"a4": "h:4"}, index=40)
 
-def _snapshot_msg(size: int) -> Message:
+
+def _snapshot_msg(size: int, conf: ArbiterConfiguration | None = None) -> Message:
     data = bytes(i % 251 for i in range(size))
-    snap = Snapshot(index=42, term=3, data=data)
+    snap = Snapshot(index=42, term=3, data=data, configuration=conf)
     return Message(type=MessageType.SNAPSHOT, src="a1", dst="a2", term=3, commit=42, snapshot=snap)
 
 
+@pytest.mark.parametrize("conf", [None, CONF], ids=["no-config", "config"])
 @pytest.mark.parametrize("size", [0, 1, 1000, 1024, 5000], ids=lambda n: f"{n}B")
-def test_peers_snapshot_round_trips_through_chunks(size: int) -> None:
-    msg = _snapshot_msg(size)
+def test_peers_snapshot_round_trips_through_chunks(
+    size: int, conf: ArbiterConfiguration | None
+) -> None:
+    msg = _snapshot_msg(size, conf)
+    assert msg.snapshot is not None
     pbs = to_protos(msg, "c", chunk=1024)
-    assert len(pbs) == max(1, -(-size // 1024))
+    assert len(pbs) == max(1, -(-len(snapshot_payload(msg.snapshot)) // 1024))
     assert all(len(pb.snapshot_chunk) <= 1024 for pb in pbs)
     asm = SnapshotAssembler()
     out = [asm.add(pb) for pb in pbs]

@@ -212,7 +212,7 @@ def test_election_stale_vote_request_refused_with_current_term() -> None:
     "msg",
     [
         Message(type=MessageType.VOTE, src="a", dst="c", term=1),  # not for b
-        Message(type=MessageType.VOTE, src="z", dst="b", term=1),  # unknown sender
+        Message(type=MessageType.VOTE, src="", dst="b", term=1),  # no sender
         Message(type=MessageType.VOTE, src="b", dst="b", term=1),  # from itself
         Message(type=MessageType.PROPOSE, src="a", dst="b", term=3),  # PROPOSE has no term
     ],
@@ -227,7 +227,6 @@ def test_election_invalid_message_raises(msg: Message) -> None:
     [
         {"peers": ["a", "c"]},  # node not in peers
         {"peers": ["a", "b", "b"]},  # duplicates
-        {"hard_state": HardState(term=1, vote="z", commit=0)},
         {"hard_state": HardState(term=1, vote=None, commit=2)},  # commit beyond log
         {"entries": [Entry(term=1, index=2, data=b"")]},  # not from index 1
         {"entries": [Entry(term=2, index=1, data=b"")]},  # entry term beyond hard state term

@@ -149,11 +149,12 @@ def test_storage_directory_of_another_replica_is_refused(tmp_path: Path) -> None
     _open(tmp_path, "a1").close()  # the failed attempt released the lock
 
 
-def test_storage_directory_of_another_group_of_arbiters_is_refused(tmp_path: Path) -> None:
+def test_storage_directory_keeps_its_first_arbiter_set_whatever_is_given_later(
+    tmp_path: Path,
+) -> None:
     _open(tmp_path, arbiters=("a1", "a2", "a3")).close()
-    with pytest.raises(StorageError, match="written by arbiters a1,a2,a3, but --peers lists a1,a2"):
-        _open(tmp_path, arbiters=("a2", "a1"))
-    _open(tmp_path, arbiters=("a3", "a2", "a1")).close()  # order does not matter
+    with _open(tmp_path, arbiters=("a2", "a1")) as again:  # rule 5a: the stored set wins
+        assert list(again.arbiters) == ["a1", "a2", "a3"] and not again.first_start
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")

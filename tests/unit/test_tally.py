@@ -556,7 +556,7 @@ def test_tally_retired_incarnations_survive_a_snapshot() -> None:
     [
         (b"garbage", "undecodable entry"),
         (b'{"v":9}', "unknown version 9"),
-        (obs("r9", a("n", 1, 1)), "unknown replica 'r9'"),
+        (obs("r9", a("n", 1, 1)), "'r9', not a member"),
     ],
 )
 def test_tally_rejects_garbage_deterministically(entry: bytes, error: str) -> None:

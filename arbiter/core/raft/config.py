@@ -51,6 +51,9 @@ class RaftConfig:
             §6.2 and §4.2.3; etcd's CheckQuorum).
         max_append_entries: the most entries in one APPEND message; bounds
             message size while a lagging follower catches up.
+        auto_promote: the leader promotes a learner to voter once it has
+            caught up (``arbiter.core.raft.membership`` rule 4); False leaves
+            promotion to an explicit ``promote`` change.
     """
 
     heartbeat_interval: float = 0.1
@@ -58,6 +61,7 @@ class RaftConfig:
     pre_vote: bool = True
     check_quorum: bool = True
     max_append_entries: int = 64
+    auto_promote: bool = True
 
     def validate(self) -> None:
         """Checks each field and the relation between the timers.

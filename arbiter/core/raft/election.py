@@ -8,6 +8,7 @@ Ongaro's thesis, 2014, §9.6; as in etcd raft's ``Step`` and ``poll``).
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection
 
 from arbiter.core.raft.log import RaftLog
 from arbiter.core.raft.messages import Message, MessageType
@@ -62,16 +63,20 @@ class Tally:
     """The answers to one campaign (pre-vote or vote round).
 
     Args:
-        quorum: the number of grants that wins, and of refusals that loses.
+        voters: the voters of the configuration in force; a strict majority
+            of them wins, and of refusals loses. Answers from anyone else (a
+            learner, a replica removed since) are not counted.
     """
 
-    def __init__(self, quorum: int) -> None:
-        self._quorum = quorum
+    def __init__(self, voters: Collection[str]) -> None:
+        self._voters = frozenset(voters)
+        self._quorum = len(self._voters) // 2 + 1
         self._votes: dict[str, bool] = {}
 
     def record(self, voter: str, granted: bool) -> TallyResult:
         """Counts one voter's answer (only its first one counts, as in etcd)."""
-        self._votes.setdefault(voter, granted)
+        if voter in self._voters:
+            self._votes.setdefault(voter, granted)
         yes = sum(self._votes.values())
         if yes >= self._quorum:
             return TallyResult.WON

@@ -28,9 +28,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from arbiter.core.raft.configuration import decode_change
 from arbiter.core.raft.errors import ConflictingState, InvalidInput
 from arbiter.core.raft.log import RaftLog
-from arbiter.core.raft.messages import Message, MessageType
+from arbiter.core.raft.messages import EntryType, Message, MessageType
 
 __all__ = ["answer_append", "answer_heartbeat", "answer_snapshot"]
 
@@ -54,6 +55,8 @@ def answer_append(log: RaftLog, msg: Message) -> Message:
     for pos, e in enumerate(msg.entries):
         if not (e.index == msg.index + 1 + pos and e.term <= msg.term):
             raise InvalidInput(f"malformed APPEND {msg}")
+        if e.type is EntryType.CONFIG:
+            decode_change(e.data, e.index)  # raises InvalidInput before the log changes
     resp = _answer(msg, MessageType.APPEND_RESP)
     if msg.index < log.committed:
         return replace(resp, index=log.committed)

@@ -16,6 +16,14 @@ Rules:
    until it has been handed out, persisted and applied (etcd raft
    ``unstable.snapshot``). Entries after it are applied only after it.
 
+3. Configurations (Ongaro's thesis, 2014, §4.1). The configuration in force
+   is the one made by the last CONFIG entry in the log, committed or not, or
+   else the snapshot's (else the one the log was created with). It is
+   tracked as entries are appended and goes back to the previous one when
+   its entry is truncated; ``configuration_at(i)`` is the one in force at
+   index ``i`` (the state machine's when it has applied ``i``). A snapshot
+   carries the configuration at its index.
+
 Besides the entries the log tracks three positions (etcd raft
 ``raftLog``/``unstable``): ``committed``; ``applied`` (handed out to the
 state machine and acknowledged); and ``unstable_from``, the first index not
@@ -26,7 +34,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from arbiter.core.raft.messages import Entry, Snapshot
+from arbiter.core.raft.configuration import EMPTY, ArbiterConfiguration, decode_change
+from arbiter.core.raft.messages import Entry, EntryType, Snapshot
 
 __all__ = ["EMPTY_SNAPSHOT", "RaftLog"]
 
@@ -45,11 +54,13 @@ class RaftLog:
             its index.
         committed: restored commit index (from the snapshot index to the
             last index).
+        configuration: the configuration before the first entry when the
+            snapshot carries none (the initial one; :data:`EMPTY` to join).
 
     Raises:
         ValueError: if the restored entries are not contiguous from
-            ``snapshot.index + 1`` with terms that never decrease, or
-            ``committed`` is outside them.
+            ``snapshot.index + 1`` with terms that never decrease, a CONFIG
+            entry does not decode, or ``committed`` is outside them.
     """
 
     def __init__(
@@ -58,8 +69,20 @@ class RaftLog:
         *,
         snapshot: Snapshot | None = None,
         committed: int = 0,
+        configuration: ArbiterConfiguration = EMPTY,
     ) -> None:
         self.snapshot = snapshot if snapshot is not None else EMPTY_SNAPSHOT
+        if self.snapshot.configuration is None:
+            self.snapshot = Snapshot(
+                index=self.snapshot.index,
+                term=self.snapshot.term,
+                data=self.snapshot.data,
+                configuration=configuration.at(self.snapshot.index),
+            )
+        self._confs: list[ArbiterConfiguration] = []  # rule 3: CONFIG entries after the snapshot
+        self._base: ArbiterConfiguration = self.snapshot.configuration or configuration
+        # Rule 3: the configuration in force, the last CONFIG entry's, else the snapshot's.
+        self.configuration: ArbiterConfiguration = self._base
         self.pending_snapshot: Snapshot | None = None
         snapshot_index = self.snapshot.index
         self._entries: list[Entry] = list(entries)
@@ -78,6 +101,7 @@ class RaftLog:
         self.committed = committed
         self.applied = snapshot_index
         self.unstable_from = self.last_index + 1
+        self._track(self._entries)
 
     # --- positions ------------------------------------------------------------
 
@@ -134,6 +158,22 @@ class RaftLog:
         off = self.snapshot.index + 1
         return tuple(self._entries[lo - off : max(lo, hi) - off])
 
+    # --- configurations (rule 3) ---------------------------------------------------
+
+    def configuration_at(self, index: int) -> ArbiterConfiguration:
+        """The configuration in force at ``index`` (at or above the snapshot index)."""
+        for conf in reversed(self._confs):
+            if conf.index <= index:
+                return conf
+        return self._base
+
+    def _track(self, entries: Sequence[Entry]) -> None:
+        """Records the configurations of newly appended entries (after any truncation)."""
+        for e in entries:
+            if e.type is EntryType.CONFIG:
+                self._confs.append(decode_change(e.data, e.index)[1])
+        self.configuration = self._confs[-1] if self._confs else self._base
+
     # --- changes ----------------------------------------------------------------
 
     def append(self, entries: Sequence[Entry]) -> None:
@@ -152,6 +192,8 @@ class RaftLog:
         del self._entries[start - self.snapshot.index - 1 :]
         self._entries.extend(entries)
         self.unstable_from = min(self.unstable_from, start)
+        self._confs = [c for c in self._confs if c.index < start]  # rule 3: revert
+        self._track(entries)
 
     def find_conflict(self, entries: Sequence[Entry]) -> int:
         """The index of the first of ``entries`` that is new or conflicts, 0 if none."""
@@ -257,9 +299,12 @@ class RaftLog:
         assert self.snapshot.index < index <= self.applied < self.unstable_from, (
             f"compact to {index}: snapshot {self.snapshot.index}, applied {self.applied}"
         )
-        snapshot = Snapshot(index=index, term=self.term(index), data=data)
+        conf = self.configuration_at(index)
+        snapshot = Snapshot(index=index, term=self.term(index), data=data, configuration=conf)
         del self._entries[: index - self.snapshot.index]
+        self._confs = [c for c in self._confs if c.index > index]
         self.snapshot = snapshot
+        self._base = conf
         return snapshot
 
     def restore(self, snapshot: Snapshot) -> None:
@@ -269,8 +314,18 @@ class RaftLog:
         contain (Raft §7: "discard the entire log").
         """
         assert snapshot.index > self.committed and not self.matches(snapshot.index, snapshot.term)
+        if snapshot.configuration is None:  # from a leader that predates configurations
+            snapshot = Snapshot(
+                index=snapshot.index,
+                term=snapshot.term,
+                data=snapshot.data,
+                configuration=self.configuration.at(snapshot.index),
+            )
         self._entries.clear()
+        self._confs.clear()
         self.snapshot = snapshot
+        assert snapshot.configuration is not None
+        self._base = self.configuration = snapshot.configuration
         self.pending_snapshot = snapshot
         self.committed = snapshot.index
         self.unstable_from = snapshot.index + 1

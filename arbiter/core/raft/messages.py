@@ -2,27 +2,44 @@
 
 Everything here is plain, immutable data (frozen dataclasses, enums); the
 shell maps it to and from the wire by field and enum name. The message set
-and field meanings follow etcd raft (``raftpb.Message``), trimmed to what a
-static group needs (Ongaro & Ousterhout, "In Search of an Understandable
+and field meanings follow etcd raft (``raftpb.Message``), trimmed to what
+this group needs (Ongaro & Ousterhout, "In Search of an Understandable
 Consensus Algorithm", 2014, Fig. 2 and §7 for snapshots; Ongaro's thesis,
-2014, §9.6 for PreVote).
+2014, §9.6 for PreVote and §4 for membership changes: ``EntryType.CONFIG``,
+``Snapshot.configuration``).
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from arbiter.core.raft.configuration import ArbiterConfiguration
 
 __all__ = [
     "Entry",
+    "EntryType",
     "HardState",
     "Message",
     "MessageType",
+    "PeerProgress",
     "RaftStatus",
     "Ready",
     "Role",
     "Snapshot",
 ]
+
+
+class EntryType(enum.Enum):
+    """What a log entry carries (etcd raft ``EntryNormal``/``EntryConfChange``)."""
+
+    NORMAL = "normal"
+    """A command for the state machine (or the leader's no-op, ``b""``)."""
+    CONFIG = "config"
+    """A configuration change: ``data`` is :func:`~arbiter.core.raft.configuration.encode_change`
+    bytes. Raft acts on it as soon as it is in the log (thesis §4.1); the state machine
+    learns it when it is applied, through ``Ready.committed_entries``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,12 +50,16 @@ class Entry:
         term: the term of the leader that created the entry.
         index: its position in the log, from 1.
         data: opaque command bytes. ``b""`` is the no-op entry a new leader
-            appends at once (Raft §8); the state machine skips it.
+            appends at once (Raft §8); the state machine skips it. For a
+            CONFIG entry, the encoded configuration change.
+        type: NORMAL or CONFIG. Storage and the wire keep it with
+            :mod:`arbiter.core.raft.codec`.
     """
 
     term: int
     index: int
     data: bytes
+    type: EntryType = EntryType.NORMAL
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,14 +71,23 @@ class Snapshot:
         term: the term of the entry at ``index`` (0 with ``index`` 0).
         data: the state machine's bytes after applying entries 1..``index``;
             opaque to Raft (left out of ``repr``, only its size is shown).
+        configuration: the arbiter configuration in force at ``index`` (etcd's
+            ``ConfState`` in the snapshot metadata), or None for a snapshot
+            written before configurations were replicated: the replica then
+            keeps the configuration it was started with. Storage and the wire
+            keep it with :mod:`arbiter.core.raft.codec`.
     """
 
     index: int
     term: int
     data: bytes
+    configuration: ArbiterConfiguration | None = None
 
     def __repr__(self) -> str:
-        return f"Snapshot(index={self.index}, term={self.term}, data=<{len(self.data)} bytes>)"
+        return (
+            f"Snapshot(index={self.index}, term={self.term}, data=<{len(self.data)} bytes>, "
+            f"configuration={self.configuration!r})"
+        )
 
 
 class MessageType(enum.Enum):
@@ -158,6 +188,29 @@ class Role(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PeerProgress:
+    """The leader's view of one follower (etcd ``tracker.Progress``), for status and promotion.
+
+    Attributes:
+        match: the highest log index known to be stored on the peer.
+        next: the index of the next entry the leader will send it.
+        state: ``"probe"``, ``"replicate"`` or ``"snapshot"`` (how the leader sends).
+        last_heard: seconds since the leader last heard an answer from it
+            (as of the ``now`` given to ``RaftNode.status``; 0.0 without one).
+        voter: whether it votes in the configuration in force.
+        member: whether it is a member of the configuration in force (False:
+            its removal is not committed yet; the leader still sends it the log).
+    """
+
+    match: int
+    next: int
+    state: str
+    last_heard: float
+    voter: bool
+    member: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RaftStatus:
     """A snapshot of one replica's Raft state, for status pages and tests.
 
@@ -172,6 +225,12 @@ class RaftStatus:
         last_index: the index of its last log entry (0 if empty).
         snapshot_index: the index of its latest snapshot; entries up to it
             are compacted away (0: none).
+        progress: on a leader, its view of every other member of the
+            configuration in force, by replica id; empty on other roles.
+        configuration: the configuration in force (the latest in its log,
+            committed or not; thesis §4.1).
+        removed: it is not a member of the latest committed configuration
+            (a committed removal): it never campaigns again.
     """
 
     id: str
@@ -182,6 +241,9 @@ class RaftStatus:
     applied: int
     last_index: int
     snapshot_index: int = 0
+    progress: Mapping[str, PeerProgress] = field(default_factory=dict)
+    configuration: ArbiterConfiguration | None = None
+    removed: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,8 +5,9 @@ entries to apply go out through ``ready()``. The model is etcd raft
 (``tick``/``step``/``propose`` in, ``Ready`` out) and the algorithm is Ongaro
 & Ousterhout, "In Search of an Understandable Consensus Algorithm", 2014
 (cited as §n), with PreVote and CheckQuorum from Ongaro's thesis, 2014
-(§9.6 and §6.2), and log compaction by snapshots from §7. Membership is
-static.
+(§9.6 and §6.2), log compaction by snapshots from §7, and single-server
+membership changes with learners from the thesis §4.1-4.2 (rule 9 and
+:mod:`arbiter.core.raft.membership`).
 
 Rules:
 
@@ -48,18 +49,25 @@ Rules:
    follower takes it as described in ``follower`` and hands it out in
    ``Ready.snapshot``. A restart restores the snapshot, then the entries
    after it.
+9. Membership (thesis §4). The configuration in force is the latest in the
+   log, committed or not (``configuration``); only its voters campaign,
+   vote-count, commit and keep a leader's lease; a learner, a replica
+   started to join and a removed one never campaign. Messages from replicas
+   outside it are taken (a lagging follower may not know its new leader
+   yet). Changes are proposed with ``propose_conf_change`` under the rules
+   of :mod:`arbiter.core.raft.membership`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Unpack
 
+from arbiter.core.raft import membership
 from arbiter.core.raft.config import RaftConfig, Rng
-from arbiter.core.raft.election import Tally, TallyResult, may_grant
-from arbiter.core.raft.errors import ConflictingState, InvalidInput, ProposalDropped
-from arbiter.core.raft.follower import answer_append, answer_heartbeat, answer_snapshot
+from arbiter.core.raft.configuration import EMPTY, ArbiterConfiguration, ConfChange, ConfChangeOp
+from arbiter.core.raft.election import Tally
+from arbiter.core.raft.errors import InvalidInput, ProposalDropped
 from arbiter.core.raft.log import RaftLog
 from arbiter.core.raft.messages import (
     Entry,
@@ -71,28 +79,19 @@ from arbiter.core.raft.messages import (
     Role,
     Snapshot,
 )
-from arbiter.core.raft.quorum import quorum_size
-from arbiter.core.raft.ready import MessageFields, Outbox
-from arbiter.core.raft.replication import Replicator
+from arbiter.core.raft.protocol import VOTE_REQUESTS, RaftProtocol
+from arbiter.core.raft.ready import Outbox
 
 __all__ = ["RaftNode"]
 
 
-_VOTE_REQUESTS = (MessageType.VOTE, MessageType.PRE_VOTE)
-_FOLLOWER_ANSWERS = {
-    MessageType.APPEND: answer_append,
-    MessageType.SNAPSHOT: answer_snapshot,
-    MessageType.HEARTBEAT: answer_heartbeat,
-}
-_FROM_LEADER = tuple(_FOLLOWER_ANSWERS)
-
-
-class RaftNode:
-    """One replica's Raft state machine (static membership, no I/O).
+class RaftNode(RaftProtocol):
+    """One replica's Raft state machine (no I/O).
 
     Args:
         node_id: this replica's id.
-        peers: every replica id of the group, ``node_id`` included.
+        peers: the initial voters, ``node_id`` included (no addresses);
+            ignored when ``configuration`` is given.
         config: timers and switches; validated here.
         rng: the source of election-timeout jitter.
         now: monotonic seconds at start.
@@ -101,52 +100,67 @@ class RaftNode:
             restored its state machine from it.
         entries: the restored durable log, contiguous from the snapshot's
             index + 1 (from 1 without a snapshot).
+        configuration: the initial configuration (index 0), used only
+            where the snapshot carries none; it must then include ``node_id``.
+        join: start with no configuration (a replica added to a running
+            group with an empty disk): never campaign, learn the
+            configuration from the leader's snapshot.
 
     Raises:
         ValueError: for an invalid config (``RaftConfig.validate``).
-        InvalidInput: if ``node_id`` is not in ``peers``, ``peers`` has
-            duplicates, or the restored state is inconsistent.
+        InvalidInput: if ``node_id`` is not in the initial configuration
+            (and not ``join``), ``peers`` has duplicates, or the restored
+            state is inconsistent.
     """
 
     def __init__(
         self,
         *,
         node_id: str,
-        peers: Sequence[str],
+        peers: Sequence[str] = (),
         config: RaftConfig,
         rng: Rng,
         now: float,
         hard_state: HardState | None = None,
         entries: Sequence[Entry] = (),
         snapshot: Snapshot | None = None,
+        configuration: ArbiterConfiguration | None = None,
+        join: bool = False,
     ) -> None:
         config.validate()
-        ids = sorted(set(peers))
-        if len(ids) != len(peers) or node_id not in ids:
-            raise InvalidInput(f"peers {list(peers)} must be distinct and include {node_id!r}")
+        if join:
+            configuration = EMPTY
+        elif configuration is None:
+            if len(set(peers)) != len(peers):
+                raise InvalidInput(f"peers {list(peers)} must be distinct")
+            configuration = ArbiterConfiguration.initial(dict.fromkeys(peers, ""))
+        carried = snapshot is not None and snapshot.configuration is not None
+        if not (join or carried) and node_id not in configuration:
+            raise InvalidInput(f"the configuration {configuration} must include {node_id!r}")
         hs = hard_state if hard_state is not None else HardState(term=0, vote=None, commit=0)
-        if hs.vote is not None and hs.vote not in ids:
-            raise InvalidInput(f"restored vote for {hs.vote!r}, not a peer")
         # The commit index is durable only as a convenience: a snapshot is committed.
         commit = max(hs.commit, snapshot.index if snapshot is not None else 0)
         try:
-            self._log = RaftLog(entries, snapshot=snapshot, committed=commit)
+            self._log = RaftLog(
+                entries, snapshot=snapshot, committed=commit, configuration=configuration
+            )
         except ValueError as e:
             raise InvalidInput(f"restored log: {e}") from e
         if self._log.last_term > hs.term:
             raise InvalidInput(f"restored log has term {self._log.last_term} > term {hs.term}")
         self._id = node_id
-        self._others = tuple(p for p in ids if p != node_id)
-        self._quorum = quorum_size(len(ids))
+        self._conf = self._log.configuration
+        self._committed_conf = self._log.configuration_at(self._log.committed)
+        self._term_start = math.inf  # index of this leader's no-op (membership rule 1)
         self._config = config
         self._rng = rng
         self._term = hs.term
         self._vote = hs.vote
         self._role = Role.FOLLOWER
-        self._lead: str | None = None
+        self._lead = None
         self._out = Outbox(node_id, self._log, hs)
-        self._tally = Tally(self._quorum)
-        self._rep: Replicator | None = None
+        self._tally = Tally(self._conf.voters)
+        self._rep = None
         self._leader_contact = -math.inf
         self._heartbeat_due = math.inf
         self._timeout = 0.0
@@ -156,7 +170,8 @@ class RaftNode:
     # --- inputs -------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
-        """Fires every timer due at ``now`` (monotonic seconds): election, heartbeat, quorum."""
+        """Fires every timer due at ``now`` (monotonic seconds): election, heartbeat, quorum,
+        and a leader's automatic promotion of caught-up learners (membership rule 4)."""
         if self._role is Role.LEADER:
             rep = self._leader()
             if self._config.check_quorum and now >= rep.lease_expiry():
@@ -165,8 +180,13 @@ class RaftNode:
             if now >= self._heartbeat_due:
                 rep.broadcast_heartbeat()
                 self._heartbeat_due = now + self._config.heartbeat_interval
+                if self._config.auto_promote:
+                    self._auto_promote(now)
         elif now >= self._election_due:
-            self._campaign(now, pre=self._config.pre_vote)
+            if self._conf.is_voter(self._id):
+                self._campaign(now, pre=self._config.pre_vote)
+            else:
+                self._reset_election_timer(now)  # rule 9: never campaigns
 
     def step(self, msg: Message, now: float) -> None:
         """Takes one message from a peer, received at ``now`` (monotonic seconds).
@@ -180,13 +200,13 @@ class RaftNode:
                 the sender). The proposal is lost; callers may ignore this.
             ConflictingState: it contradicts this replica's durable state.
         """
-        if msg.dst != self._id or msg.src not in self._others:
+        if msg.dst != self._id or not msg.src or msg.src == self._id:
             raise InvalidInput(f"{self._id}: message {msg.src!r} -> {msg.dst!r} is not for me")
         if msg.type is MessageType.PROPOSE:
-            self._step_propose(msg)
+            self._step_propose(msg, now)
             return
         if msg.term > self._term:
-            if msg.type in _VOTE_REQUESTS and self._in_lease(now):
+            if msg.type in VOTE_REQUESTS and self._in_lease(now):
                 self._refuse_vote(msg)  # rule 5: no term change
                 return
             granted_pre_vote = msg.type is MessageType.PRE_VOTE_RESP and not msg.reject
@@ -196,6 +216,7 @@ class RaftNode:
             self._step_stale(msg)
             return
         self._step_current(msg, now)
+        self._sync_configuration(now)
 
     def propose(self, data: bytes, now: float) -> None:
         """Proposes ``data`` for the log (rule 6).
@@ -212,12 +233,58 @@ class RaftNode:
         if not data:
             raise ValueError("empty proposal: b'' is reserved for the leader's no-op entry")
         if self._role is Role.LEADER:
-            self._append_local((data,))
+            self._append_local((Entry(term=self._term, index=0, data=data),), now)
         elif self._role is Role.FOLLOWER and self._lead is not None:
             entry = Entry(term=0, index=0, data=data)  # placed by the leader
             self._send(MessageType.PROPOSE, self._lead, term=0, entries=(entry,))
         else:
             raise ProposalDropped(f"{self._id} knows no leader in term {self._term}")
+
+    def propose_conf_change(self, change: ConfChange, now: float) -> ArbiterConfiguration:
+        """Proposes one single-server change (membership rules 1 and 2).
+
+        Args:
+            change: the change; its address is kept for ADD_LEARNER only.
+            now: monotonic seconds.
+
+        Returns:
+            The configuration it makes, now in force on this leader (its
+            ``index`` is the new entry's).
+
+        Raises:
+            ProposalDropped: this replica is not the leader, another change
+                is not committed yet, or this leader's no-op is not committed.
+            InvalidInput: the change does not apply to the configuration in
+                force (``ArbiterConfiguration.apply``).
+        """
+        result = membership.check_change(
+            change,
+            leader=self._role is Role.LEADER,
+            log=self._log,
+            term_start=self._term_start,
+            node_id=self._id,
+        )
+        self._append_local((membership.config_entry(change, result, self._term),), now)
+        return self._log.configuration
+
+    @property
+    def configuration(self) -> ArbiterConfiguration:
+        """The configuration in force: the latest in the log, committed or not (§4.1)."""
+        return self._log.configuration
+
+    def configuration_at(self, index: int) -> ArbiterConfiguration:
+        """The configuration in force at log ``index`` (at or above the snapshot's index)."""
+        return self._log.configuration_at(index)
+
+    @property
+    def removed(self) -> bool:
+        """True once a committed configuration no longer has this replica (membership rule 3)."""
+        return membership.is_removed(self._log, self._id)
+
+    def wants_snapshot(self) -> bool:
+        """True when a leader needs a snapshot to send to a joining replica (replication
+        rule 8) and has none; the caller compacts (``compact``) at its applied index."""
+        return self._rep is not None and self._rep.snapshot_wanted
 
     def compact(self, index: int, data: bytes) -> Snapshot:
         """Takes ``data`` as the snapshot at ``index`` and discards the entries up to it (rule 8).
@@ -256,11 +323,9 @@ class RaftNode:
         A leader stops streaming to the peer and probes it again (etcd
         ``ReportUnreachable``); on any other role the hint has nothing to act on.
 
-        Raises:
-            InvalidInput: if ``peer`` is not another replica of the group.
+        A peer outside the configuration in force is ignored (it may have
+        just been removed).
         """
-        if peer not in self._others:
-            raise InvalidInput(f"{peer!r} is not a peer of {self._id}")
         if self._rep is not None:
             self._rep.report_unreachable(peer)
 
@@ -297,8 +362,14 @@ class RaftNode:
             return due
         return self._election_due
 
-    def status(self) -> RaftStatus:
-        """This replica's role, term, leader and log positions."""
+    def status(self, now: float | None = None) -> RaftStatus:
+        """This replica's role, term, leader, log positions and configuration.
+
+        Args:
+            now: monotonic seconds, for a leader's ``progress[...].last_heard``;
+                None leaves ``progress`` empty.
+        """
+        rep = self._rep
         return RaftStatus(
             id=self._id,
             role=self._role,
@@ -308,6 +379,9 @@ class RaftNode:
             applied=self._log.applied,
             last_index=self._log.last_index,
             snapshot_index=self._log.snapshot_index,
+            progress=rep.status(now) if rep is not None and now is not None else {},
+            configuration=self._log.configuration,
+            removed=self.removed,
         )
 
     def in_quorum(self, now: float) -> bool:
@@ -322,179 +396,12 @@ class RaftNode:
             return now < self._leader().lease_expiry()
         return self._role is Role.FOLLOWER and self._heard_from_leader(now)
 
-    # --- role changes ----------------------------------------------------------------
-
-    def _become_follower(self, term: int, lead: str | None, now: float) -> None:
-        assert term >= self._term, f"term going back from {self._term} to {term}"
-        if term > self._term:
-            self._term = term
-            self._vote = None
-        self._role = Role.FOLLOWER
-        self._lead = lead
-        self._rep = None
-        self._tally = Tally(self._quorum)
-        self._reset_election_timer(now)
-
-    def _campaign(self, now: float, *, pre: bool) -> None:
-        """Rule 2: asks every peer for a (pre-)vote, voting for itself."""
-        assert self._role is not Role.LEADER
-        if pre:
-            self._role = Role.PRE_CANDIDATE
-            request, term = MessageType.PRE_VOTE, self._term + 1
-        else:
-            self._term += 1
-            self._vote = self._id
-            self._role = Role.CANDIDATE
-            request, term = MessageType.VOTE, self._term
-        self._lead = None
-        self._tally = Tally(self._quorum)
-        self._reset_election_timer(now)
-        for peer in self._others:
-            self._send(
-                request, peer, term=term, index=self._log.last_index, log_term=self._log.last_term
-            )
-        self._poll(self._id, True, now)
-
-    def _poll(self, voter: str, granted: bool, now: float) -> None:
-        result = self._tally.record(voter, granted)
-        if result is TallyResult.WON and self._role is Role.PRE_CANDIDATE:
-            self._campaign(now, pre=False)
-        elif result is TallyResult.WON:
-            self._become_leader(now)
-        elif result is TallyResult.LOST:
-            self._become_follower(self._term, None, now)
-
-    def _become_leader(self, now: float) -> None:
-        assert self._role is Role.CANDIDATE, f"{self._role} cannot become leader"
-        self._role = Role.LEADER
-        self._lead = self._id
-        self._tally = Tally(self._quorum)
-        self._rep = Replicator(
-            node_id=self._id,
-            followers=self._others,
-            term=self._term,
-            log=self._log,
-            config=self._config,
-            send=self._out.messages.append,
-            now=now,
-        )
-        self._heartbeat_due = now + self._config.heartbeat_interval if self._others else math.inf
-        self._append_local((b"",))  # rule 4: commit earlier terms' entries soon (§8)
-
-    # --- message handling -------------------------------------------------------------
-
-    def _step_current(self, msg: Message, now: float) -> None:
-        """Handles a message of the current term (or a pre-vote one for a future term)."""
-        t = msg.type
-        if t in _VOTE_REQUESTS:
-            self._handle_vote_request(msg, now)
-        elif t is MessageType.VOTE_RESP:
-            if self._role is Role.CANDIDATE:
-                self._poll(msg.src, not msg.reject, now)
-        elif t is MessageType.PRE_VOTE_RESP:
-            # A grant echoes the term asked for (term + 1); a refusal carries the voter's term.
-            wanted = self._term if msg.reject else self._term + 1
-            if self._role is Role.PRE_CANDIDATE and msg.term == wanted:
-                self._poll(msg.src, not msg.reject, now)
-        elif t in _FROM_LEADER:
-            if self._role is Role.LEADER:
-                raise ConflictingState(f"two leaders in term {self._term}: {self._id}, {msg.src}")
-            if self._role is not Role.FOLLOWER:
-                self._become_follower(self._term, msg.src, now)
-            if self._lead is None:
-                self._lead = msg.src
-            if self._lead != msg.src:
-                raise ConflictingState(f"term {self._term}: leaders {self._lead}, {msg.src}")
-            self._leader_contact = now
-            self._election_due = now + self._timeout
-            answer = _FOLLOWER_ANSWERS[t]
-            self._out.messages.append(answer(self._log, msg))
-        elif self._rep is not None:  # APPEND_RESP, HEARTBEAT_RESP
-            if t is MessageType.APPEND_RESP:
-                self._rep.on_append_resp(msg, now)
-            else:
-                self._rep.on_heartbeat_resp(msg, now)
-        # else: an answer to a leader this replica no longer is: stale, dropped.
-
-    def _step_stale(self, msg: Message) -> None:
-        """Answers a lower-term request with the current term (rule 1)."""
-        if msg.type in _FROM_LEADER:
-            self._send(
-                MessageType.APPEND_RESP,
-                msg.src,
-                index=msg.index,
-                reject=True,
-                reject_hint=self._log.last_index,
-            )
-        elif msg.type in _VOTE_REQUESTS:
-            self._refuse_vote(msg)
-
-    def _step_propose(self, msg: Message) -> None:
-        if msg.term != 0 or not msg.entries:
-            raise InvalidInput(f"PROPOSE from {msg.src} must have term 0 and entries")
-        if self._role is Role.LEADER:
-            self._append_local(tuple(e.data for e in msg.entries))
-        elif self._role is Role.FOLLOWER and self._lead not in (None, msg.src):
-            assert self._lead is not None
-            self._send(MessageType.PROPOSE, self._lead, term=0, entries=msg.entries)
-        else:
-            raise ProposalDropped(f"{self._id} cannot take or forward a proposal from {msg.src}")
-
-    def _handle_vote_request(self, msg: Message, now: float) -> None:
-        if not may_grant(
-            msg,
-            term=self._term,
-            vote=self._vote,
-            lead=self._lead,
-            heard_from_leader=self._heard_from_leader(now),
-            log=self._log,
-        ):
-            self._refuse_vote(msg)
+    def _auto_promote(self, now: float) -> None:
+        """Membership rule 4: proposes PROMOTE for the first caught-up learner."""
+        for learner in self._leader().caught_up_learners(now):
+            change = ConfChange(op=ConfChangeOp.PROMOTE, replica_id=learner)
+            try:
+                self.propose_conf_change(change, now)
+            except (ProposalDropped, InvalidInput):
+                return
             return
-        if msg.type is MessageType.VOTE:
-            self._vote = msg.src
-            self._reset_election_timer(now)
-            self._send(MessageType.VOTE_RESP, msg.src)
-        else:
-            self._send(MessageType.PRE_VOTE_RESP, msg.src, term=msg.term)  # echo the future term
-
-    def _refuse_vote(self, msg: Message) -> None:
-        resp = MessageType.VOTE_RESP if msg.type is MessageType.VOTE else MessageType.PRE_VOTE_RESP
-        self._send(resp, msg.src, reject=True)
-
-    # --- helpers -------------------------------------------------------------------
-
-    def _append_local(self, datas: Sequence[bytes]) -> None:
-        rep = self._leader()
-        last = self._log.last_index
-        self._log.append(
-            [Entry(term=self._term, index=last + 1 + i, data=d) for i, d in enumerate(datas)]
-        )
-        rep.maybe_commit()  # a group of one commits at once
-        rep.broadcast_append()
-
-    def _send(
-        self, type_: MessageType, dst: str, term: int | None = None, **f: Unpack[MessageFields]
-    ) -> None:
-        self._out.send(type_, dst, self._term if term is None else term, **f)
-
-    def _leader(self) -> Replicator:
-        assert self._rep is not None, f"{self._id} is {self._role}, not leader"
-        return self._rep
-
-    def _heard_from_leader(self, now: float) -> bool:
-        if self._role is Role.LEADER:
-            return True
-        return self._lead is not None and now - self._leader_contact < self._config.election_timeout
-
-    def _in_lease(self, now: float) -> bool:
-        """Rule 5: whether a higher-term (pre-)vote request is refused without a term change."""
-        return self._config.check_quorum and self._heard_from_leader(now)
-
-    def _reset_election_timer(self, now: float) -> None:
-        t = self._config.election_timeout
-        self._timeout = t + t * self._rng.random()
-        self._election_due = now + self._timeout
-
-    def _hard_state(self) -> HardState:
-        return HardState(term=self._term, vote=self._vote, commit=self._log.committed)

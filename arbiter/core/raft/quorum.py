@@ -1,8 +1,10 @@
-"""Quorum arithmetic for a static group of Raft replicas.
+"""Quorum arithmetic for the voters of one Raft configuration.
 
-Pure functions, kept apart so they can be checked against a brute-force
-definition (Ongaro & Ousterhout, "In Search of an Understandable Consensus
-Algorithm", 2014, §5.2 and §5.3; etcd raft ``quorum/majority.go``).
+The callers pass the voters of the configuration in force (learners never
+count; see ``configuration`` and ``replication`` rule 7). Pure functions,
+kept apart so they can be checked against a brute-force definition (Ongaro
+& Ousterhout, "In Search of an Understandable Consensus Algorithm", 2014,
+§5.2 and §5.3; etcd raft ``quorum/majority.go``).
 """
 
 from __future__ import annotations

@@ -26,8 +26,26 @@ Algorithm", 2014, §5.3 and §5.4.2; etcd raft ``tracker.Progress``):
    stale while in SNAPSHOT and are ignored.
 6. Contact: the time of the last APPEND_RESP or HEARTBEAT_RESP from each
    follower is kept; the leader's lease on the group (CheckQuorum, thesis
-   §6.2) runs until the quorum-th most recent contact plus the election
-   timeout. All followers count as heard when the leader takes office.
+   §6.2) runs until the quorum-th most recent contact among the voters (the
+   leader's own counting as now when it is one) plus the election timeout.
+   All followers count as heard when the leader takes office, and a member
+   added later when it is added.
+7. Configuration (thesis §4.1-4.2): the leader replicates to every member
+   of the configuration in force, voters and learners; only voters count
+   towards commit and contact, and the leader counts itself only while it is
+   a voter (a leader being removed commits its removal without itself,
+   §4.2.2). A member added gets a fresh progress; a member removed keeps
+   its progress (and gets the log, counting in nothing) until its removal
+   is committed, so that it learns the removal and its shell can stop it
+   (etcd likewise replicates to a server until its removal is applied).
+8. Joining: a member that is not in the configuration the log starts from
+   (a replica added later, with an empty disk) never gets entries from index
+   1: it could not know the configuration they were made under. It gets a
+   snapshot; when there is none yet, ``snapshot_wanted`` is set and the
+   caller takes one (``RaftNode.wants_snapshot``).
+9. Catch-up (thesis §4.2.1, the promotion rule): a learner is caught up
+   when its match index is at or above the leader's commit index at the
+   previous check and it answered within the election timeout.
 
 The follower side of these messages is in ``follower``.
 """
@@ -39,10 +57,11 @@ import math
 from collections.abc import Callable, Sequence
 
 from arbiter.core.raft.config import RaftConfig
+from arbiter.core.raft.configuration import ArbiterConfiguration
 from arbiter.core.raft.errors import ConflictingState
 from arbiter.core.raft.log import RaftLog
-from arbiter.core.raft.messages import Message, MessageType, Snapshot
-from arbiter.core.raft.quorum import committed_index, quorum_size
+from arbiter.core.raft.messages import Message, MessageType, PeerProgress, Snapshot
+from arbiter.core.raft.quorum import committed_index
 
 __all__ = ["Progress", "ProgressState", "Replicator"]
 
@@ -67,11 +86,23 @@ class Progress:
         pending_snapshot: in SNAPSHOT, the index of the snapshot sent.
         snapshot_wait: in SNAPSHOT, heartbeat answers left before the
             snapshot is deemed lost and sent again (rule 5).
+        catch_up_mark: the leader's commit index at the last catch-up
+            check of a learner (rule 9); None before the first.
     """
 
-    __slots__ = ("heard", "match", "next", "paused", "pending_snapshot", "snapshot_wait", "state")
+    __slots__ = (
+        "catch_up_mark",
+        "heard",
+        "match",
+        "next",
+        "paused",
+        "pending_snapshot",
+        "snapshot_wait",
+        "state",
+    )
 
     def __init__(self, *, next_index: int, now: float) -> None:
+        self.catch_up_mark: int | None = None
         self.match = 0
         self.next = next_index
         self.state = ProgressState.PROBE
@@ -135,7 +166,7 @@ class Replicator:
 
     Args:
         node_id: the leader's id.
-        followers: every other voter's id.
+        configuration: the configuration in force (rule 7).
         term: the leader's term.
         log: the leader's log (shared with the node).
         config: timers and limits.
@@ -147,7 +178,7 @@ class Replicator:
         self,
         *,
         node_id: str,
-        followers: Sequence[str],
+        configuration: ArbiterConfiguration,
         term: int,
         log: RaftLog,
         config: RaftConfig,
@@ -159,9 +190,53 @@ class Replicator:
         self._log = log
         self._config = config
         self._send = send
-        self._quorum = quorum_size(len(followers) + 1)
         self._snapshot_wait = max(2, math.ceil(config.election_timeout / config.heartbeat_interval))
-        self.progress = {p: Progress(next_index=log.last_index + 1, now=now) for p in followers}
+        self.progress: dict[str, Progress] = {}
+        self.snapshot_wanted = False
+        self._voters: Sequence[str] = ()
+        self._learners: Sequence[str] = ()
+        self.set_configuration(configuration, log.configuration_at(log.committed), now)
+
+    def set_configuration(
+        self, configuration: ArbiterConfiguration, committed: ArbiterConfiguration, now: float
+    ) -> None:
+        """Follows the configuration in force and the committed one (rule 7): a progress
+        for each other member of either; the voters and learners of the one in force."""
+        members = [p for p in sorted({*configuration.ids, *committed.ids}) if p != self._id]
+        for p in list(self.progress):
+            if p not in members:
+                del self.progress[p]
+        for p in members:
+            if p not in self.progress:
+                self.progress[p] = Progress(next_index=self._log.last_index + 1, now=now)
+        self._voters = tuple(configuration.voters)
+        self._learners = tuple(configuration.learners)
+
+    def status(self, now: float) -> dict[str, PeerProgress]:
+        """Every other member's progress as seen at ``now`` (seconds)."""
+        return {
+            p: PeerProgress(
+                match=pr.match,
+                next=pr.next,
+                state=pr.state.value,
+                last_heard=max(0.0, now - pr.heard),
+                voter=p in self._voters,
+                member=p in self._voters or p in self._learners,
+            )
+            for p, pr in sorted(self.progress.items())
+        }
+
+    def caught_up_learners(self, now: float) -> list[str]:
+        """The learners caught up by rule 9, sorted; records this check's commit mark."""
+        out = []
+        for p, pr in sorted(self.progress.items()):
+            if p not in self._learners:
+                continue
+            mark, pr.catch_up_mark = pr.catch_up_mark, self._log.committed
+            recent = now - pr.heard < self._config.election_timeout
+            if mark is not None and pr.match >= mark and recent:
+                out.append(p)
+        return out
 
     # --- sending --------------------------------------------------------------
 
@@ -176,7 +251,12 @@ class Replicator:
         pr = self.progress[peer]
         if pr.paused:
             return
-        if pr.next <= self._log.snapshot_index:
+        log = self._log
+        joining = pr.next == 1 and peer not in log.configuration_at(log.snapshot_index)  # rule 8
+        if pr.next <= log.snapshot_index or joining:
+            if log.snapshot_index == 0:
+                self.snapshot_wanted = True
+                return
             self._send_snapshot(peer, pr)
             return
         prev = pr.next - 1
@@ -204,6 +284,7 @@ class Replicator:
     def _send_snapshot(self, peer: str, pr: Progress) -> None:
         """Sends the leader's snapshot: the entries ``peer`` needs are compacted (rule 5)."""
         snapshot: Snapshot = self._log.snapshot
+        self.snapshot_wanted = False
         self._send(
             Message(
                 type=MessageType.SNAPSHOT,
@@ -243,7 +324,9 @@ class Replicator:
             ConflictingState: the follower acknowledges an index beyond this
                 leader's log (one of the two lost its durable state).
         """
-        pr = self.progress[msg.src]
+        pr = self.progress.get(msg.src)
+        if pr is None:
+            return  # from a replica removed since
         pr.heard = now
         if msg.reject:
             hint = msg.reject_hint
@@ -273,7 +356,9 @@ class Replicator:
 
     def on_heartbeat_resp(self, msg: Message, now: float) -> None:
         """Handles a HEARTBEAT_RESP: contact, unpause a probe, resend what is missing."""
-        pr = self.progress[msg.src]
+        pr = self.progress.get(msg.src)
+        if pr is None:
+            return  # from a replica removed since
         pr.heard = now
         if pr.state is ProgressState.SNAPSHOT:
             pr.snapshot_wait -= 1
@@ -286,15 +371,19 @@ class Replicator:
 
     def report_unreachable(self, peer: str) -> None:
         """Transport hint: stop streaming (or waiting for a snapshot) and probe again (etcd)."""
-        pr = self.progress[peer]
-        if pr.state is not ProgressState.PROBE:
+        pr = self.progress.get(peer)
+        if pr is not None and pr.state is not ProgressState.PROBE:
             pr.become_probe()
 
     # --- commit and contact -------------------------------------------------------
 
     def maybe_commit(self) -> bool:
-        """Advances the commit index per rule 3; True if it moved."""
-        matches = [self._log.last_index, *(pr.match for pr in self.progress.values())]
+        """Advances the commit index per rules 3 and 7; True if it moved."""
+        matches = [
+            self._log.last_index if v == self._id else self.progress[v].match for v in self._voters
+        ]
+        if not matches:
+            return False
         index = committed_index(matches)
         if index <= self._log.committed or self._log.term(index) != self._term:
             return False
@@ -302,7 +391,10 @@ class Replicator:
 
     def lease_expiry(self) -> float:
         """Monotonic seconds at which the leader stops being in touch with a quorum (rule 6)."""
-        if self._quorum == 1:
-            return math.inf
-        heard = sorted((pr.heard for pr in self.progress.values()), reverse=True)
-        return heard[self._quorum - 2] + self._config.election_timeout
+        if not self._voters:
+            return -math.inf
+        heard = sorted(
+            (math.inf if v == self._id else self.progress[v].heard for v in self._voters),
+            reverse=True,
+        )
+        return heard[len(heard) // 2] + self._config.election_timeout

@@ -1,0 +1,197 @@
+"""The tally's records and the questions asked of them (the state of :mod:`arbiter.core.tally`).
+
+:class:`TallyRecords` holds what :class:`arbiter.core.tally.MembershipState`
+records (the arbiter configuration in force, the epoch, member records, each
+voter's latest observation of each node, retired incarnations, the floors of
+forgotten records, the instance id) and answers read-only questions about
+them; the rules that change them are in :mod:`arbiter.core.tally`, the snapshot's layout in
+:mod:`arbiter.core.tally_snapshot`. Split from the tally by concept: records
+and reads here, rules there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from arbiter.core import tally_snapshot
+from arbiter.core.commands import Opinion
+from arbiter.core.floors import Floors
+from arbiter.core.raft.configuration import ArbiterConfiguration
+from arbiter.core.tally_snapshot import ObservationRecord, TallyImage
+from membership.view import Member, View
+
+__all__ = ["TallyRecords"]
+
+
+class TallyRecords:
+    """The records of one replicated membership state (see the module docstring)."""
+
+    def __init__(self, arbiters: Sequence[str] | ArbiterConfiguration) -> None:
+        """Creates the empty state (epoch 0, nothing applied).
+
+        Args:
+            arbiters: the initial arbiter configuration, or the ids of its
+                voters (no addresses, index 0). The quorum is a strict
+                majority of the voters (rule 11 changes them).
+
+        Raises:
+            ValueError: no voter, an empty id or a duplicate id.
+        """
+        if not isinstance(arbiters, ArbiterConfiguration):
+            ids = list(arbiters)
+            if not all(isinstance(a, str) and a for a in ids) or len(set(ids)) < len(ids):
+                raise ValueError(f"arbiters must be distinct non-empty ids, got {ids!r}")
+            arbiters = ArbiterConfiguration.initial(dict.fromkeys(ids, ""))
+        if not arbiters.voters:
+            raise ValueError(f"an arbiter configuration needs a voter, got {arbiters!r}")
+        self._set_configuration(arbiters)
+        self._epoch = 0
+        self._applied = 0
+        self._members: dict[str, Member] = {}
+        self._obs: dict[str, dict[str, ObservationRecord]] = {}  # node -> replica -> latest
+        # node -> highest incarnation retired by a leave before it joined (rule 5)
+        self._retired: dict[str, int] = {}
+        self._floors = Floors()  # rule 12
+        self._instance = ""  # rule 10
+        self._view: View | None = View()
+
+    def _set_configuration(self, configuration: ArbiterConfiguration) -> None:
+        self._configuration = configuration
+        self._arbiters = tuple(configuration.voters)  # sorted
+        self._quorum = configuration.quorum
+
+    @property
+    def arbiters(self) -> tuple[str, ...]:
+        """The voter ids of the configuration in force, sorted (their observations count)."""
+        return self._arbiters
+
+    @property
+    def configuration(self) -> ArbiterConfiguration:
+        """The arbiter configuration as of :attr:`applied_index` (rule 11)."""
+        return self._configuration
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the current view (0 before any change)."""
+        return self._epoch
+
+    @property
+    def applied_index(self) -> int:
+        """Log index of the last applied entry (0 before any)."""
+        return self._applied
+
+    @property
+    def quorum(self) -> int:
+        """How many replicas make a strict majority of the voters in force."""
+        return self._quorum
+
+    def view(self) -> View:
+        """The current view: every member with a record, sorted by node_id."""
+        if self._view is None:
+            members = tuple(self._members[n] for n in sorted(self._members))
+            self._view = View(epoch=self._epoch, members=members)
+        return self._view
+
+    def member(self, node_id: str) -> Member | None:
+        """The node's record in the view, or None if it has none."""
+        return self._members.get(node_id)
+
+    @property
+    def instance(self) -> str:
+        """The cluster's instance id (rule 10); "" until a leader's Bootstrap is applied."""
+        return self._instance
+
+    def retired(self, node_id: str) -> int:
+        """The highest incarnation of the node retired by a leave before it joined
+        the view (rule 5); 0 for none. Incarnations at or below it never join."""
+        return self._retired.get(node_id, 0)
+
+    @property
+    def floors(self) -> Floors:
+        """The floors of forgotten records (rule 12); read ``member(n) or floors.record(n)``."""
+        return self._floors
+
+    def observation(self, replica_id: str, node_id: str) -> ObservationRecord | None:
+        """The replica's latest committed observation of the node, or None."""
+        return self._obs.get(node_id, {}).get(replica_id)
+
+    def suspected_by(self, node_id: str) -> tuple[str, ...]:
+        """Replicas whose latest observation of the node's current incarnation is SUSPECT.
+
+        The current incarnation is the record's; for a node without a record
+        (JOINING) it is the highest one observed. Sorted by replica id.
+        """
+        record = self._members.get(node_id)
+        incarnation = record.incarnation if record else self.highest_incarnation(node_id)
+        obs = self._obs.get(node_id, {})
+        return tuple(
+            r
+            for r in sorted(obs)
+            if obs[r].incarnation == incarnation and obs[r].opinion is Opinion.SUSPECT
+        )
+
+    def death_votes(self, node_id: str) -> tuple[str, ...]:
+        """Voters whose latest observation is SUSPECT at the record's incarnation or a
+        later one (rule 4), sorted; empty for a node without a record."""
+        record = self._members.get(node_id)
+        if record is None:
+            return ()
+        obs = self._obs.get(node_id, {})
+        return tuple(
+            r
+            for r in sorted(obs)
+            if obs[r].incarnation >= record.incarnation
+            and obs[r].opinion is Opinion.SUSPECT
+            and r in self._arbiters  # voters only (rule 9: a learner's are never counted)
+        )
+
+    def highest_incarnation(self, node_id: str) -> int | None:
+        """The highest incarnation known for the node (record, retired incarnation or
+        any observation), or None."""
+        known = [o.incarnation for o in self._obs.get(node_id, {}).values()]
+        if node_id in self._members:
+            known.append(self._members[node_id].incarnation)
+        if node_id in self._retired:
+            known.append(self._retired[node_id])
+        if self._floors.has(node_id):
+            known.append(self._floors.incarnation(node_id))
+        return max(known, default=None)
+
+    # -- snapshots --------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        """A canonical snapshot of the whole state (for log compaction).
+
+        The same state gives the same bytes on every replica; the layout is
+        in :mod:`arbiter.core.tally_snapshot`.
+        """
+        return tally_snapshot.encode(self._image())
+
+    def _image(self) -> TallyImage:
+        """This state as plain records, in canonical order."""
+        return TallyImage(
+            configuration=self._configuration,
+            epoch=self._epoch,
+            applied_index=self._applied,
+            members=tuple(self._members[n] for n in sorted(self._members)),
+            observations=tuple(
+                (n, r, o) for n in sorted(self._obs) for r, o in sorted(self._obs[n].items())
+            ),
+            retired=tuple((n, self._retired[n]) for n in sorted(self._retired)),
+            instance=self._instance,
+            forgotten=self._floors.rows(),
+        )
+
+    def _load(self, image: TallyImage) -> None:
+        """Fills this empty state with ``image``'s records (a later duplicate wins;
+        :meth:`from_bytes` then refuses the snapshot as not canonical)."""
+        self._epoch, self._applied = image.epoch, image.applied_index
+        for m in image.members:
+            self._members[m.node_id] = m
+        for node, replica, record in image.observations:
+            self._obs.setdefault(node, {})[replica] = record
+        for node, incarnation in image.retired:
+            self._retired[node] = incarnation
+        self._instance = image.instance
+        self._floors = Floors(image.forgotten)
+        self._view = None
