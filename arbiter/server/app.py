@@ -269,7 +269,11 @@ class ArbiterServer:
         )
         peer_pb2_grpc.add_PeerServicer_to_server(self.peer_api, server)
         self.reconfig = Reconfiguration(
-            self.driver, self.peers, on_change=self._on_configuration, on_removed=self._removed
+            self.driver,
+            self.peers,
+            on_change=self._on_configuration,
+            on_removed=self._removed,
+            joining=storage.joined and storage.first_start,
         )
         self.driver.after_turn = self.reconfig.refresh
         if not storage.first_start:  # before the port serves anything (stored.py rules 2, 3)
