@@ -99,6 +99,8 @@ class Reconfiguration:
         first: the first arbiter set (the data dir's; empty when joining).
         on_change: called with each new configuration in force.
         on_removed: called once when this replica finds itself removed (rule 2).
+        joining: this is the first start of a replica that joins (``--join``):
+            it is not taken for removed before its log has it (rule 2).
     """
 
     def __init__(
@@ -107,6 +109,7 @@ class Reconfiguration:
         first: Mapping[str, str],
         on_change: Callable[[ArbiterSet], None],
         on_removed: Callable[[ArbiterSet], None],
+        joining: bool = False,
     ) -> None:
         self._driver = driver
         self._first = dict(first)
@@ -122,7 +125,7 @@ class Reconfiguration:
         # Rule 2: this replica was in a configuration of its own log once (a
         # joining one is not, until the leader's log reaches its add_learner:
         # the snapshot it gets first may be older than that).
-        self._member = False
+        self._member = not joining
         # Rule 4: learner id -> when it was first seen caught up (monotonic seconds).
         self._caught_up: dict[str, float] = {}
 

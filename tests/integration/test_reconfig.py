@@ -125,9 +125,7 @@ def test_reconfig_replace_a_replica_whose_machine_is_gone(cluster: ProcCluster) 
     # was given a1, a2 and a3 only).
     for rid in ("a1", "a2"):
         c.procs[rid].kill()
-    wait_until(
-        lambda: any(ev.get("arbiter") == "a4" for ev in w.json_lines()), 20, "a4 to serve w"
-    )
+    wait_until(lambda: any(ev.get("arbiter") == "a4" for ev in w.json_lines()), 20, "a4 to serve w")
 
 
 def test_reconfig_grow_to_five_and_shrink_back_while_nodes_heartbeat(cluster: ProcCluster) -> None:
@@ -154,6 +152,14 @@ def test_reconfig_grow_to_five_and_shrink_back_while_nodes_heartbeat(cluster: Pr
         assert c.procs[rid].popen.wait(20) == 0, c.procs[rid].stderr()
         assert "was removed from the arbiter group" in c.procs[rid].stderr()
     assert sorted(_listed(c)) == ["a1", "a2", "a3"]
+    # Started again on its data dir, a removed replica finds it in its log and exits 0.
+    again = c.spawn(
+        "a5",
+        *("arbiter", "--id", "a5", "--listen", c.arbiters["a5"], "--join", c.arbiters["a1"]),
+        *("--data-dir", str(c.data_dir("a5"))),
+    )
+    assert again.popen.wait(20) == 0, again.stderr()
+    assert "was removed from the arbiter group" in again.stderr().split("restarting from")[-1]
     assert [ch for ch in changes(w) if ch["epoch"] > epoch] == []
     assert _epoch(c, "a1") == epoch
     for n in NODES:
