@@ -239,9 +239,7 @@ def check_restore(
     # data dir's first arbiter set: arbiter/core/restore.py); the backup's learners go.
     first = ArbiterConfiguration.initial(dict.fromkeys(saved, ""))
     observations = tuple(o for o in image.observations if o[1] in first)
-    return snap, encode(
-        replace(image, configuration=first, observations=observations, instance="")
-    )
+    return snap, encode(replace(image, configuration=first, observations=observations, instance=""))
 
 
 def restore_data_dir(
