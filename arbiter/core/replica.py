@@ -58,9 +58,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 from arbiter.core.commands import Bootstrap, Leave, ObserveBatch, Remove, encode
+from arbiter.core.delivery import Delivered, must_persist
 from arbiter.core.detection import FailureDetector, suggest_interval
 from arbiter.core.observer import HeartbeatVerdict, Observer
 from arbiter.core.raft import (
@@ -95,25 +95,6 @@ __all__ = [
     "must_persist",
     "restore_state",
 ]
-
-
-def must_persist(ready: Ready) -> bool:
-    """True when ``ready`` carries anything for the disk: a snapshot, hard state or entries."""
-    return ready.snapshot is not None or ready.hard_state is not None or bool(ready.entries)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Delivered:
-    """What delivering one persisted Ready did (rule 3).
-
-    Attributes:
-        restored: the leader's snapshot that replaced the state machine, if any
-            (its changes are in the new view, not in ``applied``).
-        applied: each committed entry with the result of applying it, in log order.
-    """
-
-    restored: Snapshot | None
-    applied: tuple[tuple[Entry, ApplyResult], ...]
 
 
 class Replica:
@@ -514,9 +495,3 @@ class Replica:
         """Raft's role, term, leader, indexes and configuration; with ``now``
         (monotonic seconds), a leader's progress of each peer too."""
         return self.raft.status(now)
-
-    def follower_matches(self) -> dict[str, int]:
-        """On a leader: each follower's match index, the highest log index known to be
-        stored there (etcd raft's ``Progress.Match``); empty on any other role."""
-        rep = self.raft._rep if self.raft.status().role is Role.LEADER else None
-        return {} if rep is None else {p: pr.match for p, pr in sorted(rep.progress.items())}

@@ -147,9 +147,7 @@ class Driver:
         self.lag_monitor = LoopLagMonitor(name=replica_id, warn_after=config.loop_lag_warning)
         self.lag_monitor.observe = self.counters.loop_lag.observe
         self._last_interval = config.heartbeat_interval
-        # Time spent persisting Readies (seconds) and how many needed a write.
-        self.persist_seconds = 0.0
-        self.persists = 0
+        self.persist_seconds, self.persists = 0.0, 0  # fsync seconds, Readies written
         self._replaying = False
         # Term of the entry at raft.status().applied (a backup's term; arbiter/server/backup.py).
         self.applied_term = self.raft.snapshot().term

@@ -12,6 +12,7 @@ A follower the leader has not heard from yet has match index 0.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from membership.v1 import membership_pb2 as pb
@@ -35,9 +36,11 @@ def describe(server: ArbiterServer) -> pb.StatusResponse:
     st = driver.raft.status()
     status = driver.status()
     config = server.configuration()
+    # On a leader, its view of every other member (learners included): match and lag.
+    progress = driver.replica.status(time.monotonic()).progress
     followers = {
-        rid: pb.FollowerProgress(match_index=match, lag=max(0, st.last_index - match))
-        for rid, match in driver.replica.follower_matches().items()
+        rid: pb.FollowerProgress(match_index=p.match, lag=max(0, st.last_index - p.match))
+        for rid, p in sorted(progress.items())
     }
     return pb.StatusResponse(
         arbiter_id=server.replica_id,
