@@ -91,6 +91,7 @@ def _forget_without_floor() -> Iterator[None]:
         Floors.set = original  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
 def _old_quorum_after_change() -> Iterator[None]:
     original = MembershipState.apply_configuration
 
