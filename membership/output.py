@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "event_lines",
+    "evidence_json",
     "member_json",
     "session_event_line",
     "status_json",
@@ -127,7 +128,9 @@ def status_text(status: NodeStatus) -> str:
     return " ".join(parts) or "(no status)"
 
 
-def _evidence_json(e: Evidence) -> dict[str, Any]:
+def evidence_json(e: Evidence) -> dict[str, Any]:
+    """One replica's evidence as JSON: ``arbiter``, ``silence_seconds``, ``suspicion``,
+    ``detector`` (the shape of ``watch --json`` and of the arbiter's JSON log lines)."""
     return {
         "arbiter": e.arbiter_id,
         "silence_seconds": e.silence,
@@ -160,7 +163,7 @@ def _change_json(ev: ViewChanged, c: MemberChange) -> dict[str, Any]:
         "arbiter": ev.arbiter_id,
     }
     if c.evidence:
-        d["evidence"] = [_evidence_json(e) for e in c.evidence]
+        d["evidence"] = [evidence_json(e) for e in c.evidence]
     if c.removed_by:
         d["removed_by"] = c.removed_by
     if c.forgotten:

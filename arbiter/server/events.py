@@ -24,6 +24,7 @@ from typing import Any
 
 from arbiter.core.tally import ViewChange
 from membership.logfmt import log_event
+from membership.output import evidence_json
 from membership.view import Evidence, MemberState
 
 __all__ = ["RaftStanding", "log_config_change", "log_raft_standing", "log_view_change"]
@@ -32,15 +33,6 @@ log = logging.getLogger("arbiter.events")
 
 # (in_quorum, leader, term, role): what a raft_role line reports.
 RaftStanding = tuple[bool, str | None, int, str]
-
-
-def _evidence(e: Evidence) -> dict[str, Any]:
-    return {
-        "arbiter": e.arbiter_id,
-        "silence_seconds": e.silence,
-        "suspicion": e.suspicion,
-        "detector": e.detector or None,
-    }
 
 
 def _evidence_text(e: Evidence) -> str:
@@ -70,7 +62,7 @@ def log_view_change(replica_id: str, change: ViewChange) -> int:
             continue
         if c.state is MemberState.DEAD:
             deaths += 1
-            fields["evidence"] = [_evidence(e) for e in c.evidence]
+            fields["evidence"] = [evidence_json(e) for e in c.evidence]
             if c.evidence:
                 what += " (suspected by " + ", ".join(_evidence_text(e) for e in c.evidence) + ")"
         if c.removed_by:
