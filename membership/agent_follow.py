@@ -8,21 +8,45 @@ voters to the session, whose lease quorum is then theirs
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from membership.heartbeats import HeartbeatLink
+from membership.arbiterset import ArbiterFollower
+from membership.backoff import Backoff
+from membership.heartbeats import HeartbeatLink, LinkOwner
+from membership.session import NodeSession, SessionEvent
+from membership.transport import Channels
 from membership.v1 import membership_pb2 as pb
 
-if TYPE_CHECKING:
-    from membership.agent import NodeAgent
+__all__ = ["FollowingAgent", "follow"]
 
-__all__ = ["follow"]
+
+class FollowingAgent(LinkOwner, Protocol):
+    """What :func:`follow` changes of the node agent (:class:`membership.agent.NodeAgent`)."""
+
+    node_id: str
+    arbiters: list[str]
+    follower: ArbiterFollower
+    links: dict[str, HeartbeatLink]
+    link_tasks: dict[str, asyncio.Task[None]]
+    channels: Channels
+    backoff: Backoff
+    settled: asyncio.Event | None
+    session: NodeSession
+
+    def start_link(self, link: HeartbeatLink) -> asyncio.Task[None]:
+        """Supervises ``link`` in a task of its own."""
+        ...
+
+    def dispatch(self, events: list[SessionEvent]) -> None:
+        """Hands the session's events on (callbacks, logs, the fencing state)."""
+        ...
 
 log = logging.getLogger("membership.client")
 
 
-def follow(agent: NodeAgent, address: str, ack: pb.HeartbeatAck, now: float) -> None:
+def follow(agent: FollowingAgent, address: str, ack: pb.HeartbeatAck, now: float) -> None:
     """Takes the arbiter set of one ack from ``address``; acts on a newer one."""
     agent.follower.heard(address, ack.arbiter_id)
     plan = agent.follower.offer(

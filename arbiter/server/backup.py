@@ -35,7 +35,7 @@ Rules:
    first leader commits a new one (tally rule 10): watchers of the old group
    never resume into the new group's history. Every replica of the new group
    is started with ``--restore`` of the same file and writes the same bytes.
-4. The new identity is :func:`arbiter.server.app.cluster_identity` of the
+4. The new identity is :func:`arbiter.server.storage.cluster_identity` of the
    cluster name, the ``--peers`` list and the file's sha256, so every replica
    restored from one file with one ``--peers`` list states the same identity,
    and a group restored from another file (or the old group) another one.
@@ -81,7 +81,7 @@ from arbiter.core.tally_snapshot import SnapshotDecodeError, decode, encode
 from arbiter.server.authz import Authorizer
 from arbiter.server.driver import Driver
 from arbiter.server.replies import cluster_mismatch, deny
-from arbiter.server.storage import DB_NAME, Storage, StorageError
+from arbiter.server.storage import DB_NAME, Storage, StorageError, cluster_identity
 from membership.snapshot_file import SnapshotFile, SnapshotFileError, read
 from membership.v1 import membership_pb2 as pb
 
@@ -199,8 +199,6 @@ async def stream_snapshot(
 
 def restored_identity(cluster: str, peers: dict[str, str], snapshot: SnapshotFile) -> str:
     """The identity of a group restored from ``snapshot`` with ``peers`` (rule 4)."""
-    from arbiter.server.app import cluster_identity
-
     return cluster_identity(cluster, peers, restored_from=snapshot.sha256)
 
 

@@ -32,9 +32,9 @@ from arbiter.core.observer import HeartbeatVerdict
 from arbiter.core.raft import ConflictingState, Message, RaftError, Ready, Role
 from arbiter.core.replica import Replica, must_persist
 from arbiter.core.tally import LeaveOutcome, MembershipState, ViewChange
+from arbiter.server.counters import Counters
 from arbiter.server.events import RaftStanding, log_raft_standing, log_view_change
 from arbiter.server.looplag import LoopLagMonitor
-from arbiter.server.metrics import Counters
 from arbiter.server.storage import DurableState, Storage
 from arbiter.server.writer import DiskWriter
 

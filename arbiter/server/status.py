@@ -13,12 +13,9 @@ A follower the leader has not heard from yet has match index 0.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
+from arbiter.server.operated import OperatedReplica
 from membership.v1 import membership_pb2 as pb
-
-if TYPE_CHECKING:
-    from arbiter.server.app import ArbiterServer
 
 __all__ = ["describe", "package_version"]
 
@@ -30,7 +27,7 @@ def package_version() -> str:
     return str(membership.__version__)
 
 
-def describe(server: ArbiterServer) -> pb.StatusResponse:
+def describe(server: OperatedReplica) -> pb.StatusResponse:
     """The :class:`StatusResponse` of a running replica (module docstring)."""
     driver = server.driver
     st = driver.raft.status()
@@ -57,6 +54,6 @@ def describe(server: ArbiterServer) -> pb.StatusResponse:
         followers=followers,
         voters=config["voters"],
         learners=config["learners"],
-        cluster=server.admin_api.cluster,
+        cluster=server.identity,
         instance=driver.state.instance,
     )
