@@ -386,6 +386,8 @@ class ArbiterConfig:
         )
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if f.name == "tombstone_retention" and value == math.inf:
+                continue  # forget by count only (README, "Bounded history")
             if isinstance(value, float | int) and not math.isfinite(value):
                 raise InvalidArgument(f"{f.name} must be a finite number, got {value}")
         for name in positive:

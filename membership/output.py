@@ -290,7 +290,7 @@ def event_lines(ev: object, as_json: bool) -> list[str]:
             f"epoch {ev.epoch}  {c.node_id} (incarnation {c.incarnation}) {c.state.value}"
             + _evidence_text(c.evidence)
             + (f"; removed by {c.removed_by}" if c.removed_by else "")
-            + ("; forgotten (retention passed)" if c.forgotten else "")
+            + ("; forgotten (bounded history)" if c.forgotten else "")
             for c in ev.changes
         ]
     if isinstance(ev, QuorumChanged):

@@ -18,6 +18,11 @@ Rules:
    not; FAILED_PRECONDITION for promoting a voter, removing the last voter, or
    while another change is pending (not yet committed). UNAVAILABLE when the
    change was not applied in time (no quorum).
+5. ``promote`` by hand is refused (FAILED_PRECONDITION, saying how far
+   behind) unless the learner holds the leader's commit index and answered
+   within an election timeout, as etcd refuses to promote a learner that is
+   not in sync: an absent or lagging voter raises the quorum without adding
+   a working replica (four voters with one absent survive no more failure).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import grpc
 from arbiter.core.raft import InvalidInput
 from arbiter.server.arbiterset import ArbiterSet, to_protos
 from arbiter.server.authz import Authorizer
+from arbiter.server.events import log_config_change
 from arbiter.server.reconfig import NotLeader, ProposalDropped, Reconfiguration
 from arbiter.server.replies import cluster_mismatch, deny
 from membership.errors import InvalidArgument
@@ -96,6 +102,30 @@ class ArbiterAdmin:
             commit_index=self._reconfig.commit_index(),
         )
 
+    def _not_caught_up(self, replica_id: str) -> tuple[grpc.StatusCode, str] | None:
+        """Rule 5: a learner is promoted by hand only once it holds the committed log
+        and answers (as etcd's ``member promote``): a voter that is absent or far behind
+        would raise the quorum without adding a working replica. Judged on the leader
+        (a follower's call fails with NotLeader anyway)."""
+        if not self._reconfig.is_leader():
+            return None
+        progress = self._reconfig.progress().get(replica_id)
+        commit = self._reconfig.commit_index()
+        within = self._reconfig.election_timeout()
+        heard = progress is not None and 0 <= progress.last_heard <= within
+        if progress is not None and heard and progress.match_index >= commit:
+            return None
+        detail = (
+            "never heard from it"
+            if progress is None or not heard
+            else f"its log reaches index {progress.match_index}, the commit index is {commit}"
+        )
+        return (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"learner {replica_id} is not caught up ({detail}): start it with "
+            "'membership arbiter --join ...' and wait; it is promoted by itself once caught up",
+        )
+
     async def change(
         self,
         op: str,
@@ -113,6 +143,8 @@ class ArbiterAdmin:
         except InvalidArgument as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"arbiter: {e}")
         refusal = _judge(self._reconfig.current, op, replica_id, address)
+        if refusal is None and op == "promote":
+            refusal = self._not_caught_up(replica_id)
         if refusal is not None:
             await context.abort(refusal[0], f"arbiter {self._me}: {refusal[1]}")
         who = self._authz.identity(context) or f"client {context.peer() or 'unknown'}"
@@ -137,15 +169,19 @@ class ArbiterAdmin:
                 f"arbiter {self._me}: the change was not applied in {self._timeout:g}s "
                 "(no quorum?); 'admin arbiters list' shows whether it took effect",
             )
-        log.warning(
-            "arbiter configuration change %s %s%s by %s: now index %d, voters %s, learners %s",
-            op,
-            replica_id,
-            f"={address}" if address else "",
-            who,
-            conf.index,
-            ",".join(sorted(conf.voters)),
-            ",".join(sorted(conf.learners)) or "none",
+        log_config_change(
+            self._me,
+            f"arbiter configuration change {op} {replica_id}"
+            f"{'=' + address if address else ''} by {who}: now index {conf.index}, voters "
+            f"{','.join(sorted(conf.voters))}, learners "
+            f"{','.join(sorted(conf.learners)) or 'none'}",
+            change=op,
+            replica=replica_id,
+            address=address or None,
+            by=who,
+            index=conf.index,
+            voters=dict(conf.voters),
+            learners=dict(conf.learners),
         )
         return pb.ArbiterChangeResponse(arbiters=to_protos(conf), config_index=conf.index)
 

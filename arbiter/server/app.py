@@ -370,7 +370,7 @@ class ArbiterServer:
         if not self.reconfig.removed and len(self._told_removed & voters) > len(voters) // 2:
             self.reconfig.removed = True
             log.warning(
-                "%s: %s say this replica was removed from the arbiter group: stopping",
+                "%s: told by %s that this replica was removed from the arbiter group: stopping",
                 self.replica_id,
                 ", ".join(sorted(self._told_removed)),
             )

@@ -58,7 +58,7 @@ def log_view_change(replica_id: str, change: ViewChange) -> int:
         what = f"epoch {change.epoch}: {c.node_id} incarnation {c.incarnation} is {c.state.value}"
         if c.forgotten:  # a tombstone's retention passed (arbiter/core/retention.py)
             fields["forgotten"] = True
-            log_event(log, "membership_change", what + ", forgotten (retention passed)", **fields)
+            log_event(log, "membership_change", what + ", forgotten (bounded history)", **fields)
             continue
         if c.state is MemberState.DEAD:
             deaths += 1
@@ -90,13 +90,17 @@ def log_raft_standing(
     )
 
 
-def log_config_change(replica_id: str, message: str, **fields: Any) -> None:
+def log_config_change(
+    replica_id: str, message: str, level: int = logging.WARNING, **fields: Any
+) -> None:
     """Logs a ``config_change`` line (the online reconfiguration's changes).
 
     Args:
         replica_id: the replica logging it.
         message: what changed, in words (``"a4 added as a learner"``).
+        level: the line's level: WARNING for the change an administrator made
+            (on the leader), INFO for every replica's new configuration in force.
         fields: the change's details (``change="add_learner"``, ``arbiter="a4"``,
             ``index=812``, ``voters=[...]``, ``learners=[...]``).
     """
-    log_event(log, "config_change", message, level=logging.WARNING, arbiter=replica_id, **fields)
+    log_event(log, "config_change", message, level=level, arbiter=replica_id, **fields)

@@ -409,7 +409,12 @@ class PeerServicer(peer_pb2_grpc.PeerServicer):
     def _refuse(self, src: str, why: str) -> None:
         if src not in self._refused:  # once per sender: it retries forever
             self._refused.add(src)
-            log.error("refusing raft traffic: %s", why)
+            # A replica removed on purpose is a planned change, not a fault.
+            log.log(
+                logging.WARNING if src in self.removed else logging.ERROR,
+                "refusing raft traffic: %s",
+                why,
+            )
 
     async def Raft(
         self,

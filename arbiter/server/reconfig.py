@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from arbiter.core.raft import ProposalDropped
 from arbiter.server.arbiterset import ArbiterSet, in_force
 from arbiter.server.driver import Driver, ReplicaStatus
+from arbiter.server.events import log_config_change
 from arbiter.server.stored import describe
 
 __all__ = ["NotLeader", "Reconfiguration", "ReplicaProgress"]
@@ -193,12 +194,15 @@ class Reconfiguration:
 
     def _changed_to(self, now: ArbiterSet) -> None:
         self.current = now
-        log.info(
-            "%s: arbiter configuration at log index %d: voters %s; learners %s",
-            self._driver.replica_id,
-            now.index,
-            describe(now.voters) or "none",
-            describe(now.learners) or "none",
+        me = self._driver.replica_id
+        log_config_change(
+            me,
+            f"{me}: arbiter configuration at log index {now.index}: voters "
+            f"{describe(now.voters) or 'none'}; learners {describe(now.learners) or 'none'}",
+            level=logging.INFO,
+            index=now.index,
+            voters=dict(now.voters),
+            learners=dict(now.learners),
         )
 
     def driver_status(self) -> ReplicaStatus:
@@ -242,6 +246,14 @@ class Reconfiguration:
                 self._changed.clear()
                 await self._changed.wait()
         return self.applied()
+
+    def is_leader(self) -> bool:
+        """Whether this replica leads now (only a leader proposes changes, rule 3)."""
+        return self._driver.is_leader
+
+    def election_timeout(self) -> float:
+        """The Raft election timeout, seconds (a peer silent longer is not answering)."""
+        return self._driver.config.election_timeout
 
     def progress(self) -> dict[str, ReplicaProgress]:
         """Each replica's progress as this leader sees it (empty on a follower)."""

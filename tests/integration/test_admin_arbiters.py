@@ -105,6 +105,21 @@ def test_admin_arbiters_usage_errors_exit_two_and_refusals_exit_one(tmp_path: Pa
         assert r.returncode == 1 and "NOT_FOUND" in r.stderr, r.stderr
         r = _cli(c, "admin", "arbiters", "remove", "a1", "--arbiters", c.arbiter_list())
         assert r.returncode == 1 and "is the last voter" in r.stderr, r.stderr
+        # A learner that never started is not promoted by hand (it would vote absent).
+        (port,) = free_ports(1)
+        r = _cli(
+            c, "admin", "arbiters", "add", f"a5=127.0.0.1:{port}", "--arbiters", c.arbiter_list()
+        )
+        assert r.returncode == 0, r.stderr
+        r = _cli(c, "admin", "arbiters", "promote", "a5", "--arbiters", c.arbiter_list())
+        assert r.returncode == 1 and "learner a5 is not caught up" in r.stderr, r.stderr
+        r = _cli(c, "admin", "arbiters", "list", "--json", "--arbiters", c.arbiter_list())
+        roles = {row["id"]: row["role"] for row in map(json.loads, r.stdout.splitlines())}
+        assert roles == {"a1": "voter", "a5": "learner"}, r.stdout
+        # The leader logged the change (a config_change event) and its new configuration.
+        log = c.procs["a1"].stderr()
+        assert f"arbiter configuration change add_learner a5=127.0.0.1:{port} by" in log, log
+        assert "arbiter configuration at log index" in log and "learners a5" in log, log
         r = _cli(c, "admin", "arbiters", "list", "--arbiters", c.arbiter_list())
         assert r.returncode == 0 and r.stdout.split()[:4] == [
             "a1",

@@ -78,7 +78,7 @@ def test_dead_record_is_forgotten_everywhere_and_its_incarnation_stays_refused(
     (change,) = forgotten
     assert (change["state"], change["incarnation"], change["labels"]) == ("DEAD", 5, {"job": "j1"})
     epoch = change["epoch"]
-    line = f"epoch {epoch}: n1 incarnation 5 is DEAD, forgotten (retention passed)"
+    line = f"epoch {epoch}: n1 incarnation 5 is DEAD, forgotten (bounded history)"
     for rid in cluster.arbiters:  # each replica applied it at that same epoch
         wait_until(lambda rid=rid: line in cluster.procs[rid].stderr(), 10, f"{rid} log")
     assert _forgotten_everywhere(cluster, "n1")

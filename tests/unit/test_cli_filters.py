@@ -122,7 +122,7 @@ def test_forgotten_change_is_printed_as_such() -> None:
     [line] = event_lines(ev, as_json=True)
     assert json.loads(line)["forgotten"] is True
     [text] = event_lines(ev, as_json=False)
-    assert text == "epoch 12  b (incarnation 2) DEAD; forgotten (retention passed)"
+    assert text == "epoch 12  b (incarnation 2) DEAD; forgotten (bounded history)"
     plain = ViewChanged(epoch=12, changes=(MemberChange(node_id="b", incarnation=2, state=DEAD),))
     assert "forgotten" not in json.loads(event_lines(plain, as_json=True)[0])
 

@@ -292,6 +292,16 @@ def test_retention_policy_refuses_bad_values(kwargs: dict[str, float]) -> None:
         RetentionPolicy(**kwargs)  # type: ignore[arg-type]
 
 
+def test_config_tombstone_retention_inf_forgets_by_count_only() -> None:
+    from arbiter.config import ArbiterConfig
+    from membership.errors import InvalidArgument
+
+    policy = ArbiterConfig.lan(tombstone_retention=math.inf).validate().replica_settings().retention
+    assert policy.retention == math.inf and policy.enabled  # the count still bounds
+    with pytest.raises(InvalidArgument, match="tombstone_retention"):
+        ArbiterConfig.lan(tombstone_retention=math.nan).validate()
+
+
 # -- the observer refuses a forgotten life as it refused the record -------------
 
 

@@ -60,6 +60,23 @@ def test_logfmt_event_is_one_json_object_with_its_fields() -> None:
     assert rec.getMessage() == 'config_change arbiter="a4" voters=["a1"]'
 
 
+def test_config_change_is_a_json_event_at_the_level_given() -> None:
+    from arbiter.server.events import log as events_log
+    from arbiter.server.events import log_config_change
+
+    rec = _record(
+        events_log,
+        lambda: log_config_change(
+            "a1", "change add_learner a4", change="add_learner", replica="a4", index=7
+        ),
+    )
+    d = json.loads(JsonFormatter().format(rec))
+    assert d["event"] == "config_change" and d["level"] == "WARNING"
+    assert (d["arbiter"], d["change"], d["replica"], d["index"]) == ("a1", "add_learner", "a4", 7)
+    rec = _record(events_log, lambda: log_config_change("a2", "now", level=logging.INFO, index=8))
+    assert json.loads(JsonFormatter().format(rec))["level"] == "INFO"
+
+
 def test_logfmt_plain_record_and_exception() -> None:
     log = logging.getLogger("test.logfmt.plain")
 
