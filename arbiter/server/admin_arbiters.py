@@ -112,7 +112,8 @@ class ArbiterAdmin:
         progress = self._reconfig.progress().get(replica_id)
         commit = self._reconfig.commit_index()
         within = self._reconfig.election_timeout()
-        heard = progress is not None and 0 <= progress.last_heard <= within
+        last = None if progress is None else progress.last_heard
+        heard = last is not None and 0 <= last <= within
         if progress is not None and heard and progress.match_index >= commit:
             return None
         detail = (
