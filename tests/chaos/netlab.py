@@ -28,6 +28,8 @@ Faults, all from the test process:
 - processes (:class:`Proc`): :meth:`Proc.pause` / :meth:`Proc.resume`
   (SIGSTOP/SIGCONT), :meth:`Proc.kill` (SIGKILL), :meth:`Proc.restart` (the
   same command line again, so an arbiter comes back on its data dir).
+- a machine gone: :meth:`Lab.remove_host` kills its processes and deletes its
+  namespace (its address then answers nothing, not even ARP).
 - delay, jitter and half-open links: :meth:`Host.proxy` runs
   ``python -m tests.support.netproxy`` in a namespace (there is no netem on
   these machines); :meth:`Proxy.freeze` / :meth:`Proxy.heal`.

@@ -8,9 +8,9 @@ started with ``--join`` on an empty data dir, promoted once caught up, a3 remove
 No view change, no node fenced, and a node killed afterwards is DEAD on the
 suspicions of a quorum of {a1, a2, a4}, seen once by the subscriber.
 
-(2) The group grows from 3 to 5 replicas and shrinks back to 3 while a dozen nodes
-heartbeat: no false DEAD, no node fenced, the epoch unchanged; each removed
-replica exits 0.
+(2) The group grows from 3 to 5 replicas (a4, a5) and shrinks back to 3 (a5, then
+the leader, whoever it is) while a dozen nodes heartbeat: no false DEAD, no node
+fenced, the epoch unchanged; each removed replica exits 0.
 
 The dangerous moment of both is a promotion: a group of 4 voters needs 3 leases
 of every node (with a3 gone, all of a1, a2, a4), so a4 must have granted its
@@ -28,6 +28,7 @@ import pytest
 
 from tests.chaos.cluster import (
     DEAD_WITHIN,
+    LEADER_WITHIN,
     RESTART_GRACE,
     SETTLE_WITHIN,
     SLACK,
@@ -148,14 +149,23 @@ def test_chaos_grow_to_five_and_shrink_back_under_load(cluster: ChaosCluster) ->
     )
     assert_no_change_since(cluster, t0, e0)
 
-    for rid in ("a5", "a4"):
-        r = cluster.admin_arbiters("remove", rid, via=["a1", "a2", "a3"])
+    # Shrink: a5, then whichever replica leads (a removed leader commits its removal
+    # without itself, steps down, and the other three elect a leader among them).
+    removed = []
+    for pick in ("a5", "leader"):
+        rid = pick if pick != "leader" else cluster.wait_leader(LEADER_WITHIN)
+        via = [r for r in sorted(cluster.arbiters) if r != rid]
+        r = cluster.admin_arbiters("remove", rid, via=via)
         assert r.returncode == 0, r.stderr
         # A removed replica stops by itself, exit 0 (reconfig.py rule 2).
         assert cluster.replicas[rid].wait(EXIT_WITHIN) == 0, cluster.replicas[rid].stderr()
         assert "was removed from the arbiter group" in cluster.replicas[rid].stderr()
         cluster.forget_arbiter(rid)
-    assert cluster.roles(["a1"]) == dict.fromkeys(["a1", "a2", "a3"], "voter")
+        removed.append(rid)
+    remaining = sorted(cluster.arbiters)
+    assert len(remaining) == 3, remaining
+    new_leader = cluster.wait_leader(LEADER_WITHIN)
+    assert cluster.roles(remaining) == dict.fromkeys(remaining, "voter")
 
     # Bounded window after the last change (see QUIET_WINDOW), covering all since t0.
     window(QUIET_WINDOW, lambda: assert_no_change_since(cluster, t0, e0))
@@ -166,3 +176,4 @@ def test_chaos_grow_to_five_and_shrink_back_under_load(cluster: ChaosCluster) ->
         assert log.proc.alive(), n
         assert log.fenced_at(t0) == [], log.proc.lines()
         assert len(set(log.alive_incarnations())) == 1, log.proc.lines()
+    print(f"3 -> 5 -> 3: removed {removed}, group {remaining}, leader {new_leader}")
