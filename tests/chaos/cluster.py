@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -313,6 +314,46 @@ class ChaosCluster:
         )
         self.watchers[name] = proc
         return proc
+
+    # --- the arbiter group (README "Replacing an arbiter") ---
+
+    def admin_arbiters(self, *argv: str, via: Iterable[str]) -> subprocess.CompletedProcess[str]:
+        """``membership admin arbiters ARGV --arbiters <via's addresses>``, run to completion
+        on the management host (which no fault cuts)."""
+        addresses = ",".join(self.addr(rid) for rid in via)
+        host = self.lab.host("probe", mgmt=True)
+        argv_full = membership_command("admin", "arbiters", *argv, "--arbiters", addresses)
+        return host.sh(*argv_full, timeout=60.0)
+
+    def roles(self, via: Iterable[str]) -> dict[str, str]:
+        """Arbiter id -> "voter" or "learner" as ``admin arbiters list`` gives it ({} when
+        the call failed)."""
+        r = self.admin_arbiters("list", "--json", via=via)
+        if r.returncode != 0:
+            return {}
+        return {row["id"]: row["role"] for row in map(json.loads, r.stdout.splitlines())}
+
+    def join_arbiter(self, rid: str, via: Iterable[str]) -> Proc:
+        """Adds replica ``rid`` on a new host as a learner (``admin arbiters add``) and
+        starts it with ``--join`` (``via``'s addresses) on an empty data dir."""
+        via = list(via)
+        host = self.lab.host(rid)
+        address = host.addr(ARBITER_PORT)
+        r = self.admin_arbiters("add", f"{rid}={address}", via=via)
+        assert r.returncode == 0 and "learner" in r.stdout, (r.stdout, r.stderr)
+        self.arbiters[rid] = host
+        data_dir = self.lab.workdir / f"{rid}.data"
+        assert not data_dir.exists()
+        join = ",".join(self.addr(v) for v in via)
+        argv = ("arbiter", "--id", rid, "--listen", address, "--join", join)
+        self.replicas[rid] = self._membership(
+            host, rid, *argv, "--data-dir", str(data_dir), "--preset", "local"
+        )
+        return self.replicas[rid]
+
+    def forget_arbiter(self, rid: str) -> None:
+        """Replica ``rid`` no longer answers views (it was removed, or its machine is gone)."""
+        del self.arbiters[rid]
 
     # --- views through the probe ---
 

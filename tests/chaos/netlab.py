@@ -28,6 +28,8 @@ Faults, all from the test process:
 - processes (:class:`Proc`): :meth:`Proc.pause` / :meth:`Proc.resume`
   (SIGSTOP/SIGCONT), :meth:`Proc.kill` (SIGKILL), :meth:`Proc.restart` (the
   same command line again, so an arbiter comes back on its data dir).
+- a machine gone: :meth:`Lab.remove_host` kills its processes and deletes its
+  namespace (its address then answers nothing, not even ARP).
 - delay, jitter and half-open links: :meth:`Host.proxy` runs
   ``python -m tests.support.netproxy`` in a namespace (there is no netem on
   these machines); :meth:`Proxy.freeze` / :meth:`Proxy.heal`.
@@ -552,6 +554,7 @@ class Lab:
         self.hosts: dict[str, Host] = {}
         self.procs: dict[str, Proc] = {}
         self._namespaces: list[str] = []
+        self._next_index = 1  # host addresses are never reused, also after remove_host
         self._closed = False
         atexit.register(self.close)
         try:
@@ -590,9 +593,10 @@ class Lab:
             return self.hosts[name]
         if not name or not all(c.isalnum() or c == "_" for c in name):
             raise ValueError(f"host name {name!r}: letters, digits and _ only")
-        index = len(self.hosts) + 1
+        index = self._next_index
         if index > 250:
             raise LabError("a lab holds at most 250 hosts")
+        self._next_index += 1
         host = Host(self, name, index, mgmt=mgmt)
         self._add_netns(host.netns)
         veth = f"v{index}"
@@ -605,6 +609,25 @@ class Lab:
         _ip("-n", host.netns, "link", "set", "eth0", "up")
         self.hosts[name] = host
         return host
+
+    def remove_host(self, name: str) -> None:
+        """The machine is gone: SIGKILLs every process of host ``name`` and deletes its
+        namespace (its veth goes with it, so its address answers nothing, not even
+        ARP). Its processes stay in :attr:`procs` (their logs, for failures); its
+        address is never given to another host.
+        """
+        self._check_open()
+        host = self.hosts.pop(name)
+        for p in self.procs.values():
+            if p.host is host:
+                p.kill()
+        _kill_netns_pids(host.netns)
+        _ip("netns", "del", host.netns)
+        self._namespaces.remove(host.netns)
+        for h in self.hosts.values():
+            if host.ip in h.blocked_in:
+                h.blocked_in.discard(host.ip)
+                h._apply()
 
     def partition(self, *groups: Iterable[Host]) -> None:
         """Cuts every host of each group from every host of the other groups (both ways).

@@ -192,6 +192,20 @@ def test_chaos_netlab_pause_resume_kill_restart(lab: Lab) -> None:
     assert h.ip in r.stdout and "eth0" in r.stdout, r.stdout
 
 
+def test_chaos_netlab_remove_host_kills_its_processes_deletes_its_namespace(lab: Lab) -> None:
+    a, gone = lab.host("a"), lab.host("gone")
+    p = gone.run("ticker", [sys.executable, "-u", "-c", _TICKER])
+    p.wait_lines(1, WITHIN)
+    a.cut(gone)
+    lab.remove_host("gone")
+    assert not p.alive() and "gone" not in lab.hosts and "ticker" in lab.procs
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert gone.netns not in listed
+    assert a.blocked_in == set(), a.blocked_in  # no rule left for an address that is gone
+    # Its address is never given to a host added later.
+    assert lab.host("later").ip not in {gone.ip, a.ip}
+
+
 def test_chaos_netlab_close_removes_everything_and_leftovers_are_cleaned(tmp_path: Path) -> None:
     reason = netlab.unavailable()
     if reason is not None:
