@@ -8,7 +8,7 @@ import pytest
 from arbiter.config import ArbiterConfig
 from arbiter.server.app import ArbiterServer
 from membership.localcluster import free_ports
-from tests.integration.harness import ProcCluster, wait_async
+from tests.integration.harness import ProcCluster, secure_env, wait_async
 
 
 @pytest.fixture
@@ -34,6 +34,22 @@ async def replicas() -> AsyncIterator[list[ArbiterServer]]:
 def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ProcCluster]:
     c = ProcCluster(tmp_path)
     try:
+        yield c
+    finally:
+        c.close()
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            print(c.dump())
+
+
+@pytest.fixture
+def tls_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ProcCluster]:
+    """Three replicas with mutual TLS, certificates in ``tmp_path/tls``."""
+    c = ProcCluster(tmp_path)
+    c.tls = True
+    c.env = secure_env()
+    try:
+        c.start_arbiters(3)
         yield c
     finally:
         c.close()

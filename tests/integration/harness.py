@@ -140,3 +140,11 @@ def alive_set(proc: Proc) -> set[str]:
             else:
                 alive.discard(ev["node_id"])
     return alive
+
+
+def secure_env() -> dict[str, str]:
+    """This process's environment without any MEMBERSHIP_ setting: secure by default
+    (tests/conftest.py sets MEMBERSHIP_INSECURE=1 for the rest of the suite)."""
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith("MEMBERSHIP_")}

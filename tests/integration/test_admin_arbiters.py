@@ -12,20 +12,15 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from membership.localcluster import free_ports
 from tests.integration.harness import ProcCluster, wait_until
+from tests.integration.harness import secure_env as _env
 
 pytestmark = pytest.mark.integration
-
-
-def _env() -> dict[str, str]:
-    """This environment without any MEMBERSHIP_ setting (secure by default)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("MEMBERSHIP_")}
 
 
 def _cli(
@@ -40,21 +35,6 @@ def _cli(
         env=_env() if c.tls else dict(os.environ),
         stdin=subprocess.DEVNULL,
     )
-
-
-@pytest.fixture
-def tls_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ProcCluster]:
-    c = ProcCluster(tmp_path)
-    c.tls = True
-    c.env = _env()
-    try:
-        c.start_arbiters(3)
-        yield c
-    finally:
-        c.close()
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and rep.failed:
-            print(c.dump())
 
 
 def test_admin_arbiters_under_mutual_tls_admin_may_node_certificate_is_denied(

@@ -16,7 +16,6 @@ TimeoutStopSec. ``systemd-analyze verify`` checks the unit when installed.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -34,16 +33,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from membership.localcluster import free_ports
 from tests.integration.harness import ProcCluster, wait_until
+from tests.integration.harness import secure_env as _env
 
 pytestmark = pytest.mark.integration
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 MEMBERSHIP = str(Path(sys.executable).with_name("membership"))
-
-
-def _env() -> dict[str, str]:
-    """This process's environment without any MEMBERSHIP_ setting (secure by default)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("MEMBERSHIP_")}
 
 
 def _certs(folder: Path, arbiters: str) -> Path:

@@ -10,7 +10,6 @@ node, reads the replicas' log lines, then SIGKILLs replicas and asks
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -26,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.harness import ProcCluster, free_ports, wait_until
+from tests.integration.harness import secure_env as _env
 
 pytestmark = pytest.mark.integration
 
@@ -50,11 +50,6 @@ METRICS = (
     "membership_event_loop_lag_seconds",
     "membership_commit_to_subscriber_seconds",
 )
-
-
-def _env() -> dict[str, str]:
-    """This process's environment without any MEMBERSHIP_ setting (secure by default)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("MEMBERSHIP_")}
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import os
 import signal
 import socket
 import ssl
 import stat
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -34,13 +33,9 @@ from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
 from membership.view import MemberState
 from tests.integration.harness import ProcCluster, wait_async, wait_until
+from tests.integration.harness import secure_env as _env
 
 pytestmark = pytest.mark.integration
-
-
-def _env() -> dict[str, str]:
-    """This process's environment without any MEMBERSHIP_ setting (secure by default)."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("MEMBERSHIP_")}
 
 
 def _cli(*argv: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
@@ -52,22 +47,6 @@ def _cli(*argv: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         env=_env(),
         stdin=subprocess.DEVNULL,
     )
-
-
-@pytest.fixture
-def tls_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ProcCluster]:
-    """Three replicas with mutual TLS, certificates in ``tmp_path/tls``."""
-    c = ProcCluster(tmp_path)
-    c.tls = True
-    c.env = _env()
-    try:
-        c.start_arbiters(3)
-        yield c
-    finally:
-        c.close()
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and rep.failed:
-            print(c.dump())
 
 
 @pytest.fixture
