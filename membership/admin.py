@@ -19,8 +19,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 
@@ -32,12 +33,73 @@ from membership.transport import Channels
 from membership.v1 import membership_pb2 as pb
 from membership.validation import parse_address, validate_node_id
 
-__all__ = ["Removal", "admin_remove", "remove_node"]
+__all__ = ["RETRY_ELSEWHERE", "Removal", "admin_remove", "ask_in_rounds", "remove_node"]
 
 # Answers that mean "this arbiter cannot say now; ask another".
-_RETRY_ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+RETRY_ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # Seconds between two rounds over the arbiters when none could answer.
 _ROUND_PAUSE = 0.25
+
+T = TypeVar("T")
+
+
+async def ask_in_rounds(
+    addrs: Sequence[str],
+    timeout: float,
+    call: Callable[[str, float], Awaitable[T]],
+    *,
+    what: str,
+    redirect: Callable[[grpc.aio.AioRpcError], tuple[str, str | None] | None] | None = None,
+) -> T:
+    """Asks the arbiters one at a time, in rounds, until one answers (the admin calls
+    that only the leader, or a replica in quorum, can answer).
+
+    Args:
+        addrs: arbiter addresses, asked in this order each round.
+        timeout: seconds for the whole call.
+        call: ``call(address, seconds_left)`` asks one arbiter.
+        what: what failed, for the error (``"arbiter could commit the removal"``).
+        redirect: for a refusal that means "ask another": why (recorded), and
+            the address to ask next or None (a follower naming its leader);
+            None for any other refusal.
+
+    Returns:
+        The first answer.
+
+    Raises:
+        RejectedError: a refusal that is neither UNAVAILABLE, DEADLINE_EXCEEDED
+            nor redirected (the message starts with the status name).
+        UnavailableError: nobody answered within ``timeout``: ``no {what}
+            within {timeout}s (address: why; ...)``. An UnavailableError that
+            ``call`` raises counts as that arbiter not answering.
+    """
+    deadline = time.monotonic() + timeout
+    errors: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        queue = list(addrs)
+        while queue:
+            addr = queue.pop(0)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                return await call(addr, left)
+            except UnavailableError as e:
+                errors[addr] = str(e)
+            except grpc.aio.AioRpcError as e:
+                redirected = None if redirect is None else redirect(e)
+                if redirected is not None:
+                    errors[addr], leader = redirected
+                    if leader is not None:
+                        queue.insert(0, leader)
+                elif e.code() in RETRY_ELSEWHERE:
+                    errors[addr] = f"{e.code().name} {e.details()}"
+                else:
+                    raise RejectedError(f"{e.code().name}: {e.details()}") from None
+        # None could answer (no leader yet, all down): a round again shortly.
+        await asyncio.sleep(min(_ROUND_PAUSE, max(0.0, deadline - time.monotonic())))
+    detail = "; ".join(f"{a}: {e}" for a, e in errors.items()) or "out of time"
+    raise UnavailableError(f"no {what} within {timeout:g}s ({detail})")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,36 +161,23 @@ async def remove_node(
     config = (config or ClientConfig()).validate()
     channels = Channels.of(config)
     request = pb.RemoveNodeRequest(node_id=node_id, incarnation=incarnation)
-    deadline = time.monotonic() + timeout
-    errors: dict[str, str] = {}
+
+    async def one(addr: str, left: float) -> Removal:
+        resp: pb.RemoveNodeResponse = await channels.admin(addr).RemoveNode(
+            request, timeout=min(left, config.call_timeout * 3)
+        )
+        return Removal(
+            node_id=node_id,
+            incarnation=int(resp.incarnation),
+            epoch=int(resp.epoch),
+            removed_by=resp.removed_by,
+            arbiter=addr,
+        )
+
     try:
-        while time.monotonic() < deadline:
-            for addr in addrs:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                try:
-                    resp: pb.RemoveNodeResponse = await channels.admin(addr).RemoveNode(
-                        request, timeout=min(left, config.call_timeout * 3)
-                    )
-                except grpc.aio.AioRpcError as e:
-                    if e.code() in _RETRY_ELSEWHERE:
-                        errors[addr] = f"{e.code().name} {e.details()}"
-                        continue
-                    raise RejectedError(f"{e.code().name}: {e.details()}") from None
-                return Removal(
-                    node_id=node_id,
-                    incarnation=int(resp.incarnation),
-                    epoch=int(resp.epoch),
-                    removed_by=resp.removed_by,
-                    arbiter=addr,
-                )
-            # None could answer (no leader yet, all down): a round again shortly.
-            await asyncio.sleep(min(_ROUND_PAUSE, max(0.0, deadline - time.monotonic())))
+        return await ask_in_rounds(addrs, timeout, one, what="arbiter could commit the removal")
     finally:
         await channels.close()
-    detail = "; ".join(f"{a}: {e}" for a, e in errors.items()) or "out of time"
-    raise UnavailableError(f"no arbiter could commit the removal within {timeout:g}s ({detail})")
 
 
 async def admin_remove(args: argparse.Namespace, interrupt: Interrupt) -> int:

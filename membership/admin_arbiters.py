@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import json
 import re
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +37,7 @@ from typing import Any
 import grpc
 
 from membership import tls
+from membership.admin import RETRY_ELSEWHERE, ask_in_rounds
 from membership.commands import EXIT_OK, CliError, Interrupt, Interrupted
 from membership.config import ClientConfig
 from membership.errors import InvalidArgument, RejectedError, UnavailableError
@@ -47,8 +47,6 @@ from membership.validation import parse_address, validate_node_id
 
 __all__ = ["ArbiterRow", "change_arbiters", "list_arbiters", "register"]
 
-_RETRY_ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-_ROUND_PAUSE = 0.25
 _LEADER_AT = re.compile(r"the leader is (\S+) at (\S+)$")
 
 
@@ -110,7 +108,7 @@ async def list_arbiters(
                 )
                 return resp
             except grpc.aio.AioRpcError as e:
-                if e.code() in _RETRY_ELSEWHERE:
+                if e.code() in RETRY_ELSEWHERE:
                     errors[addr] = e.code().name
                     return None
                 raise RejectedError(f"{e.code().name}: {e.details()}") from None
@@ -154,34 +152,24 @@ async def change_arbiters(
         address = parse_address(address)
     config = (config or ClientConfig()).validate()
     channels = Channels.of(config)
-    deadline = time.monotonic() + timeout
-    errors: dict[str, str] = {}
-    queue = list(arbiters)
+
+    async def one(addr: str, left: float) -> pb.ArbiterChangeResponse:
+        return await _send(channels.admin(addr), op, replica_id, address, left)
+
     try:
-        while time.monotonic() < deadline:
-            while queue:
-                addr = queue.pop(0)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                try:
-                    return await _send(channels.admin(addr), op, replica_id, address, left)
-                except grpc.aio.AioRpcError as e:
-                    found = _LEADER_AT.search(e.details() or "")
-                    if e.code() == grpc.StatusCode.FAILED_PRECONDITION and found:
-                        queue.insert(0, found.group(2))  # the follower named the leader
-                        errors[addr] = f"not the leader ({found.group(1)} is)"
-                        continue
-                    if e.code() in _RETRY_ELSEWHERE:
-                        errors[addr] = f"{e.code().name} {e.details()}"
-                        continue
-                    raise RejectedError(f"{e.code().name}: {e.details()}") from None
-            queue = list(arbiters)
-            await asyncio.sleep(min(_ROUND_PAUSE, max(0.0, deadline - time.monotonic())))
+        return await ask_in_rounds(
+            arbiters, timeout, one, what="arbiter leader made the change", redirect=_leader_named
+        )
     finally:
         await channels.close()
-    detail = "; ".join(f"{a}: {e}" for a, e in errors.items()) or "out of time"
-    raise UnavailableError(f"no arbiter leader made the change within {timeout:g}s ({detail})")
+
+
+def _leader_named(e: grpc.aio.AioRpcError) -> tuple[str, str | None] | None:
+    """A follower's "not the leader: the leader is ID at HOST:PORT": ask that address next."""
+    found = _LEADER_AT.search(e.details() or "")
+    if e.code() == grpc.StatusCode.FAILED_PRECONDITION and found:
+        return f"not the leader ({found.group(1)} is)", found.group(2)
+    return None
 
 
 async def _send(

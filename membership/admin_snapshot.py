@@ -5,7 +5,8 @@ one at a time in that order: the leader answers (with a read index,
 arbiter/server/backup.py rule 1); a follower's refusal names the leader in
 its trailing metadata and the next address is asked; an arbiter that cannot
 answer (UNAVAILABLE, a deadline) is skipped. When none answers it tries
-again every ``_ROUND_PAUSE`` seconds until the timeout. The stream's size
+again every quarter second until the timeout
+(:func:`membership.admin.ask_in_rounds`). The stream's size
 and sha256 are checked before anything is written, and the file is written
 atomically, mode 0600 (:mod:`membership.snapshot_file`, rule 3).
 
@@ -19,7 +20,6 @@ Restoring is the arbiter's: ``membership arbiter ... --restore FILE``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime
 import hashlib
 import json
@@ -30,6 +30,7 @@ from pathlib import Path
 import grpc
 
 from membership import snapshot_file, tls
+from membership.admin import ask_in_rounds
 from membership.commands import EXIT_OK, CliError, Interrupt, Interrupted
 from membership.config import ClientConfig
 from membership.errors import InvalidArgument, RejectedError, UnavailableError
@@ -39,12 +40,8 @@ from membership.validation import parse_address
 
 __all__ = ["admin_snapshot_save", "admin_snapshot_status", "save_snapshot"]
 
-# Answers that mean "this arbiter cannot say now; ask another".
-_RETRY_ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # The trailing metadata of a follower's refusal (arbiter/server/backup.py).
 _NOT_LEADER = "membership-not-leader"
-# Seconds between two rounds over the arbiters when none could answer.
-_ROUND_PAUSE = 0.25
 
 
 async def _fetch(stub: object, timeout: float) -> snapshot_file.SnapshotFile:
@@ -111,33 +108,26 @@ async def save_snapshot(
         raise FileExistsError(f"{path} exists (give --force to replace it)")
     config = (config or ClientConfig()).validate()
     channels = Channels.of(config)
-    deadline = time.monotonic() + timeout
-    errors: dict[str, str] = {}
+
+    async def one(addr: str, left: float) -> snapshot_file.SnapshotFile:
+        snap = await _fetch(channels.admin(addr), min(left, config.call_timeout * 10))
+        snapshot_file.parse(snap.to_bytes(), str(path))  # the checks of status, first
+        snapshot_file.write(path, snap, force=force)
+        return snap
+
     try:
-        while time.monotonic() < deadline:
-            for addr in addrs:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                try:
-                    snap = await _fetch(channels.admin(addr), min(left, config.call_timeout * 10))
-                except UnavailableError as e:
-                    errors[addr] = str(e)
-                    continue
-                except grpc.aio.AioRpcError as e:
-                    trailing = dict(e.trailing_metadata() or ())
-                    if e.code() in _RETRY_ELSEWHERE or _NOT_LEADER in trailing:
-                        errors[addr] = f"{e.code().name} {e.details()}"
-                        continue
-                    raise RejectedError(f"{e.code().name}: {e.details()}") from None
-                snapshot_file.parse(snap.to_bytes(), str(path))  # the checks of status, first
-                snapshot_file.write(path, snap, force=force)
-                return snap
-            await asyncio.sleep(min(_ROUND_PAUSE, max(0.0, deadline - time.monotonic())))
+        return await ask_in_rounds(
+            addrs, timeout, one, what="leader could save a snapshot", redirect=_follower
+        )
     finally:
         await channels.close()
-    detail = "; ".join(f"{a}: {e}" for a, e in errors.items()) or "out of time"
-    raise UnavailableError(f"no leader could save a snapshot within {timeout:g}s ({detail})")
+
+
+def _follower(e: grpc.aio.AioRpcError) -> tuple[str, str | None] | None:
+    """A follower's refusal (its trailing metadata says so): ask the next address."""
+    if _NOT_LEADER in dict(e.trailing_metadata() or ()):
+        return f"{e.code().name} {e.details()}", None
+    return None
 
 
 def _describe(path: Path, snap: snapshot_file.SnapshotFile) -> dict[str, object]:
