@@ -30,14 +30,13 @@ def package_version() -> str:
 def describe(server: OperatedReplica) -> pb.StatusResponse:
     """The :class:`StatusResponse` of a running replica (module docstring)."""
     driver = server.driver
-    st = driver.raft.status()
+    # With ``now``, a leader's view of every other member too (learners included).
+    st = driver.replica.status(time.monotonic())
     status = driver.status()
     config = server.configuration()
-    # On a leader, its view of every other member (learners included): match and lag.
-    progress = driver.replica.status(time.monotonic()).progress
     followers = {
         rid: pb.FollowerProgress(match_index=p.match, lag=max(0, st.last_index - p.match))
-        for rid, p in sorted(progress.items())
+        for rid, p in sorted(st.progress.items())
     }
     return pb.StatusResponse(
         arbiter_id=server.replica_id,
