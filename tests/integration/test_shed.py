@@ -7,16 +7,17 @@ load source (``LoadMonitor.add_source``), so nothing here depends on the machine
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 
-import arbiter.server.servicers as servicers
 from arbiter.config import ArbiterConfig
 from arbiter.server.app import ArbiterServer
-from arbiter.server.load import PUSHBACK_KEY, Shed
+from arbiter.server.driver import Driver
+from arbiter.server.load import PUSHBACK_KEY, Shed, check_shedding
 from membership import MembershipClient
 from membership.localcluster import free_ports
 from membership.v1 import membership_pb2 as pb
@@ -64,15 +65,14 @@ async def test_shed_new_nodes_get_the_status_and_hint_known_ones_go_on_sdk_waits
     driver.load.add_source(lambda now: busy[0])
     sheds: list[tuple[str, float, int]] = []  # (node, when, hint ms) of every refusal
 
-    def recording(drv: object, node_id: str, now: float) -> None:
+    def recording(drv: Driver, node_id: str, now: float) -> None:
         try:
-            servicers_check(drv, node_id, now)
+            check_shedding(drv, node_id, now)
         except Shed as e:
             sheds.append((node_id, time.monotonic(), e.pushback_ms))
             raise
 
-    servicers_check = servicers.check_shedding
-    monkeypatch.setattr(servicers, "check_shedding", recording)
+    monkeypatch.setattr("arbiter.server.servicers.check_shedding", recording)
 
     async with grpc.aio.insecure_channel(addr) as channel:
         stub = pb_grpc.MembershipStub(channel)
@@ -103,7 +103,7 @@ async def test_shed_new_nodes_get_the_status_and_hint_known_ones_go_on_sdk_waits
     try:
         await wait_async(lambda: len([s for s in sheds if s[0] == "n2"]) >= 3, 15, "3 refusals")
         mine = [s for s in sheds if s[0] == "n2"]
-        for (_, t0, hint), (_, t1, _) in zip(mine, mine[1:], strict=False):
+        for (_, t0, hint), (_, t1, _) in itertools.pairwise(mine):
             assert t1 - t0 >= hint / 1000 - 0.02, (t1 - t0, hint)
         assert _member(lone_replica, "n2") is None
         busy[0] = 0.0
