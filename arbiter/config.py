@@ -68,8 +68,8 @@ class ArbiterConfig:
     load_target: float = 0.6
     # New nodes' heartbeat streams are refused with RESOURCE_EXHAUSTED and the
     # trailing metadata grpc-retry-pushback-ms (gRFC A6) while the replica's
-    # utilisation is >= shed_utilisation or it is late (loop lag, an ingest
-    # backlog) by >= shed_lateness seconds: before it falls behind. Known
+    # utilisation is > shed_utilisation (1.0: never) or it is late (loop lag,
+    # ingest backlog) by >= shed_lateness seconds: before it falls behind. Known
     # nodes' streams always go on (refusing them would suspect live nodes).
     # The hint: shed_retry_after seconds, x1 to x2 at random (no herd).
     shed_utilisation: float = 0.9
@@ -199,13 +199,10 @@ class ArbiterConfig:
     # of). A heartbeat stream for a new id beyond it gets RESOURCE_EXHAUSTED;
     # ids it already tracks, or that the view records, keep working. Past
     # heartbeat_budget * max_heartbeat_interval nodes (3,000) a replica
-    # keeps the heartbeat budget only with a longer interval (interval rule 3);
-    # 10,000 is the size the project is measured at (bench/scale.py), and
-    # bounds what a client spraying ids can make a replica hold: about 5 KiB
-    # per id (detector, opinion, status; measured by bench/limits_memory.py),
-    # 52 MiB at the limit. It also sets the longest interval (interval_ceiling)
-    # and so the restart grace: raise it for larger clusters, lower it for
-    # faster restarts of small ones.
+    # keeps the budget only with a longer interval (interval rule 3); 10,000
+    # bounds what a client spraying ids can make a replica hold: ~5 KiB per id
+    # (bench/limits_memory.py), 52 MiB. It sets the longest interval and so the
+    # restart grace (grace): raise it for larger clusters, lower it for small.
     max_nodes: int = 10_000
     # Heartbeat streams open on one replica at once. Two per node at
     # max_nodes: a node opens a second stream beside a late one (hedging,
@@ -292,8 +289,10 @@ class ArbiterConfig:
     @classmethod
     def local(cls, **overrides: object) -> ArbiterConfig:
         """Defaults for a cluster on one machine (demo, tests): same timings, smaller buffers."""
-        # 1,500 nodes keep the longest interval at 0.6 s and the grace at 3 s.
-        base = cls(history_size=256, subscriber_queue=128, max_nodes=1_500)
+        # 1,500 nodes: longest interval 0.6 s, grace 3 s. Shared cores (the busy
+        # fraction counts the wait for one): shed only when 2 s late.
+        local = {"max_nodes": 1_500, "shed_utilisation": 1.0, "shed_lateness": 2.0}
+        base = cls(history_size=256, subscriber_queue=128, **local)  # type: ignore[arg-type]
         return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
 
     @property

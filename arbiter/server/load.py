@@ -31,8 +31,8 @@ Rules:
    source (``fn(now) -> seconds``: an ingest backlog). The core bounds it.
 4. Shedding (:func:`check_shedding`). A heartbeat stream whose first
    heartbeat names a node the replica does not know (no opinion, no record
-   in the view) is refused while the utilisation is at least
-   ``shed_utilisation`` or the lateness at least ``shed_lateness``:
+   in the view) is refused while the utilisation is above ``shed_utilisation``
+   (1.0: never) or the lateness at least ``shed_lateness``:
    RESOURCE_EXHAUSTED with a message that starts ``shedding:`` and names the
    load, and the trailing metadata ``grpc-retry-pushback-ms`` (gRFC A6) of
    ``shed_retry_after`` seconds times a random factor in [1, 2), so that
@@ -246,7 +246,7 @@ def check_shedding(
     cfg = driver.config
     u = driver.load.utilisation
     late = driver.lateness(now)
-    if u < cfg.shed_utilisation and late < cfg.shed_lateness:
+    if u <= cfg.shed_utilisation and late < cfg.shed_lateness:  # 1.0: never on utilisation
         return
     if driver.observer.opinion(node_id) is not None or driver.state.member(node_id) is not None:
         return

@@ -33,7 +33,7 @@ RETRY_AFTER = 0.5  # seconds: hints of 500 to 999 ms
 @pytest.fixture
 async def lone_replica() -> AsyncIterator[ArbiterServer]:
     addr = f"127.0.0.1:{free_ports(1)[0]}"
-    config = ArbiterConfig.local(shed_retry_after=RETRY_AFTER)
+    config = ArbiterConfig.local(shed_retry_after=RETRY_AFTER, shed_utilisation=0.9)
     server = ArbiterServer(replica_id="a1", peers={"a1": addr}, listen=addr, config=config)
     await server.start()
     try:

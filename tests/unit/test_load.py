@@ -147,7 +147,7 @@ def test_load_lateness_covers_a_stall_for_as_long_as_it_lasted_then_sources() ->
 
 def _driver(utilisation: float, lateness: float, known: bool = False) -> SimpleNamespace:
     return SimpleNamespace(
-        config=ArbiterConfig.local(),
+        config=ArbiterConfig.lan(),
         replica_id="a1",
         load=SimpleNamespace(utilisation=utilisation, shed=0),
         lateness=lambda now: lateness,
