@@ -18,7 +18,10 @@ replica's busy fraction taken as rate x (cost per heartbeat measured in part
 1, same run), the governor stepped once a second; where it settles for 1,000
 to 100,000 nodes, and with the cost doubled (a contended machine).
 
-Usage: python bench/budget.py [--nodes 100,300] [--seconds 24] [--budget 1000]
+``--hogs K`` runs K busy-loop processes beside each real run (a contended
+machine: the busy fraction counts the wait for a CPU, rule 1 of load.py).
+
+Usage: python bench/budget.py [--nodes 100,300] [--seconds 24] [--budget 1000] [--hogs 0]
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ async def _loadgen(addr: str, nodes: int, per_channel: int = 90) -> None:
     await asyncio.gather(*(node(i) for i in range(nodes)))
 
 
-async def _run(nodes: int, seconds: float, budget: float) -> dict[str, float]:
+async def _run(nodes: int, seconds: float, budget: float, hogs: int) -> dict[str, float]:
     addr = f"127.0.0.1:{free_ports(1)[0]}"
     cfg = ArbiterConfig.local(heartbeat_budget=budget, max_nodes=max(1500, nodes))
     server = ArbiterServer(replica_id="a1", peers={"a1": addr}, listen=addr, config=cfg)
@@ -79,6 +82,8 @@ async def _run(nodes: int, seconds: float, budget: float) -> dict[str, float]:
         [sys.executable, __file__, "--loadgen", addr, str(nodes)], stdout=subprocess.DEVNULL
     )
     rows: list[tuple[float, float, float]] = []
+    hog = [sys.executable, "-c", "while True: pass"]
+    hogging = [subprocess.Popen(hog) for _ in range(hogs)]
     try:
         d = server.driver
         last = (time.monotonic(), d.counters.heartbeats)
@@ -102,8 +107,9 @@ async def _run(nodes: int, seconds: float, budget: float) -> dict[str, float]:
             "shed": d.load.shed,
         }
     finally:
-        child.kill()
-        child.wait()
+        for proc in (child, *hogging):
+            proc.kill()
+            proc.wait()
         await server.stop(grace=0)
 
 
@@ -138,6 +144,7 @@ async def main() -> None:
     p.add_argument("--nodes", default="100,300")
     p.add_argument("--seconds", type=float, default=24.0)
     p.add_argument("--budget", type=float, default=1000.0)
+    p.add_argument("--hogs", type=int, default=0)
     a = p.parse_args()
     t0, b0 = time.perf_counter(), busy_seconds()
     for _ in range(20_000):
@@ -145,7 +152,10 @@ async def main() -> None:
     read_us = (time.perf_counter() - t0) / 20_000 * 1e6
     print(f"busy_seconds() (one schedstat read): {read_us:.1f} us", flush=True)
     del b0
-    print(f"\nreal runs, budget {a.budget:g}/s, H0 0.15 s, {a.seconds:g} s each (last third):")
+    print(
+        f"\nreal runs, budget {a.budget:g}/s, H0 0.15 s, {a.seconds:g} s each (last third), "
+        f"{a.hogs} CPU hog(s):"
+    )
     print(
         "| nodes (tracked) | count rule | settled interval | D | utilisation | heartbeats/s "
         "| busy per heartbeat | new nodes shed | sample() | lateness() |"
@@ -153,7 +163,7 @@ async def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     costs = []
     for n in (int(x) for x in a.nodes.split(",")):
-        r = await _run(n, a.seconds, a.budget)
+        r = await _run(n, a.seconds, a.budget, a.hogs)
         cost = r["utilisation"] / r["rate"] if r["rate"] else 0.0
         costs.append(cost)
         print(
