@@ -68,8 +68,8 @@ class ArbiterConfig:
     load_target: float = 0.6
     # New nodes' heartbeat streams are refused with RESOURCE_EXHAUSTED and the
     # trailing metadata grpc-retry-pushback-ms (gRFC A6) while the replica's
-    # utilisation is > shed_utilisation (1.0: never) or it is late (loop lag,
-    # ingest backlog) by >= shed_lateness seconds: before it falls behind. Known
+    # utilisation is > shed_utilisation (1.0: never) or its ingest backlog is
+    # >= shed_lateness seconds (load.py rule 4): before it falls behind. Known
     # nodes' streams always go on (refusing them would suspect live nodes).
     # The hint: shed_retry_after seconds, x1 to x2 at random (no herd).
     shed_utilisation: float = 0.9
@@ -290,7 +290,7 @@ class ArbiterConfig:
     def local(cls, **overrides: object) -> ArbiterConfig:
         """Defaults for a cluster on one machine (demo, tests): same timings, smaller buffers."""
         # 1,500 nodes: longest interval 0.6 s, grace 3 s. Shared cores (the busy
-        # fraction counts the wait for one): shed only when 2 s late.
+        # fraction counts the wait for one): shed only on a 2 s backlog.
         local = {"max_nodes": 1_500, "shed_utilisation": 1.0, "shed_lateness": 2.0}
         base = cls(history_size=256, subscriber_queue=128, **local)  # type: ignore[arg-type]
         return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]

@@ -32,7 +32,10 @@ Rules:
 4. Shedding (:func:`check_shedding`). A heartbeat stream whose first
    heartbeat names a node the replica does not know (no opinion, no record
    in the view) is refused while the utilisation is above ``shed_utilisation``
-   (1.0: never) or the lateness at least ``shed_lateness``:
+   (1.0: never) or the backlog the lateness sources report is at least
+   ``shed_lateness`` (a loop stall is not counted: it is over by the time it
+   is measured, and the utilisation's 2 s average covers a loop that stays
+   busy):
    RESOURCE_EXHAUSTED with a message that starts ``shedding:`` and names the
    load, and the trailing metadata ``grpc-retry-pushback-ms`` (gRFC A6) of
    ``shed_retry_after`` seconds times a random factor in [1, 2), so that
@@ -207,6 +210,14 @@ class LocalHealth:
         lag, at = self._monitor.latest_late
         if now - at < max(self._listen_after, lag):
             late = max(late, lag)
+        return max(late, self.backlog(now))
+
+    def backlog(self, now: float) -> float:
+        """The lateness the sources report (an ingest backlog), seconds; 0 without any.
+
+        Unlike a loop stall, which is over by the time it is measured, a backlog
+        lasts: it is what shedding reads (rule 4)."""
+        late = 0.0
         for fn in self._sources:
             try:
                 late = max(late, float(fn(now)))
@@ -245,7 +256,7 @@ def check_shedding(
     """
     cfg = driver.config
     u = driver.load.utilisation
-    late = driver.lateness(now)
+    late = driver.health.backlog(now)
     if u <= cfg.shed_utilisation and late < cfg.shed_lateness:  # 1.0: never on utilisation
         return
     if driver.observer.opinion(node_id) is not None or driver.state.member(node_id) is not None:
@@ -254,7 +265,7 @@ def check_shedding(
     driver.load.shed += 1
     raise Shed(
         f"shedding: arbiter {driver.replica_id} is loaded (utilisation {u:.2f}, "
-        f"shed_utilisation {cfg.shed_utilisation:g}; late {late:.3f}s, shed_lateness "
+        f"shed_utilisation {cfg.shed_utilisation:g}; backlog {late:.3f}s, shed_lateness "
         f"{cfg.shed_lateness:g}s) and takes no new node now; retry {node_id!r} after "
         f"{pushback} ms ({PUSHBACK_KEY})",
         pushback,

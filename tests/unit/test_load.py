@@ -150,21 +150,21 @@ def _driver(utilisation: float, lateness: float, known: bool = False) -> SimpleN
         config=ArbiterConfig.lan(),
         replica_id="a1",
         load=SimpleNamespace(utilisation=utilisation, shed=0),
-        lateness=lambda now: lateness,
+        health=SimpleNamespace(backlog=lambda now: lateness),
         observer=SimpleNamespace(opinion=lambda n: Opinion.ALIVE if known else None),
         state=SimpleNamespace(member=lambda n: None),
     )
 
 
 def test_load_shedding_refuses_new_nodes_with_a_jittered_retry_hint() -> None:
-    d = _driver(utilisation=0.95, lateness=0.0)
+    d = _driver(utilisation=0.95, lateness=0.0)  # lateness: the sources' backlog
     with pytest.raises(Shed) as e:
         check_shedding(d, "n1", 0.0, random.Random(1))  # type: ignore[arg-type]
     assert str(e.value).startswith("shedding: arbiter a1 is loaded (utilisation 0.95")
     assert 1000 <= e.value.pushback_ms < 2000  # shed_retry_after 1 s, x1 to x2
     assert e.value.trailing == ((PUSHBACK_KEY, str(e.value.pushback_ms)),)
     assert d.load.shed == 1
-    with pytest.raises(Shed, match=r"late 0\.500s"):
+    with pytest.raises(Shed, match=r"backlog 0\.500s"):
         check_shedding(_driver(0.1, 0.5), "n1", 0.0)  # type: ignore[arg-type]
 
 
