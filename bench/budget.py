@@ -146,12 +146,11 @@ async def main() -> None:
     p.add_argument("--budget", type=float, default=1000.0)
     p.add_argument("--hogs", type=int, default=0)
     a = p.parse_args()
-    t0, b0 = time.perf_counter(), busy_seconds()
+    t0 = time.perf_counter()
     for _ in range(20_000):
         busy_seconds()
     read_us = (time.perf_counter() - t0) / 20_000 * 1e6
     print(f"busy_seconds() (one schedstat read): {read_us:.1f} us", flush=True)
-    del b0
     print(
         f"\nreal runs, budget {a.budget:g}/s, H0 0.15 s, {a.seconds:g} s each (last third), "
         f"{a.hogs} CPU hog(s):"

@@ -31,8 +31,10 @@ Rules:
    source (``fn(now) -> seconds``: an ingest backlog). The core bounds it.
 4. Shedding (:func:`check_shedding`). A heartbeat stream whose first
    heartbeat names a node the replica does not know (no opinion, no record
-   in the view) is refused while the utilisation is above ``shed_utilisation``
-   (1.0: never) or the backlog the lateness sources report is at least
+   in the view) is refused while the loop thread's time *on a CPU* (rule 1
+   without the wait for one: the replica's own work, not its neighbours')
+   is above ``shed_utilisation`` of the time (1.0: never), or the backlog the
+   lateness sources report is at least
    ``shed_lateness`` (a loop stall is not counted: it is over by the time it
    is measured, and the utilisation's 2 s average covers a loop that stays
    busy):
@@ -77,17 +79,17 @@ PUSHBACK_KEY = "grpc-retry-pushback-ms"
 """The trailing metadata key of a retry hint (gRFC A6), in milliseconds."""
 
 
-def busy_seconds() -> float:
-    """Seconds the calling thread was on a CPU or runnable waiting for one (rule 1).
+def busy_seconds() -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable waiting for one) of the calling thread (rule 1).
 
-    Reads ``/proc/thread-self/schedstat``; without it, ``time.thread_time()``.
+    Reads ``/proc/thread-self/schedstat``; without it, ``(time.thread_time(), 0.0)``.
     """
     try:
         with open("/proc/thread-self/schedstat", "rb") as f:
             on_cpu, waiting, _ = f.read().split()
     except (OSError, ValueError):
-        return time.thread_time()
-    return (int(on_cpu) + int(waiting)) / 1e9
+        return time.thread_time(), 0.0
+    return int(on_cpu) / 1e9, int(waiting) / 1e9
 
 
 class LoadMonitor:
@@ -98,12 +100,13 @@ class LoadMonitor:
         period: seconds between samples (> 0).
         window: samples averaged (>= 1).
         on_sample: called with (utilisation, monotonic now) after each sample.
-        reader: seconds busy so far of the loop thread (default :func:`busy_seconds`;
-            called on the loop thread).
+        reader: (seconds on a CPU, seconds waiting for one) so far of the loop
+            thread (default :func:`busy_seconds`; called on the loop thread).
         clock: monotonic seconds.
 
     Attributes:
         utilisation: the latest value (0 before the first sample).
+        cpu: the same on a CPU only, the wait for one left out (shedding's, rule 4).
         cost: seconds spent sampling so far (the measurement's own price).
         shed: new nodes' streams refused so far (rule 4).
     """
@@ -115,7 +118,7 @@ class LoadMonitor:
         period: float = 1.0,
         window: int = 2,
         on_sample: Callable[[float, float], object] = lambda u, now: None,
-        reader: Callable[[], float] = busy_seconds,
+        reader: Callable[[], tuple[float, float]] = busy_seconds,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not period > 0 or window < 1:
@@ -123,10 +126,11 @@ class LoadMonitor:
         self.name, self.period = name, period
         self._on_sample, self._reader, self._clock = on_sample, reader, clock
         self._sources: list[Callable[[float], float]] = []
-        self._recent: deque[float] = deque(maxlen=window)
-        self._last: tuple[float, float] | None = None  # (wall, busy) at the last sample
+        self._recent: deque[tuple[float, float]] = deque(maxlen=window)  # (busy, cpu)
+        self._last: tuple[float, float, float] | None = None  # (wall, cpu, wait) at the last
         self._task: asyncio.Task[None] | None = None
         self.utilisation = 0.0
+        self.cpu = 0.0
         self.cost = 0.0
         self.samples = 0
         self.shed = 0  # new streams refused (rule 4)
@@ -139,7 +143,7 @@ class LoadMonitor:
     def start(self) -> None:
         """Starts sampling on the running loop (idempotent)."""
         if self._task is None:
-            self._last = (self._clock(), self._reader())
+            self._last = (self._clock(), *self._reader())
             self._task = asyncio.get_running_loop().create_task(self._run(), name="load-monitor")
 
     async def stop(self) -> None:
@@ -165,14 +169,20 @@ class LoadMonitor:
             The utilisation used, 0 to 1.
         """
         t0 = time.perf_counter()
-        now, busy = self._clock(), self._reader()
+        now, (cpu, wait) = self._clock(), self._reader()
         if self._last is not None and now > self._last[0]:
-            self._recent.append(max(0.0, (busy - self._last[1]) / (now - self._last[0])))
-        self._last = (now, busy)
-        u = sum(self._recent) / len(self._recent) if self._recent else 0.0
+            wall, cpu0, wait0 = self._last
+            on = max(0.0, cpu - cpu0) / (now - wall)
+            self._recent.append((on + max(0.0, wait - wait0) / (now - wall), on))
+        self._last = (now, cpu, wait)
+        n = len(self._recent) or 1
+        u = sum(b for b, _ in self._recent) / n
+        c = sum(c for _, c in self._recent) / n
         for fn in self._sources:
-            u = max(u, float(fn(now)))
+            source = float(fn(now))
+            u, c = max(u, source), max(c, source)
         self.utilisation = min(1.0, max(0.0, u))
+        self.cpu = min(1.0, max(0.0, c))
         self.samples += 1
         self.cost += time.perf_counter() - t0
         self._on_sample(self.utilisation, now)
@@ -255,7 +265,7 @@ def check_shedding(
         Shed: the replica sheds; its message names the load and the hint.
     """
     cfg = driver.config
-    u = driver.load.utilisation
+    u = driver.load.cpu
     late = driver.health.backlog(now)
     if u <= cfg.shed_utilisation and late < cfg.shed_lateness:  # 1.0: never on utilisation
         return
@@ -264,7 +274,7 @@ def check_shedding(
     pushback = int(cfg.shed_retry_after * 1000 * (1.0 + (rng or random).random()))
     driver.load.shed += 1
     raise Shed(
-        f"shedding: arbiter {driver.replica_id} is loaded (utilisation {u:.2f}, "
+        f"shedding: arbiter {driver.replica_id} is loaded (cpu {u:.2f}, "
         f"shed_utilisation {cfg.shed_utilisation:g}; backlog {late:.3f}s, shed_lateness "
         f"{cfg.shed_lateness:g}s) and takes no new node now; retry {node_id!r} after "
         f"{pushback} ms ({PUSHBACK_KEY})",

@@ -88,18 +88,19 @@ def test_load_observer_refuses_negative_lateness() -> None:
 
 
 def test_load_monitor_utilisation_is_busy_time_over_wall_time_averaged() -> None:
-    clock, busy = [0.0], [0.0]
+    clock, busy = [0.0], [0.0]  # busy: on a CPU; waiting for one is a quarter of it here
     seen: list[tuple[float, float]] = []
     m = LoadMonitor(
         name="a1",
         window=2,
-        reader=lambda: busy[0],
+        reader=lambda: (busy[0] * 0.8, busy[0] * 0.2),
         clock=lambda: clock[0],
         on_sample=lambda u, now: seen.append((u, now)),
     )
-    m._last = (0.0, 0.0)  # as start() leaves it
+    m._last = (0.0, 0.0, 0.0)  # as start() leaves it
     clock[0], busy[0] = 1.0, 0.5
     assert m.sample() == pytest.approx(0.5)
+    assert m.cpu == pytest.approx(0.4)  # shedding's: the wait for a CPU left out
     clock[0], busy[0] = 2.0, 1.4  # 0.9 busy in this second
     assert m.sample() == pytest.approx(0.7)  # mean of the last two
     m.add_source(lambda now: 0.95)  # a worker more loaded than this loop
@@ -149,7 +150,7 @@ def _driver(utilisation: float, lateness: float, known: bool = False) -> SimpleN
     return SimpleNamespace(
         config=ArbiterConfig.lan(),
         replica_id="a1",
-        load=SimpleNamespace(utilisation=utilisation, shed=0),
+        load=SimpleNamespace(cpu=utilisation, shed=0),
         health=SimpleNamespace(backlog=lambda now: lateness),
         observer=SimpleNamespace(opinion=lambda n: Opinion.ALIVE if known else None),
         state=SimpleNamespace(member=lambda n: None),
@@ -160,7 +161,7 @@ def test_load_shedding_refuses_new_nodes_with_a_jittered_retry_hint() -> None:
     d = _driver(utilisation=0.95, lateness=0.0)  # lateness: the sources' backlog
     with pytest.raises(Shed) as e:
         check_shedding(d, "n1", 0.0, random.Random(1))  # type: ignore[arg-type]
-    assert str(e.value).startswith("shedding: arbiter a1 is loaded (utilisation 0.95")
+    assert str(e.value).startswith("shedding: arbiter a1 is loaded (cpu 0.95")
     assert 1000 <= e.value.pushback_ms < 2000  # shed_retry_after 1 s, x1 to x2
     assert e.value.trailing == ((PUSHBACK_KEY, str(e.value.pushback_ms)),)
     assert d.load.shed == 1
