@@ -271,6 +271,10 @@ class ArbiterConfig:
     # cover it) and tells whoever reaches it the group's leader, size and
     # churn, so an operator opens it on purpose, where only the scraper reaches.
     metrics_listen: str = ""
+    # Heartbeat-ingest worker processes sharing --listen (arbiter/server/ingest):
+    # they hold the heartbeat streams and proxy every other RPC to this process,
+    # which keeps Raft and the tally. 0: none, all in this process. One per core.
+    ingest_workers: int = 0
 
     @classmethod
     def lan(cls, **overrides: object) -> ArbiterConfig:
@@ -463,6 +467,8 @@ class ArbiterConfig:
         for name in ("max_nodes", "max_heartbeat_streams", "max_subscribers"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.ingest_workers <= 64:
+            raise InvalidArgument(f"ingest_workers must be in [0, 64], got {self.ingest_workers}")
         if self.max_concurrent_streams < 4:
             raise InvalidArgument(
                 f"max_concurrent_streams must be >= 4 (a client's watch, its hedged "

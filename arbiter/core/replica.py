@@ -8,7 +8,8 @@ Rules:
 1. Inputs: ``heartbeat`` (a node's heartbeat received at ``now``), ``step`` (a
    Raft message from a peer), ``tick`` (time passes), ``propose_leave``,
    ``propose_remove`` and ``propose_config_change``.
-2. ``tick`` ticks Raft and the observer, then proposes every owed observation
+2. ``tick`` ticks Raft, and the observer no later than ``detect_until`` (what
+   the replica has heard up to), then proposes every owed observation
    as one batch (the observer's rules 1 and 2). Without a leader the batch is
    dropped; the observer proposes it again after its retry interval. A
    replica that is not a member of the applied configuration (a joining or
@@ -268,10 +269,11 @@ class Replica:
         except ProposalDropped:
             self.proposals_dropped += 1
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float, detect_until: float | None = None) -> None:
         """Lets time pass: Raft timers, detector suspicions, owed observations (rule 2),
         and, on a leader of a cluster without an instance id, its Bootstrap (rule 6),
-        and on a leader the Forget of records past their retention (rule 8)."""
+        and on a leader the Forget of records past their retention (rule 8); the detectors
+        at ``min(now, detect_until)`` (rule 2; arbiter/server/ingest)."""
         self.raft.tick(now)
         self._bootstrap(now)
         forget = self.retention.due(self.state, now, leader=self.raft.status().role is Role.LEADER)
@@ -280,7 +282,7 @@ class Replica:
                 self.raft.propose(encode(forget), now)
             except ProposalDropped:
                 self.proposals_dropped += 1
-        self.observer.tick(now, self.state)
+        self.observer.tick(now if detect_until is None else min(now, detect_until), self.state)
         owed = self.observer.observations(now, self.state)
         if owed and not self._joining and self.replica_id in self.state.configuration:
             self.observations_proposed += len(owed)

@@ -152,6 +152,8 @@ class Driver:
         # Term of the entry at raft.status().applied (a backup's term; arbiter/server/backup.py).
         self.applied_term = self.raft.snapshot().term
         self.after_turn: Callable[[], None] = lambda: None
+        self._lateness: list[Callable[[float], float]] = []  # add_lateness_source
+        self._detect_until = float("-inf")
         self._recover(t0, durable)
 
     @property
@@ -247,6 +249,12 @@ class Driver:
             # every message queued behind it): drop this one, say so.
             log.error("raft message %s from %s refused: %s", msg.type.value, msg.src, e)
         self._wake.set()
+
+    def add_lateness_source(self, source: Callable[[float], float]) -> None:
+        """``source(now)``: seconds this replica is late hearing its nodes (arbiter/server/
+        ingest); the detectors tick no later than ``now`` minus the most, never backwards
+        (Lifeguard's local health, Dadgar et al. 2018). Raft's timers are not held back."""
+        self._lateness.append(source)
 
     def wake(self) -> None:
         """Runs a turn soon (the core was given an input from outside the loop)."""
@@ -350,17 +358,7 @@ class Driver:
         """Stops the loop task, waits for it and for the write in flight; logs the loop lag."""
         st = self.lag_monitor.statistics()
         if st.samples:
-            log.info(
-                "%s: event loop lag over %d wake-ups: max %.3fs, p99 %.3fs, %d stall(s) over "
-                "%.2fs; longest GC %.3fs",
-                self.replica_id,
-                st.samples,
-                st.max,
-                st.p99,
-                st.stalls,
-                self.lag_monitor.warn_after,
-                st.gc_max,
-            )
+            log.info("%s: %s", self.replica_id, st.describe(self.lag_monitor.warn_after))
         await self.lag_monitor.stop()
         if self._task is not None:
             self._task.cancel()
@@ -414,7 +412,9 @@ class Driver:
             self.loop_lag = max(0.0, time.monotonic() - (t + timeout))
 
     async def _turn(self, now: float) -> None:
-        self.replica.tick(now)
+        late = max((source(now) for source in self._lateness), default=0.0)
+        self._detect_until = max(self._detect_until, now - max(0.0, late))
+        self.replica.tick(now, self._detect_until)
         while self.replica.has_ready():
             rd = self.replica.ready()
             if must_persist(rd):
