@@ -1,0 +1,325 @@
+"""Heartbeat ingest in worker processes: one replica at ``--ingest-workers`` K = 0, 1, 2.
+
+One replica (a group of one, plaintext, its own data dir) takes ``--nodes``
+simulated nodes, each one real ``Heartbeat`` stream declaring
+``--interval`` seconds (0.6) and sending at it, from ``--procs`` generator
+processes (this script with ``--generate``; streams spread over connections
+of their own, at most 50 streams each, so SO_REUSEPORT spreads them over the
+workers). For each K in turn, in the same run:
+
+1. the replica's processes' CPU (utime + stime from /proc) over ``--idle``
+   seconds with no load: the cost of standing still (empty batches, Raft
+   and driver ticks), subtracted below;
+2. the load connects and warms up for ``--warmup`` seconds, then over a
+   ``--window`` (s) the acks the generators received, the rate they
+   achieved against the rate they were asked for and the lateness of their
+   own sends (a result is never the generators' limit mistaken for the
+   replica's), and every process's CPU.
+
+Printed per K: acks/s, the consensus process's and the workers' marginal CPU
+per heartbeat (µs; idle cost subtracted), their sum, each as a ratio to
+K = 0's total, and the heartbeats per second one core of each would carry
+(1e6 / µs). The projection for C cores gives the workers C - 1 cores and
+the consensus process one: min(1e6 / consensus µs, (C - 1) x 1e6 / worker µs).
+On this 2-core machine the generators share the cores with the replica, so
+achieved throughput is bounded by the machine, not by the replica: the CPU
+per heartbeat is the figure; the throughput column says what was offered
+and served.
+
+Usage: python bench/ingest.py [--nodes 1200] [--interval 0.6] [--procs 1]
+       [--window 10] [--workers 0,1,2] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+STREAMS_PER_CONNECTION = 50
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (seconds), 0.0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+# --- the generator (--generate) ----------------------------------------------------------
+
+
+async def generate(args: argparse.Namespace) -> None:
+    import grpc
+
+    from membership.v1 import membership_pb2 as pb
+
+    t0, t1 = args.measure_from, args.measure_from + args.window
+    acks = sent = failures = 0
+    late: list[float] = []
+    channels = []
+
+    async def stream(i: int, channel: Any) -> None:
+        nonlocal acks, sent, failures
+        call = channel.stream_stream(
+            "/membership.v1.Membership/Heartbeat",
+            request_serializer=pb.HeartbeatRequest.SerializeToString,
+            response_deserializer=pb.HeartbeatAck.FromString,
+        )()
+        req = pb.HeartbeatRequest(
+            node_id=f"{args.prefix}{i}", incarnation=1, interval_seconds=args.interval
+        )
+        await asyncio.sleep(args.interval * (i % 97) / 97)  # spread over one interval
+        due = time.monotonic()
+        seq = 0
+        try:
+            while time.monotonic() < t1:
+                seq += 1
+                req.seq = seq
+                now = time.monotonic()
+                await call.write(req)
+                await call.read()
+                if t0 <= now < t1:
+                    sent += 1
+                    acks += 1
+                    late.append(now - due)
+                due += args.interval
+                wait = due - time.monotonic()
+                if wait < 0:  # more than behind: skip ahead, never burst
+                    due = time.monotonic()
+                else:
+                    await asyncio.sleep(wait)
+        except grpc.aio.AioRpcError:
+            failures += 1
+        finally:
+            call.cancel()
+
+    tasks = []
+    for i in range(args.first, args.first + args.count):
+        if (i - args.first) % STREAMS_PER_CONNECTION == 0:
+            channels.append(
+                grpc.aio.insecure_channel(
+                    args.target, options=[("grpc.use_local_subchannel_pool", 1)]
+                )
+            )
+        tasks.append(asyncio.create_task(stream(i, channels[-1])))
+    cpu0 = time.process_time()
+    await asyncio.gather(*tasks)
+    for ch in channels:
+        await ch.close()
+    print(
+        json.dumps(
+            {
+                "acks": acks,
+                "failures": failures,
+                "late_p50_ms": _pct(late, 0.5) * 1000,
+                "late_p99_ms": _pct(late, 0.99) * 1000,
+                "cpu": time.process_time() - cpu0,
+            }
+        ),
+        flush=True,
+    )
+
+
+# --- the benchmark -----------------------------------------------------------------------
+
+
+def _start_replica(tmp: Path, k: int, port: int) -> subprocess.Popen[bytes]:
+    addr = f"127.0.0.1:{port}"
+    argv = [
+        sys.executable, "-m", "membership", "--log-level", "warning", "arbiter",
+        "--id", "a1", "--listen", addr, "--peers", f"a1={addr}", "--insecure",
+        "--data-dir", str(tmp / f"k{k}.data"), "--ingest-workers", str(k),
+        "--max-nodes", "100000", "--max-heartbeat-streams", "100000",
+    ]  # fmt: skip
+    err = open(tmp / f"k{k}.err", "wb")  # noqa: SIM115 - lives as long as the child
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+
+
+def _wait_serving(addr: str, timeout: float = 30.0) -> None:
+    import grpc
+
+    from membership.v1 import membership_pb2 as pb
+    from membership.v1 import membership_pb2_grpc as pb_grpc
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with grpc.insecure_channel(addr) as ch:
+                r = pb_grpc.MembershipStub(ch).GetView(pb.GetViewRequest(summary=True), timeout=1)
+                if r.in_quorum:
+                    return
+        except grpc.RpcError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"replica at {addr} not serving in a quorum within {timeout}s")
+        time.sleep(0.2)
+
+
+def _pids(replica: subprocess.Popen[bytes]) -> list[int]:
+    return [replica.pid, *children(replica.pid)]
+
+
+def measure(args: argparse.Namespace, k: int, tmp: Path) -> dict[str, Any]:
+    from membership.localcluster import free_ports
+
+    (port,) = free_ports(1)
+    replica = _start_replica(tmp, k, port)
+    gens: list[subprocess.Popen[str]] = []
+    try:
+        _wait_serving(f"127.0.0.1:{port}")
+        pids = _pids(replica)
+        c0 = {p: cpu_seconds(p) for p in pids}
+        time.sleep(args.idle)
+        idle = {p: (cpu_seconds(p) - c0[p]) / args.idle for p in pids}  # cores, at rest
+        measure_from = time.monotonic() + args.warmup + args.interval
+        per = args.nodes // args.procs
+        for g in range(args.procs):
+            gens.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--generate",
+                        "--target",
+                        f"127.0.0.1:{port}",
+                        "--first",
+                        str(g * per),
+                        "--count",
+                        str(per),
+                        "--prefix",
+                        f"k{k}n",
+                        "--interval",
+                        str(args.interval),
+                        "--window",
+                        str(args.window),
+                        "--measure-from",
+                        str(measure_from),
+                    ],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        time.sleep(max(0.0, measure_from - time.monotonic()))
+        pids = _pids(replica)  # a worker restarted meanwhile would show here
+        c1 = {p: cpu_seconds(p) for p in pids}
+        time.sleep(args.window)
+        c2 = {p: cpu_seconds(p) for p in pids}
+        results = [json.loads(g.communicate(timeout=60)[0].strip().splitlines()[-1]) for g in gens]
+    finally:
+        for g in gens:
+            if g.poll() is None:
+                g.kill()
+        replica.send_signal(signal.SIGTERM)
+        try:
+            replica.wait(15)
+        except subprocess.TimeoutExpired:
+            replica.kill()
+    acks = sum(r["acks"] for r in results)
+    busy = {p: c2[p] - c1[p] - idle.get(p, 0.0) * args.window for p in pids}
+    main_us = busy[replica.pid] / acks * 1e6
+    worker_us = sum(v for p, v in busy.items() if p != replica.pid) / acks * 1e6
+    return {
+        "workers": k,
+        "offered_per_s": args.nodes / args.interval,
+        "acks_per_s": acks / args.window,
+        "failures": sum(r["failures"] for r in results),
+        "gen_late_p99_ms": max(r["late_p99_ms"] for r in results),
+        "consensus_us": main_us,
+        "workers_us": worker_us,
+        "total_us": main_us + worker_us,
+        "idle_cores": sum(idle.values()),
+    }
+
+
+def report(rows: list[dict[str, Any]]) -> str:
+    base = next((r["total_us"] for r in rows if r["workers"] == 0), rows[0]["total_us"])
+    lines = [
+        "K  offered/s  acks/s  gen p99 late  consensus us/hb  workers us/hb  total us/hb  "
+        "total/K0  consensus hb/s/core  worker hb/s/core"
+    ]
+    for r in rows:
+        w = r["workers_us"]
+        lines.append(
+            f"{r['workers']}  {r['offered_per_s']:9.0f}  {r['acks_per_s']:6.0f}  "
+            f"{r['gen_late_p99_ms']:9.1f} ms  {r['consensus_us']:15.1f}  {w:13.1f}  "
+            f"{r['total_us']:11.1f}  {r['total_us'] / base:7.2f}x  "
+            f"{1e6 / r['consensus_us']:19.0f}  {1e6 / w if w > 0 else float('nan'):16.0f}"
+        )
+    for r in rows:
+        if r["workers"] >= 1 and r["workers_us"] > 0:
+            c_main, c_work = 1e6 / r["consensus_us"], 1e6 / r["workers_us"]
+            proj = {c: min(c_main, (c - 1) * c_work) for c in (2, 8, 16)}
+            lines.append(
+                f"projection from K={r['workers']}: heartbeats/s per replica with C cores "
+                "(1 consensus, C-1 workers): "
+                + ", ".join(f"C={c}: {v:,.0f}" for c, v in proj.items())
+                + f"; bound by the consensus process past C = {1 + c_main / c_work:.1f}"
+            )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--nodes", type=int, default=1200)
+    p.add_argument("--interval", type=float, default=0.6)
+    p.add_argument("--procs", type=int, default=1, help="generator processes")
+    p.add_argument("--window", type=float, default=10.0)
+    p.add_argument("--warmup", type=float, default=4.0)
+    p.add_argument("--idle", type=float, default=3.0)
+    p.add_argument("--workers", default="0,1,2", help="values of K, comma-separated")
+    p.add_argument("--json", type=Path, default=None)
+    # --generate (one generator process; started by the benchmark)
+    p.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--target", default="", help=argparse.SUPPRESS)
+    p.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--prefix", default="n", help=argparse.SUPPRESS)
+    p.add_argument("--measure-from", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.generate:
+        asyncio.run(generate(args))
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-ingest-") as d:
+        for k in (int(x) for x in args.workers.split(",")):
+            rows.append(measure(args, k, Path(d)))
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    print(
+        f"one replica, {args.nodes} nodes at {args.interval}s ({args.nodes / args.interval:.0f} "
+        f"heartbeats/s offered), {args.procs} generator process(es), {args.window:g}s window, "
+        f"{os.cpu_count()} cores"
+    )
+    print(report(rows))
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
