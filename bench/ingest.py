@@ -257,6 +257,96 @@ def measure(args: argparse.Namespace, k: int, tmp: Path) -> dict[str, Any]:
     }
 
 
+def channel_cost(nodes: int, batch: int, seconds: float = 2.0) -> dict[str, float]:
+    """In this process: µs per heartbeat of ``Driver.on_heartbeat`` alone, and of a
+    worker's BATCH answered by :class:`arbiter.server.ingest.pool.IngestPool` (frame
+    decode, the same on_heartbeat, status board, VERDICTS encode), batches of ``batch``."""
+    from arbiter.config import ArbiterConfig
+    from arbiter.server.arbiterset import ArbiterSet
+    from arbiter.server.driver import Driver
+    from arbiter.server.ingest import frames
+    from arbiter.server.ingest.pool import IngestPool
+    from arbiter.server.statusboard import StatusBoard
+    from arbiter.server.storage import Storage
+    from membership.v1 import membership_pb2 as pb
+
+    async def run() -> dict[str, float]:
+        ids = {"a1": "127.0.0.1:1"}
+        storage = Storage.open(None, replica_id="a1", cluster="default", arbiters=ids)
+        cfg = ArbiterConfig.local(max_nodes=10 * nodes + 1000)
+        driver = Driver(
+            replica_id="a1", replica_ids=ids, config=cfg, send=lambda m: None,
+            on_change=lambda c: None, on_quorum=lambda s: None, storage=storage,
+        )  # fmt: skip
+
+        class Api:
+            board = StatusBoard()
+
+            @staticmethod
+            def arbiters() -> ArbiterSet:
+                return ArbiterSet(voters=ids)
+
+        class Server:
+            pass
+
+        server: Any = Server()
+        server.driver, server.api, server.config = driver, Api(), cfg
+        pool = IngestPool(server, 1)
+
+        class Sink:
+            def write(self, data: bytes) -> None:
+                pass
+
+        slot = pool._slots[0]
+        slot.writer = Sink()  # type: ignore[assignment]
+        status = pb.NodeStatus(load=1.0).SerializeToString()
+
+        names = [f"n{i}" for i in range(nodes)]
+        no_labels: dict[str, str] = {}
+
+        def direct(n: int) -> float:
+            t = time.perf_counter()
+            for i in range(n):
+                driver.on_heartbeat(names[i % nodes], 1, no_labels, 0.6)
+            return time.perf_counter() - t
+
+        def batched(n: int, seq: list[int]) -> float:
+            took = 0.0
+            for start in range(0, n, batch):
+                entries = tuple(
+                    (
+                        i % nodes,
+                        f"n{i % nodes}",
+                        1,
+                        None,
+                        0.6,
+                        False,
+                        status if i % 20 == 0 else None,
+                    )
+                    for i in range(start, min(n, start + batch))
+                )
+                seq[0] += 1
+                data = frames.encode(frames.BATCH, seq[0], time.monotonic(), entries, (), (0, 0, 0))
+                t = time.perf_counter()
+                (msg,) = frames.FrameDecoder().feed(data)
+                pool._answer(slot, msg)
+                took += time.perf_counter() - t
+            return took
+
+        direct(nodes)  # every node known (first heartbeats are joins)
+        n = nodes * 5
+        seq = [0]
+        d_runs, b_runs = [], []
+        for _ in range(5):  # interleaved: the machine's load changes under both alike
+            d_runs.append(direct(n))
+            b_runs.append(batched(n, seq))
+        best_d, best_b = min(d_runs) / n * 1e6, min(b_runs) / n * 1e6
+        storage.close()
+        return {"on_heartbeat_us": best_d, "batched_us": best_b, "added_us": best_b - best_d}
+
+    return asyncio.run(run())
+
+
 def report(rows: list[dict[str, Any]]) -> str:
     base = next((r["total_us"] for r in rows if r["workers"] == 0), rows[0]["total_us"])
     lines = [
@@ -294,6 +384,9 @@ def main() -> int:
     p.add_argument("--idle", type=float, default=3.0)
     p.add_argument("--workers", default="0,1,2", help="values of K, comma-separated")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument(
+        "--channel-only", action="store_true", help="only the in-process channel cost (no replica)"
+    )
     # --generate (one generator process; started by the benchmark)
     p.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--target", default="", help=argparse.SUPPRESS)
@@ -304,6 +397,17 @@ def main() -> int:
     args = p.parse_args()
     if args.generate:
         asyncio.run(generate(args))
+        return 0
+    costs = {b: channel_cost(args.nodes, b) for b in (1, 16, 256)}
+    print(
+        f"consensus process, in this process, {args.nodes} nodes: Driver.on_heartbeat "
+        f"{costs[1]['on_heartbeat_us']:.1f} us; a heartbeat answered from a worker's batch "
+        + ", ".join(
+            f"{c['batched_us']:.1f} us at {b}/batch (+{c['added_us']:.1f})"
+            for b, c in costs.items()
+        )
+    )
+    if args.channel_only:
         return 0
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as d:
@@ -317,7 +421,7 @@ def main() -> int:
     )
     print(report(rows))
     if args.json is not None:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+        args.json.write_text(json.dumps({"channel": costs, "replica": rows}, indent=1) + "\n")
     return 0
 
 

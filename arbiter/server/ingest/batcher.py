@@ -43,7 +43,16 @@ class ReplicaStatus:
     """The replica's status as one VERDICTS frame gave it (frames.STATUS), with the
     arbiter set on the wire (protobuf messages, built once per configuration)."""
 
-    __slots__ = ("arbiters", "config_index", "epoch", "in_quorum", "instance", "interval", "leader")
+    __slots__ = (
+        "arbiters",
+        "base",
+        "config_index",
+        "epoch",
+        "in_quorum",
+        "instance",
+        "interval",
+        "leader",
+    )
 
     def __init__(self, status: tuple[Any, ...], arbiters: list[Any]) -> None:
         (
@@ -56,6 +65,7 @@ class ReplicaStatus:
             _,
         ) = status
         self.arbiters = arbiters
+        self.base = b""  # the ack's fields common to the batch, encoded (worker.py rule 4)
 
 
 class Batcher:
@@ -65,11 +75,14 @@ class Batcher:
         write: writes one frame's bytes to the channel (must not block).
         make_arbiters: the wire form of a VERDICTS frame's arbiter tuples
             (``(id, address, voter)``).
+        prepare: called once with each batch's :class:`ReplicaStatus` before its
+            heartbeats are resolved (the worker encodes the acks' common part).
     """
 
-    def __init__(self, write: Any, make_arbiters: Any) -> None:
+    def __init__(self, write: Any, make_arbiters: Any, prepare: Any = None) -> None:
         self._write = write
         self._make_arbiters = make_arbiters
+        self.prepare = prepare
         self._loop = asyncio.get_running_loop()
         self._entries: list[tuple[Any, ...]] = []
         self._futures: list[asyncio.Future[tuple[Any, ReplicaStatus]]] = []
@@ -146,13 +159,11 @@ class Batcher:
         if arbiters is not None and index != self._arbiters[0]:
             self._arbiters = (index, self._make_arbiters(arbiters))
         st = ReplicaStatus(status, self._arbiters[1])
+        if self.prepare is not None:
+            self.prepare(st)
         for fut, verdict in zip(futures, verdicts, strict=True):
             if not fut.done():
                 fut.set_result((verdict, st))
-
-    def known_config(self) -> int:
-        """The index of the arbiter configuration this worker has (-1: none yet)."""
-        return self._arbiters[0]
 
     def close(self, why: BaseException) -> None:
         """The channel is gone: every waiting and later heartbeat fails (rule 4)."""

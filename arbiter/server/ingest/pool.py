@@ -178,7 +178,7 @@ class IngestPool:
                 str(theirs.fileno()),
                 pass_fds=(theirs.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL,
-                preexec_fn=die_with_parent,  # worker.py rule 4, from the fork on
+                preexec_fn=die_with_parent,  # worker.py rule 5, from the fork on
             )
         finally:
             theirs.close()

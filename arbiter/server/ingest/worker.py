@@ -21,7 +21,13 @@ Rules:
    ``STATUS_REFRESH`` seconds passed, its labels only when they changed.
 3. Every other method is forwarded to the consensus process
    (:mod:`arbiter.server.ingest.proxy`).
-4. It lives no longer than the consensus process: PR_SET_PDEATHSIG, and it
+4. Cost: what a stream's earlier heartbeat already passed is not checked
+   again (its node id and incarnation are the first's by the stream
+   rules; labels and status equal to the last ones checked), and an ack is
+   the batch's common fields, encoded once per batch, followed by the
+   heartbeat's own (seq, lease, state, incarnation): protobuf's wire format
+   merges concatenated messages, so the bytes decode to the same ack.
+5. It lives no longer than the consensus process: PR_SET_PDEATHSIG, and it
    exits when its channel closes. STOP ends every heartbeat stream with
    UNAVAILABLE at its next heartbeat and stops the server with the shutdown
    grace; RELOAD_TLS re-reads the TLS files for new connections (SIGHUP).
@@ -50,13 +56,15 @@ from arbiter.server import limits
 from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
 from arbiter.server.decoding import DecodeRefusal
 from arbiter.server.ingest import frames
-from arbiter.server.ingest.batcher import Batcher, ChannelClosed
+from arbiter.server.ingest.batcher import Batcher, ChannelClosed, ReplicaStatus
 from arbiter.server.ingest.proxy import Forwarder
 from arbiter.server.limits import HeartbeatStreamRules, LimitExceeded, Throttle
 from arbiter.server.replies import cluster_mismatch, deny
 from arbiter.server.statusboard import changed
+from membership.convert import status_numbers
 from membership.errors import InvalidArgument
 from membership.v1 import membership_pb2 as pb
+from membership.validation import validate_labels, validate_status
 
 __all__ = [
     "HEARTBEAT_METHOD",
@@ -96,16 +104,34 @@ class HeartbeatService:
         self.closing = False
         self._tokens = 0
         self.streams_served = 0
-        from arbiter.server.servicers import _check_heartbeat as check
-
-        self._check = check
 
     def handler(self) -> grpc.RpcMethodHandler:
+        """The Heartbeat method: requests decoded by gRPC, acks already bytes (rule 4)."""
         return grpc.stream_stream_rpc_method_handler(
-            self.heartbeat,
-            request_deserializer=pb.HeartbeatRequest.FromString,
-            response_serializer=pb.HeartbeatAck.SerializeToString,
+            self.heartbeat, request_deserializer=pb.HeartbeatRequest.FromString
         )
+
+    def prepare(self, st: ReplicaStatus) -> None:
+        """Encodes the acks' fields common to one batch (rule 4)."""
+        st.base = pb.HeartbeatAck(
+            epoch=st.epoch,
+            next_interval_seconds=st.interval,
+            in_quorum=st.in_quorum,
+            arbiter_id=self.replica_id,
+            leader_id=st.leader,
+            cluster_size=sum(a.voter for a in st.arbiters),
+            cluster=self.cluster,
+            instance=st.instance,
+            arbiters=st.arbiters,
+            config_index=st.config_index,
+        ).SerializeToString()
+
+    def _check(self, req: pb.HeartbeatRequest, cfg: ArbiterConfig) -> None:
+        """The checks of the in-process servicer (servicers.py), on a stream's first
+        heartbeat (rule 4: later ones are checked for what changed)."""
+        from arbiter.server.servicers import _check_heartbeat
+
+        _check_heartbeat(req, cfg.heartbeat_interval, cfg.max_heartbeat_interval)
 
     async def _as_node(
         self, requests: AsyncIterator[pb.HeartbeatRequest], context: grpc.aio.ServicerContext
@@ -122,7 +148,7 @@ class HeartbeatService:
 
     async def heartbeat(
         self, requests: AsyncIterator[pb.HeartbeatRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.HeartbeatAck]:
+    ) -> AsyncIterator[bytes]:
         cfg, batcher = self.config, self.batcher
         if self.closing:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
@@ -148,10 +174,12 @@ class HeartbeatService:
                 self.index,
                 os.getpid(),
             )
-        check, lo, hi = self._check, cfg.heartbeat_interval, cfg.max_heartbeat_interval
-        labels_of: Any = None  # the labels last sent (a protobuf map)
+        lo, hi = cfg.heartbeat_interval, cfg.max_heartbeat_interval
+        labels_of: Any = None  # the labels last checked and sent (a protobuf map)
+        checked: pb.NodeStatus | None = None  # the status last checked
         status_of: pb.NodeStatus | None = None  # the status last sent
         status_at = 0.0
+        ack = pb.HeartbeatAck()
         try:
             async for req in requests:
                 batcher.heartbeats += 1
@@ -160,7 +188,19 @@ class HeartbeatService:
                 now = time.monotonic()
                 try:
                     wait = throttle.admit(now)
-                    check(req, lo, hi)
+                    if labels_of is None:
+                        self._check(req, cfg)
+                        checked = req.status
+                    else:  # rule 4: what the first heartbeat passed, only what changed
+                        if req.labels != labels_of:
+                            validate_labels(req.labels)
+                        if req.status != checked:
+                            new = req.status
+                            validate_status(new.phase, new.gauges, status_numbers(new))
+                            checked = new
+                        interval = req.interval_seconds
+                        if not (interval == 0 or lo <= interval <= hi):
+                            self._check(req, cfg)  # raises, with the servicer's message
                     first = rules.check(req.node_id, req.incarnation, req.seq)
                 except InvalidArgument as e:
                     log.info("heartbeat refused from %s: %s", context.peer(), e)
@@ -168,9 +208,11 @@ class HeartbeatService:
                 except LimitExceeded as e:
                     log.info("heartbeat stream cut from %s: %s", context.peer(), e)
                     await context.abort(e.code, str(e))
-                refusal = cluster_mismatch(
-                    self.cluster, self.replica_id, req.cluster, f"node {req.node_id}"
-                )
+                refusal = None
+                if req.cluster and req.cluster != self.cluster:  # sent on a stream's first
+                    refusal = cluster_mismatch(
+                        self.cluster, self.replica_id, req.cluster, f"node {req.node_id}"
+                    )
                 if refusal is not None:
                     log.info("heartbeat refused from %s: %s", context.peer(), refusal)
                     await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
@@ -196,24 +238,10 @@ class HeartbeatService:
                 if type(verdict) is str:  # max_nodes (limits rule 5)
                     log.info("heartbeat stream cut from %s: %s", context.peer(), verdict)
                     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, verdict)
-                _, state, incarnation, lease = verdict
+                _, ack.state, ack.incarnation, ack.lease_seconds = verdict
+                ack.seq = req.seq
                 batcher.acks += 1
-                yield pb.HeartbeatAck(
-                    seq=req.seq,
-                    epoch=st.epoch,
-                    lease_seconds=lease,
-                    next_interval_seconds=st.interval,
-                    state=state,
-                    in_quorum=st.in_quorum,
-                    arbiter_id=self.replica_id,
-                    incarnation=incarnation,
-                    leader_id=st.leader,
-                    cluster_size=sum(a.voter for a in st.arbiters),
-                    cluster=self.cluster,
-                    instance=st.instance,
-                    arbiters=st.arbiters,
-                    config_index=st.config_index,
-                )
+                yield st.base + ack.SerializeToString()  # rule 4
         finally:
             batcher.streams -= 1
             batcher.stream_closed(token)
@@ -237,7 +265,7 @@ def _arbiters(items: tuple[tuple[str, str, bool], ...]) -> list[pb.Arbiter]:
 
 
 def die_with_parent() -> None:
-    """Rule 4: SIGKILL when the consensus process dies; its signals are its own (a
+    """Rule 5: SIGKILL when the consensus process dies; its signals are its own (a
     Ctrl-C or a SIGHUP at the terminal reaches the consensus process, which says STOP
     or RELOAD_TLS)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -273,6 +301,7 @@ async def serve(fd: int) -> int:
     authz: Authorizer = AllowAll() if creds is None else MutualTLS(config.cluster)
     batcher = Batcher(writer.write, _arbiters)
     service = HeartbeatService(settings, batcher, authz)
+    batcher.prepare = service.prepare
     channel = grpc.aio.insecure_channel(
         "unix:" + settings["socket"],
         options=[
