@@ -143,3 +143,34 @@ async def test_ingest_batcher_batches_answers_in_order_and_fails_when_closed() -
             await f
     with pytest.raises(ChannelClosed):
         b.ask((3, "n", 1, None, 0.0, False, None))
+
+
+def test_ingest_ack_from_cached_parts_decodes_as_the_whole_ack() -> None:
+    """worker.py rule 4: the batch's common fields + the heartbeat's own are one ack."""
+    from dataclasses import asdict
+
+    from arbiter.config import ArbiterConfig
+    from arbiter.server.authz import AllowAll
+    from arbiter.server.ingest.batcher import ReplicaStatus
+    from arbiter.server.ingest.worker import HeartbeatService, _arbiters
+    from membership.v1 import membership_pb2 as pb
+
+    settings = {
+        "config": asdict(ArbiterConfig.local()),
+        "replica_id": "a2",
+        "identity": "default@abc",
+        "index": 0,
+        "workers": 2,
+    }
+    service = HeartbeatService(settings, None, AllowAll())  # type: ignore[arg-type]
+    arbiters = _arbiters((("a1", "h:1", True), ("a2", "h:2", True), ("a4", "h:4", False)))
+    st = ReplicaStatus((7, True, "a1", 0.3, "inst", 12, None), arbiters)
+    service.prepare(st)
+    own = pb.HeartbeatAck(seq=41, state=pb.MEMBER_STATE_ALIVE, incarnation=3, lease_seconds=0.9)
+    whole = pb.HeartbeatAck(
+        seq=41, epoch=7, lease_seconds=0.9, next_interval_seconds=0.3,
+        state=pb.MEMBER_STATE_ALIVE, in_quorum=True, arbiter_id="a2", incarnation=3,
+        leader_id="a1", cluster_size=2, cluster="default@abc", instance="inst",
+        arbiters=arbiters, config_index=12,
+    )  # fmt: skip
+    assert pb.HeartbeatAck.FromString(st.base + own.SerializeToString()) == whole
