@@ -42,6 +42,15 @@ def _served(cluster: ProcCluster, rid: str) -> set[str]:
     return set(re.findall(r"ingest worker (\d+) \(pid \d+\) serves its first heartbeat", text))
 
 
+def _streaming_pid(cluster: ProcCluster, rid: str) -> int:
+    """The pid of a worker of ``rid`` that serves heartbeat streams."""
+    text = cluster.procs[rid].stderr()
+    found = re.findall(r"ingest worker \d+ \(pid (\d+)\) serves its first heartbeat", text)
+    live = [int(p) for p in found if int(p) in _workers(cluster, rid)]
+    assert live, f"no worker of {rid} serves a heartbeat stream"
+    return live[0]
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -68,6 +77,7 @@ def test_ingest_workers_serve_nodes_views_and_deaths_and_restart(cluster: ProcCl
         10,
         "both workers of a replica serving heartbeat streams",
     )
+    wait_until(lambda: all(_served(cluster, r) for r in cluster.arbiters), 10, "streams on all")
     # Views and admin calls through the workers, over many connections.
     for _ in range(4):
         view = cluster.view("a2")
@@ -76,15 +86,19 @@ def test_ingest_workers_serve_nodes_views_and_deaths_and_restart(cluster: ProcCl
     status = run_cli("admin", "status", "--json", "--arbiters", cluster.arbiter_list())
     assert status.returncode == 0, status.stderr
 
-    # A worker SIGKILLed: restarted, its nodes stay ALIVE (their leases cover the reconnect).
-    victim = workers["a1"][0]
-    os.kill(victim, signal.SIGKILL)
-    wait_until(
-        lambda: len(_workers(cluster, "a1")) == 2 and victim not in _workers(cluster, "a1"),
-        20,
-        "a1's worker restarted",
-    )
-    assert "died" in cluster.procs["a1"].stderr()
+    # A worker with streams SIGKILLed on two replicas at once: each is restarted, and
+    # its nodes, which lost two of their three links, stay ALIVE: they reconnect to
+    # the port (either worker) within their leases.
+    victims = {r: _streaming_pid(cluster, r) for r in ("a1", "a2")}
+    for pid in victims.values():
+        os.kill(pid, signal.SIGKILL)
+    for r, pid in victims.items():
+        wait_until(
+            lambda r=r, pid=pid: len(_workers(cluster, r)) == 2 and pid not in _workers(cluster, r),
+            20,
+            f"{r}'s worker restarted",
+        )
+        assert "died" in cluster.procs[r].stderr()
     # A node killed is DEAD by quorum; the others never were.
     cluster.procs["n2"].kill()
     wait_until(lambda: any(c["state"] == "DEAD" for c in changes(w, "n2")), 10, "n2 DEAD")

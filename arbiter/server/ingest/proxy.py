@@ -12,7 +12,9 @@ Rules:
    identity keys a client may have sent), with its deadline; a cancelled
    call cancels the forwarded one. The status code, details and trailing
    metadata come back as they are (the SDK follows leader hints in them),
-   and so does the initial metadata.
+   and so does the initial metadata. A response the caller does not take
+   within ``subscriber_write_timeout`` ends the call with RESOURCE_EXHAUSTED
+   (limits rule 6), so a caller that never reads holds nothing here.
 3. Identity: the worker adds the certificate it verified in the TLS
    handshake (``PROXIED_CERT_KEY``) and the caller's address; the
    consensus process's server, which listens on that unix socket only,
@@ -35,6 +37,7 @@ from typing import Any
 import grpc
 
 from arbiter.server.authz import PROXIED_CERT_KEY, PROXIED_PEER_KEY, ProxiedContext
+from arbiter.server.limits import NotReading
 
 __all__ = ["Forwarder", "ProxiedIdentity"]
 
@@ -54,10 +57,14 @@ class Forwarder(grpc.GenericRpcHandler):  # type: ignore[misc]
 
     Args:
         channel: the channel to the consensus process's unix socket.
+        write_timeout: seconds a response may wait for a caller that does not
+            read (``subscriber_write_timeout``): then the call ends with
+            RESOURCE_EXHAUSTED, as limits rule 6 ends it without workers.
     """
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, write_timeout: float = 10.0) -> None:
         self._channel = channel
+        self._write_timeout = write_timeout
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         self._open: set[Any] = set()
         self.closing = False
@@ -110,7 +117,13 @@ class Forwarder(grpc.GenericRpcHandler):  # type: ignore[misc]
                 if initial:
                     await context.send_initial_metadata(_forwarded(initial))
                 async for response in call:
-                    await context.write(response)
+                    try:
+                        async with asyncio.timeout(self._write_timeout):
+                            await context.write(response)
+                    except TimeoutError:
+                        context.set_code(grpc.StatusCode.RESOURCE_EXHAUSTED)
+                        context.set_details(str(NotReading(self._write_timeout)))
+                        return
                 trailing = await call.trailing_metadata()
                 if trailing:
                     context.set_trailing_metadata(tuple(_forwarded(trailing)))

@@ -309,7 +309,7 @@ async def serve(fd: int) -> int:
             ("grpc.max_send_message_length", config.max_peer_message_bytes),
         ],
     )
-    forwarder = Forwarder(channel)
+    forwarder = Forwarder(channel, config.subscriber_write_timeout)
     options = [(k, v) for k, v in server_options(config) if k != "grpc.so_reuseport"]
     server = grpc.aio.server(
         options=[*options, ("grpc.so_reuseport", 1)],
