@@ -83,6 +83,8 @@ async def generate(args: argparse.Namespace) -> None:
     acks = sent = failures = 0
     late: list[float] = []
     channels = []
+    codes: dict[str, int] = {}
+    examples: list[str] = []
 
     async def stream(i: int, channel: Any) -> None:
         nonlocal acks, sent, failures
@@ -114,8 +116,11 @@ async def generate(args: argparse.Namespace) -> None:
                     due = time.monotonic()
                 else:
                     await asyncio.sleep(wait)
-        except grpc.aio.AioRpcError:
+        except grpc.aio.AioRpcError as e:
             failures += 1
+            codes[e.code().name] = codes.get(e.code().name, 0) + 1
+            if len(examples) < 3:
+                examples.append(f"{e.code().name}: {e.details()}")
         finally:
             call.cancel()
 
@@ -137,6 +142,8 @@ async def generate(args: argparse.Namespace) -> None:
             {
                 "acks": acks,
                 "failures": failures,
+                "codes": codes,
+                "examples": examples,
                 "late_p50_ms": _pct(late, 0.5) * 1000,
                 "late_p99_ms": _pct(late, 0.99) * 1000,
                 "cpu": time.process_time() - cpu0,
@@ -249,6 +256,7 @@ def measure(args: argparse.Namespace, k: int, tmp: Path) -> dict[str, Any]:
         "offered_per_s": args.nodes / args.interval,
         "acks_per_s": acks / args.window,
         "failures": sum(r["failures"] for r in results),
+        "failure_examples": [x for r in results for x in r["examples"]][:3],
         "gen_late_p99_ms": max(r["late_p99_ms"] for r in results),
         "consensus_us": main_us,
         "workers_us": worker_us,
@@ -350,13 +358,14 @@ def channel_cost(nodes: int, batch: int, seconds: float = 2.0) -> dict[str, floa
 def report(rows: list[dict[str, Any]]) -> str:
     base = next((r["total_us"] for r in rows if r["workers"] == 0), rows[0]["total_us"])
     lines = [
-        "K  offered/s  acks/s  gen p99 late  consensus us/hb  workers us/hb  total us/hb  "
-        "total/K0  consensus hb/s/core  worker hb/s/core"
+        "K  offered/s  acks/s  failed streams  gen p99 late  consensus us/hb  workers us/hb  "
+        "total us/hb  total/K0  consensus hb/s/core  worker hb/s/core"
     ]
     for r in rows:
         w = r["workers_us"]
         lines.append(
             f"{r['workers']}  {r['offered_per_s']:9.0f}  {r['acks_per_s']:6.0f}  "
+            f"{r['failures']:14d}  "
             f"{r['gen_late_p99_ms']:9.1f} ms  {r['consensus_us']:15.1f}  {w:13.1f}  "
             f"{r['total_us']:11.1f}  {r['total_us'] / base:7.2f}x  "
             f"{1e6 / r['consensus_us']:19.0f}  {1e6 / w if w > 0 else float('nan'):16.0f}"
@@ -384,6 +393,7 @@ def main() -> int:
     p.add_argument("--idle", type=float, default=3.0)
     p.add_argument("--workers", default="0,1,2", help="values of K, comma-separated")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--keep-logs", type=Path, default=None, help="the replicas' logs go here")
     p.add_argument(
         "--channel-only", action="store_true", help="only the in-process channel cost (no replica)"
     )
@@ -411,8 +421,10 @@ def main() -> int:
         return 0
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as d:
+        logs = args.keep_logs or Path(d)
+        logs.mkdir(parents=True, exist_ok=True)
         for k in (int(x) for x in args.workers.split(",")):
-            rows.append(measure(args, k, Path(d)))
+            rows.append(measure(args, k, logs))
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     print(
         f"one replica, {args.nodes} nodes at {args.interval}s ({args.nodes / args.interval:.0f} "
