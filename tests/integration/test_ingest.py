@@ -121,7 +121,7 @@ def test_ingest_workers_serve_nodes_views_and_deaths_and_restart(cluster: ProcCl
 
 def test_ingest_workers_under_mutual_tls(tls_cluster: ProcCluster) -> None:
     """A node certificate heartbeats through a worker; an observer cannot Remove
-    through one (PERMISSION_DENIED), an admin can."""
+    through one (PERMISSION_DENIED), an admin can; SIGHUP reaches the workers."""
     c = tls_cluster
     for rid in list(c.arbiters):  # restart the fixture's replicas with workers
         c.kill(rid)
@@ -156,6 +156,15 @@ def test_ingest_workers_under_mutual_tls(tls_cluster: ProcCluster) -> None:
         lambda: any(ch["state"] == "LEFT" for ch in changes(w, "n1")), 10, "n1 LEFT by the admin"
     )
     assert "n2" in alive_set(w)
+    # SIGHUP's TLS reload reaches both workers of a1.
+    c.procs["a1"].signal(signal.SIGHUP)
+    wait_until(
+        lambda: (
+            len(re.findall(r"ingest worker \d: TLS files reloaded", c.procs["a1"].stderr())) == 2
+        ),
+        10,
+        "a1's workers reloading their TLS files",
+    )
 
 
 def _cli() -> list[str]:
