@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health
@@ -33,6 +34,9 @@ from arbiter.v1 import peer_pb2_grpc
 from membership.errors import InvalidArgument
 from membership.tls import LoadedTLS, ServerCredentials, channel_credentials
 from membership.v1 import membership_pb2_grpc
+
+if TYPE_CHECKING:
+    from arbiter.server.ingest.pool import IngestPool
 
 __all__ = [
     "ArbiterServer",
@@ -173,6 +177,7 @@ class ArbiterServer:
         self.failure: str | None = None
         self.port = 0
         self.metrics: metrics.MetricsServer | None = None
+        self.ingest: IngestPool | None = None  # --ingest-workers K >= 1 (arbiter/server/ingest)
 
     def configuration(self) -> dict[str, dict[str, str]]:
         """The arbiter configuration in force: ``{"voters": {id: host:port}, "learners": {..}}``.
@@ -283,7 +288,6 @@ class ArbiterServer:
             DecodeRefusal(cfg.max_message_bytes, exempt=PEER_SERVICE)
         ]
         options = server_options(cfg)
-        self.ingest = None
         if cfg.ingest_workers:  # the workers take --listen; this process a unix socket
             from arbiter.server.ingest.pool import IngestPool
             from arbiter.server.ingest.proxy import ProxiedIdentity
@@ -417,9 +421,8 @@ class ArbiterServer:
         """SIGHUP: re-reads the TLS files for new handshakes (:func:`reload_tls`), also
         in the ingest workers."""
         reloaded = reload_tls(self, getattr(self, "transport", None))
-        ingest = getattr(self, "ingest", None)
-        if reloaded and ingest is not None:
-            ingest.reload_tls()
+        if reloaded and self.ingest is not None:
+            self.ingest.reload_tls()
         return reloaded
 
     def _fatal(self, reason: str) -> None:
