@@ -72,13 +72,13 @@ def _alive(pid: int) -> bool:
 def test_ingest_workers_serve_nodes_views_and_deaths_and_restart(cluster: ProcCluster) -> None:
     cluster.arbiter_args = WORKERS
     cluster.start_arbiters(3)
-    wait_until(lambda: all(len(_workers(cluster, r)) == 2 for r in cluster.arbiters), 20, "workers")
+    wait_until(lambda: all(len(_workers(cluster, r)) == 2 for r in cluster.arbiters), 60, "workers")
     workers = {r: _workers(cluster, r) for r in cluster.arbiters}
-    wait_until(cluster.leader, 20, "a leader among the replicas")
+    wait_until(cluster.leader, 60, "a leader among the replicas")
     for n in NODES:
         cluster.start_node(n, "--label", f"rack=r{n[-1]}")
     w = cluster.start_watch("w", first="a1")
-    wait_until(lambda: alive_set(w) == set(NODES), 20, "every node ALIVE through the workers")
+    wait_until(lambda: alive_set(w) == set(NODES), 60, "every node ALIVE through the workers")
     # 4 nodes x 2 connections per link (the SDK hedges) spread over 2 workers: both
     # workers of some replica took streams (SO_REUSEPORT spreads connections).
     wait_until(
@@ -147,18 +147,18 @@ def test_ingest_workers_under_mutual_tls(tls_workers: ProcCluster) -> None:
     """A node certificate heartbeats through a worker; an observer cannot Remove
     through one (PERMISSION_DENIED), an admin can; SIGHUP reaches the workers."""
     c = tls_workers
-    wait_until(lambda: all(len(_workers(c, r)) == 2 for r in c.arbiters), 20, "workers")
+    wait_until(lambda: all(len(_workers(c, r)) == 2 for r in c.arbiters), 60, "workers")
     c.start_node("n1")
     c.start_node("n2")
     w = c.start_watch("w", first="a2")
-    wait_until(lambda: alive_set(w) == {"n1", "n2"}, 30, "n1 and n2 ALIVE under TLS")
+    wait_until(lambda: alive_set(w) == {"n1", "n2"}, 60, "n1 and n2 ALIVE under TLS")
     observer = c.certs.files("obs", "observer")
     arbiters = c.arbiter_list()
     r = subprocess.run(
         [*_cli(), "admin", "remove", "n1", "--arbiters", arbiters, *observer.flags()],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=60,
         env=c.env,
     )
     assert r.returncode != 0 and "PERMISSION_DENIED" in (r.stderr + r.stdout), r
@@ -167,7 +167,7 @@ def test_ingest_workers_under_mutual_tls(tls_workers: ProcCluster) -> None:
         [*_cli(), "admin", "remove", "n1", "--arbiters", arbiters, *admin.flags()],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=60,
         env=c.env,
     )
     assert r.returncode == 0, r

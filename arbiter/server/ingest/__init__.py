@@ -18,6 +18,7 @@ Modules (each states its rules):
 * ``lateness.py``: the consensus process's horizon per worker (Lifeguard:
   no suspicion for a heartbeat still in a worker's batch);
 * ``worker.py``: the worker process (``python -m arbiter.server.ingest``);
+  ``lifetime.py``: it dies with the consensus process;
 * ``proxy.py``: the generic forwarding of every other RPC, and the caller's
   identity across it;
 * ``pool.py``: the consensus process's side: spawn, answer, supervise, stop.

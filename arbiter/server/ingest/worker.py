@@ -41,9 +41,7 @@ import contextlib
 import logging
 import math
 import os
-import signal
 import socket
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -57,6 +55,7 @@ from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
 from arbiter.server.decoding import DecodeRefusal
 from arbiter.server.ingest import frames
 from arbiter.server.ingest.batcher import Batcher, ChannelClosed, ReplicaStatus
+from arbiter.server.ingest.lifetime import die_with_parent
 from arbiter.server.ingest.proxy import Forwarder
 from arbiter.server.limits import HeartbeatStreamRules, LimitExceeded, Throttle
 from arbiter.server.replies import cluster_mismatch, deny
@@ -66,14 +65,7 @@ from membership.errors import InvalidArgument
 from membership.v1 import membership_pb2 as pb
 from membership.validation import validate_labels, validate_status
 
-__all__ = [
-    "HEARTBEAT_METHOD",
-    "STATUS_REFRESH",
-    "HeartbeatService",
-    "die_with_parent",
-    "main",
-    "serve",
-]
+__all__ = ["HEARTBEAT_METHOD", "STATUS_REFRESH", "HeartbeatService", "main", "serve"]
 
 log = logging.getLogger("arbiter.ingest")
 
@@ -81,7 +73,6 @@ HEARTBEAT_METHOD = "/membership.v1.Membership/Heartbeat"
 # Seconds after which a node's status is sent again though unchanged (rule 2):
 # the board prunes a node it has not heard for 60 s (statusboard.py rule 2).
 STATUS_REFRESH = 5.0
-_PR_SET_PDEATHSIG = 1
 
 
 class HeartbeatService:
@@ -264,19 +255,6 @@ def _arbiters(items: tuple[tuple[str, str, bool], ...]) -> list[pb.Arbiter]:
     return [pb.Arbiter(id=i, address=a, voter=v) for i, a, v in items]
 
 
-def die_with_parent() -> None:
-    """Rule 5: SIGKILL when the consensus process dies; its signals are its own (a
-    Ctrl-C or a SIGHUP at the terminal reaches the consensus process, which says STOP
-    or RELOAD_TLS)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    if sys.platform == "linux":
-        import ctypes
-
-        with contextlib.suppress(Exception):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 async def serve(fd: int) -> int:
     """Runs the worker on channel ``fd`` until STOP or the channel closes (module rules).
 
@@ -379,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m arbiter.server.ingest")
     p.add_argument("--fd", type=int, required=True, help="the channel's inherited descriptor")
     args = p.parse_args(argv)
-    die_with_parent()
+    die_with_parent()  # again: the __main__ module did it, a caller of main() may not have
     with contextlib.suppress(KeyboardInterrupt):
         return asyncio.run(serve(args.fd))
     return 0
