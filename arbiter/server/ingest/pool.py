@@ -17,7 +17,8 @@ Rules:
    ``max_nodes`` check for a stream's first heartbeat, the status
    board updated with the statuses that came along, and the replica's
    status for the acks (the arbiter set only when the worker does not have
-   its index yet). The batch's counts add up in the driver's counters.
+   its index yet). The batch's counts add up in the driver's counters, and
+   its streams open in the servicer's ``heartbeat_streams`` (the metric).
 4. Local health: :class:`arbiter.server.ingest.lateness.Horizon` is the
    driver's lateness source; a worker overdue by more than
    ``WEDGED_AFTER`` seconds is killed (and restarted by rule 5).
@@ -245,6 +246,7 @@ class IngestPool:
             code = await proc.wait()
         else:
             code = None
+        self._server.api.heartbeat_streams -= slot.stats.streams
         slot.proc, slot.writer, slot.stats.pid, slot.stats.streams = None, None, 0, 0
         if slot.ready is not None and not slot.ready.done():
             slot.ready.set_exception(OSError(f"ingest worker {index} exited ({why}, code {code})"))
@@ -305,6 +307,8 @@ class IngestPool:
         counters.heartbeats += heartbeats
         counters.acks += acks
         stats = slot.stats
+        # The streams open here are the workers' (the metric reads the servicer's count).
+        api.heartbeat_streams += streams - stats.streams
         stats.streams, stats.batches = streams, stats.batches + 1
         stats.heartbeats += len(entries)
         if now - self._pruned_at > _PRUNE_EVERY:
