@@ -121,6 +121,12 @@ async def generate(args: argparse.Namespace) -> None:
             codes[e.code().name] = codes.get(e.code().name, 0) + 1
             if len(examples) < 3:
                 examples.append(f"{e.code().name}: {e.details()}")
+        except asyncio.InvalidStateError:  # the stream ended between two writes
+            failures += 1
+            status = await call.code()
+            codes[status.name] = codes.get(status.name, 0) + 1
+            if len(examples) < 3:
+                examples.append(f"{status.name}: {await call.details()}")
         finally:
             call.cancel()
 
