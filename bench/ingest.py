@@ -296,6 +296,7 @@ def channel_cost(nodes: int, batch: int, seconds: float = 2.0) -> dict[str, floa
 
         class Api:
             board = StatusBoard()
+            heartbeat_streams = 0
 
             @staticmethod
             def arbiters() -> ArbiterSet:
