@@ -21,7 +21,11 @@ Rules:
    its streams open in the servicer's ``heartbeat_streams`` (the metric).
 4. Local health: :class:`arbiter.server.ingest.lateness.Horizon` is the
    driver's lateness source; a worker overdue by more than
-   ``WEDGED_AFTER`` seconds is killed (and restarted by rule 5).
+   ``WEDGED_AFTER`` seconds is killed (and restarted by rule 5). Until
+   then this replica suspects nobody (the others still decide, by quorum);
+   long enough that a machine so loaded a worker waits seconds for a CPU
+   does not get its workers killed, short enough that a stopped worker
+   does not keep this replica's detectors still for long.
 5. Supervision: a worker that dies (its channel closes) while the replica
    runs is logged at WARNING and restarted, after a backoff that doubles
    from 0.1 s up to 2 s while restarts keep failing fast; its nodes reconnect
@@ -62,7 +66,7 @@ __all__ = ["WEDGED_AFTER", "IngestPool", "WorkerStatistics"]
 
 log = logging.getLogger("arbiter.ingest")
 
-WEDGED_AFTER = 2.0  # seconds a worker may go without a batch before it is killed (rule 4)
+WEDGED_AFTER = 5.0  # seconds a worker may go without a batch before it is killed (rule 4)
 _START_TIMEOUT = 30.0  # seconds for a worker to serve the port (its imports, on a busy machine)
 _PRUNE_EVERY = 10.0  # seconds between two prunes of the status board (statusboard.py rule 2)
 _STATE = {state: state_to_pb(state) for state in MemberState}
