@@ -14,10 +14,12 @@ _PR_SET_PDEATHSIG = 1
 def die_with_parent() -> None:
     """SIGKILL when the consensus process dies (Linux's PR_SET_PDEATHSIG; a parent
     gone before this call is noticed by the end of the channel instead), and the
-    terminal's signals left to the consensus process: a Ctrl-C or a SIGHUP reaches
-    it too, and it says STOP or RELOAD_TLS to its workers."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signals sent to the whole group left to the consensus process (a Ctrl-C or a
+    SIGHUP at the terminal, systemd's SIGTERM to every process of the unit): it gets
+    them too, and says STOP or RELOAD_TLS to its workers, which then end their
+    streams gracefully instead of dying under them. SIGKILL still ends a worker."""
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     if sys.platform == "linux":
         import ctypes
 

@@ -28,7 +28,9 @@ Rules:
    heartbeat's own (seq, lease, state, incarnation): protobuf's wire format
    merges concatenated messages, so the bytes decode to the same ack.
 5. It lives no longer than the consensus process: PR_SET_PDEATHSIG, and it
-   exits when its channel closes. STOP ends every heartbeat stream with
+   exits when its channel closes. It ignores SIGINT, SIGHUP and SIGTERM (a
+   group's signals reach the consensus process, which tells it; lifetime.py);
+   SIGKILL ends it, and it is restarted. STOP ends every heartbeat stream with
    UNAVAILABLE at its next heartbeat and stops the server with the shutdown
    grace; RELOAD_TLS re-reads the TLS files for new connections (SIGHUP).
 """
