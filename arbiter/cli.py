@@ -130,6 +130,11 @@ _LIMITS = (
     ("--max-subscribers", "max_subscribers", "subscriptions open at once"),
     ("--max-concurrent-streams", "max_concurrent_streams", "streams per client connection"),
     (
+        "--ingest-workers",
+        "ingest_workers",
+        "heartbeat-ingest worker processes sharing --listen (0: none; arbiter/server/ingest)",
+    ),
+    (
         "--subscriber-write-timeout",
         "subscriber_write_timeout",
         "seconds an event may wait for a subscriber that does not read",

@@ -269,10 +269,8 @@ class ArbiterConfig:
     max_ping_strikes: int = 2
     # Seconds given to open streams on shutdown before they are cancelled.
     shutdown_grace: float = 1.0
-    # The event loop running later than this (seconds) is logged at WARNING
-    # with what the loop thread was doing (arbiter/server/looplag.py). A
-    # stall is deafness: no ack leaves while it lasts, and nodes give up a
-    # stream after their ack_timeout (0.6 s by default).
+    # Loop lag (seconds) logged at WARNING with what the loop thread was doing
+    # (arbiter/server/looplag.py): a stall is deafness, no ack leaves meanwhile.
     loop_lag_warning: float = 0.2
     # host:port to serve Prometheus metrics on at /metrics (plain HTTP;
     # arbiter/server/metrics.py lists them); "" serves none. Off by default:
@@ -280,6 +278,9 @@ class ArbiterConfig:
     # cover it) and tells whoever reaches it the group's leader, size and
     # churn, so an operator opens it on purpose, where only the scraper reaches.
     metrics_listen: str = ""
+    # Heartbeat-ingest worker processes on --listen (arbiter/server/ingest); they
+    # proxy every other RPC to this process (Raft, tally). 0: all in this process.
+    ingest_workers: int = 0
 
     @classmethod
     def lan(cls, **overrides: object) -> ArbiterConfig:
@@ -466,6 +467,8 @@ class ArbiterConfig:
         for name in ("max_nodes", "max_heartbeat_streams", "max_subscribers"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.ingest_workers <= 64:
+            raise InvalidArgument(f"ingest_workers must be in [0, 64], got {self.ingest_workers}")
         if self.max_concurrent_streams < 4:
             raise InvalidArgument(
                 f"max_concurrent_streams must be >= 4 (a client's watch, its hedged "

@@ -35,6 +35,8 @@ made by :mod:`arbiter.core`, fed by the driver loop. Modules:
   ``arbiter/core/history.py``.
 * ``statusboard.py``: the latest status each node reported (informational,
   never used for liveness).
+* ``ingest/``: ``--ingest-workers K``, heartbeat streams held by K worker
+  processes sharing the port; Raft and the detectors stay in this process.
 
 A heartbeat: ``servicers.py`` -> ``Driver.on_heartbeat`` ->
 ``Replica.heartbeat`` (core) -> the ack. A view change: ``Driver._turn`` ->

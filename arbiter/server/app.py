@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health
@@ -33,6 +34,9 @@ from arbiter.v1 import peer_pb2_grpc
 from membership.errors import InvalidArgument
 from membership.tls import LoadedTLS, ServerCredentials, channel_credentials
 from membership.v1 import membership_pb2_grpc
+
+if TYPE_CHECKING:
+    from arbiter.server.ingest.pool import IngestPool
 
 __all__ = [
     "ArbiterServer",
@@ -173,6 +177,7 @@ class ArbiterServer:
         self.failure: str | None = None
         self.port = 0
         self.metrics: metrics.MetricsServer | None = None
+        self.ingest: IngestPool | None = None  # --ingest-workers K >= 1 (arbiter/server/ingest)
 
     def configuration(self) -> dict[str, dict[str, str]]:
         """The arbiter configuration in force: ``{"voters": {id: host:port}, "learners": {..}}``.
@@ -279,10 +284,18 @@ class ArbiterServer:
             raise StorageError(f"data dir {self.data_dir}: {e}") from None
         self.api = MembershipServicer(self.driver, self.hub, cluster=identity, authz=self.authz)
         self.health = health.aio.HealthServicer()
-        server = grpc.aio.server(
-            options=server_options(cfg),
-            interceptors=[DecodeRefusal(cfg.max_message_bytes, exempt=PEER_SERVICE)],
-        )
+        interceptors: list[grpc.aio.ServerInterceptor] = [
+            DecodeRefusal(cfg.max_message_bytes, exempt=PEER_SERVICE)
+        ]
+        options = server_options(cfg)
+        if cfg.ingest_workers:  # the workers take --listen; this process a unix socket
+            from arbiter.server.ingest.pool import IngestPool
+            from arbiter.server.ingest.proxy import ProxiedIdentity
+
+            self.ingest = IngestPool(self, cfg.ingest_workers)
+            interceptors.insert(0, ProxiedIdentity())
+            options = [o for o in options if o[0] != "grpc.max_concurrent_streams"]
+        server = grpc.aio.server(options=options, interceptors=interceptors)
         membership_pb2_grpc.add_MembershipServicer_to_server(self.api, server)
         self.admin_api = AdminServicer(
             self.driver, cluster=identity, authz=self.authz, status=lambda: status.describe(self)
@@ -316,7 +329,10 @@ class ArbiterServer:
         self.peer_api.known = set(self.reconfig.peers)
         surfaces.add_standard_services(server, self.health)
         try:
-            if self._server_credentials is None:
+            if self.ingest is not None:
+                self.ingest.bind(server)  # ingest/pool.py rule 1 (--listen checked free above)
+                port = split_host_port(self.listen)[1]
+            elif self._server_credentials is None:
                 port = server.add_insecure_port(self.listen)
             else:
                 port = server.add_secure_port(self.listen, self._server_credentials.credentials)
@@ -330,6 +346,14 @@ class ArbiterServer:
         self._server = server
         await surfaces.set_starting(self.health)
         self.driver.start()
+        if self.ingest is not None:
+            try:  # every worker serves --listen before this replica does (a failure: OSError)
+                await self.ingest.start()
+            except BaseException:
+                await self.driver.stop()
+                await server.stop(0)
+                self._server = None
+                raise
         self.transport.start()
         announce_security(self.replica_id, self.listen, self.tls)
         log.info(
@@ -394,8 +418,12 @@ class ArbiterServer:
         self._failed.set()
 
     def reload_tls(self) -> bool:
-        """SIGHUP: re-reads the TLS files for new handshakes (:func:`reload_tls`)."""
-        return reload_tls(self, getattr(self, "transport", None))
+        """SIGHUP: re-reads the TLS files for new handshakes (:func:`reload_tls`), also
+        in the ingest workers."""
+        reloaded = reload_tls(self, getattr(self, "transport", None))
+        if reloaded and self.ingest is not None:
+            self.ingest.reload_tls()
+        return reloaded
 
     def _fatal(self, reason: str) -> None:
         """The driver found this replica unfit to take part: stop serving, say why."""
@@ -437,7 +465,9 @@ class ArbiterServer:
         # them would commit every healthy node DEAD on the way out.
         await self.driver.stop()
         self.api.close()
-        self.peer_api.close()
+        self.peer_api.close()  # before the workers stop: the Raft streams they proxy end here
+        if self.ingest is not None:
+            await self.ingest.stop()  # their streams end with UNAVAILABLE, as close() does here
         await self._server.stop(self.config.shutdown_grace if grace is None else grace)
         await self.transport.close()
         d = self.driver

@@ -9,17 +9,65 @@ UNAUTHENTICATED when the caller presented no identity at all).
 ``AllowAll`` is the ``--insecure`` policy: plaintext, nobody authenticated,
 everything allowed. The mutual-TLS policy reads the caller's identity from
 its certificate (see :mod:`membership.grants`): :class:`MutualTLS`.
+
+Proxied calls (``--ingest-workers``, :mod:`arbiter.server.ingest`): a worker
+terminates the caller's TLS and forwards the call over a unix socket in a
+0700 directory of the replica's consensus process, with the caller's
+verified certificate in the metadata key :data:`PROXIED_CERT_KEY`. Only the
+server of that socket reads the key (:class:`ProxiedContext`, built by the
+interceptor of :mod:`arbiter.server.ingest.proxy`), and no server with a TCP
+port reads it: a client that sends it over TCP gains nothing, since the
+policies read the TLS handshake's auth context, never the metadata.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
 from membership.grants import Identity, peer_identity
 
-__all__ = ["AllowAll", "Authorizer", "MutualTLS", "Refusal"]
+__all__ = [
+    "PROXIED_CERT_KEY",
+    "PROXIED_PEER_KEY",
+    "AllowAll",
+    "Authorizer",
+    "MutualTLS",
+    "ProxiedContext",
+    "Refusal",
+]
+
+# Metadata of a call proxied by an ingest worker: the caller's verified
+# certificate (PEM) and its address (for logs). Trusted only as documented above.
+PROXIED_CERT_KEY = "x-membership-proxied-cert-bin"
+PROXIED_PEER_KEY = "x-membership-proxied-peer"
+
+
+class ProxiedContext:
+    """A call's context as the caller of an ingest worker made it: ``auth_context()``
+    gives the certificate the worker verified (empty without one), ``peer()`` the
+    caller's address; everything else is the proxied call's own context.
+
+    Args:
+        inner: the context of the call on the consensus process's unix socket.
+        cert: the caller's certificate, PEM (None: it presented none).
+        peer: the caller's address as the worker saw it.
+    """
+
+    def __init__(self, inner: Any, cert: bytes | None, peer: str) -> None:
+        self._inner = inner
+        self._auth: dict[str, list[bytes]] = {} if cert is None else {"x509_pem_cert": [cert]}
+        self._peer = peer
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return self._auth
+
+    def peer(self) -> str:
+        return self._peer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 class Refusal(str):

@@ -357,17 +357,7 @@ class Driver:
         """Stops the loop task, waits for it and for the write in flight; logs the loop lag."""
         st = self.lag_monitor.statistics()
         if st.samples:
-            log.info(
-                "%s: event loop lag over %d wake-ups: max %.3fs, p99 %.3fs, %d stall(s) over "
-                "%.2fs; longest GC %.3fs",
-                self.replica_id,
-                st.samples,
-                st.max,
-                st.p99,
-                st.stalls,
-                self.lag_monitor.warn_after,
-                st.gc_max,
-            )
+            log.info("%s: %s", self.replica_id, st.describe(self.lag_monitor.warn_after))
         await self.lag_monitor.stop()
         await self.load.stop()
         if self._task is not None:

@@ -75,6 +75,14 @@ class LoopLagStatistics:
     stalls: int
     gc_max: float
 
+    def describe(self, warn_after: float) -> str:
+        """One line for the log: the lags and the stalls over ``warn_after`` seconds."""
+        return (
+            f"event loop lag over {self.samples} wake-ups: max {self.max:.3f}s, p99 "
+            f"{self.p99:.3f}s, {self.stalls} stall(s) over {warn_after:.2f}s; longest GC "
+            f"{self.gc_max:.3f}s"
+        )
+
 
 def _schedstat() -> tuple[float, float] | None:
     """(seconds on a CPU, seconds runnable waiting for one) of the calling thread, if known."""

@@ -1,0 +1,365 @@
+"""An ingest worker process: it holds heartbeat streams on the replica's port.
+
+Started by :class:`arbiter.server.ingest.pool.IngestPool` as ``python -m
+arbiter.server.ingest --fd N``, with one end of a socketpair (the channel of
+:mod:`arbiter.server.ingest.frames`); never forked from a process running gRPC.
+
+Rules:
+
+1. It binds the replica's ``--listen`` with ``grpc.so_reuseport=1``, beside
+   the replica's other workers (the kernel spreads connections among them;
+   Linux lets only the same user join the port), with the replica's server
+   options, TLS credentials and message limits.
+2. ``Membership.Heartbeat`` is served here with the rules of the in-process
+   servicer (:mod:`arbiter.server.servicers`): the caller's right to speak
+   for the node, the request checks, the stream rules and the throttle of
+   :mod:`arbiter.server.limits`, the cluster identity; at most
+   ``ceil(max_heartbeat_streams / K)`` streams per worker. The verdict comes
+   from the consensus process, in batches (:mod:`arbiter.server.ingest.batcher`);
+   ``max_nodes`` is checked there. A node's status goes along only when it
+   changed on the stream (:func:`arbiter.server.statusboard.changed`) or
+   ``STATUS_REFRESH`` seconds passed, its labels only when they changed.
+3. Every other method is forwarded to the consensus process
+   (:mod:`arbiter.server.ingest.proxy`).
+4. Cost: what a stream's earlier heartbeat already passed is not checked
+   again (its node id and incarnation are the first's by the stream
+   rules; labels and status equal to the last ones checked), and an ack is
+   the batch's common fields, encoded once per batch, followed by the
+   heartbeat's own (seq, lease, state, incarnation): protobuf's wire format
+   merges concatenated messages, so the bytes decode to the same ack.
+5. It lives no longer than the consensus process: PR_SET_PDEATHSIG, and it
+   exits when its channel closes. It ignores SIGINT, SIGHUP and SIGTERM (a
+   group's signals reach the consensus process, which tells it; lifetime.py);
+   SIGKILL ends it, and it is restarted. STOP ends every heartbeat stream with
+   UNAVAILABLE at its next heartbeat and stops the server with the shutdown
+   grace; RELOAD_TLS re-reads the TLS files for new connections (SIGHUP).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from arbiter.config import ArbiterConfig
+from arbiter.server import limits
+from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
+from arbiter.server.decoding import DecodeRefusal
+from arbiter.server.ingest import frames
+from arbiter.server.ingest.batcher import Batcher, ChannelClosed, ReplicaStatus
+from arbiter.server.ingest.lifetime import die_with_parent
+from arbiter.server.ingest.proxy import Forwarder
+from arbiter.server.limits import HeartbeatStreamRules, LimitExceeded, Throttle
+from arbiter.server.replies import cluster_mismatch, deny
+from arbiter.server.statusboard import changed
+from membership.convert import status_numbers
+from membership.errors import InvalidArgument
+from membership.v1 import membership_pb2 as pb
+from membership.validation import validate_labels, validate_status
+
+__all__ = ["HEARTBEAT_METHOD", "STATUS_REFRESH", "HeartbeatService", "main", "serve"]
+
+log = logging.getLogger("arbiter.ingest")
+
+HEARTBEAT_METHOD = "/membership.v1.Membership/Heartbeat"
+# Seconds after which a node's status is sent again though unchanged (rule 2):
+# the board prunes a node it has not heard for 60 s (statusboard.py rule 2).
+STATUS_REFRESH = 5.0
+
+
+class HeartbeatService:
+    """``Membership.Heartbeat`` in a worker (rule 2).
+
+    Args:
+        settings: the SETUP frame's dict.
+        batcher: the channel to the consensus process.
+        authz: who may heartbeat as whom.
+    """
+
+    def __init__(self, settings: dict[str, Any], batcher: Batcher, authz: Authorizer) -> None:
+        self.config = ArbiterConfig(**settings["config"])
+        self.replica_id: str = settings["replica_id"]
+        self.cluster: str = settings["identity"]
+        self.index: int = settings["index"]
+        self.max_streams = math.ceil(self.config.max_heartbeat_streams / settings["workers"])
+        self.batcher = batcher
+        self.authz = authz
+        self.closing = False
+        self._tokens = 0
+        self.streams_served = 0
+
+    def handler(self) -> grpc.RpcMethodHandler:
+        """The Heartbeat method: requests decoded by gRPC, acks already bytes (rule 4)."""
+        return grpc.stream_stream_rpc_method_handler(
+            self.heartbeat, request_deserializer=pb.HeartbeatRequest.FromString
+        )
+
+    def prepare(self, st: ReplicaStatus) -> None:
+        """Encodes the acks' fields common to one batch (rule 4)."""
+        st.base = pb.HeartbeatAck(
+            epoch=st.epoch,
+            next_interval_seconds=st.interval,
+            in_quorum=st.in_quorum,
+            arbiter_id=self.replica_id,
+            leader_id=st.leader,
+            cluster_size=sum(a.voter for a in st.arbiters),
+            cluster=self.cluster,
+            instance=st.instance,
+            arbiters=st.arbiters,
+            config_index=st.config_index,
+        ).SerializeToString()
+
+    def _check(self, req: pb.HeartbeatRequest, cfg: ArbiterConfig) -> None:
+        """The checks of the in-process servicer (servicers.py), on a stream's first
+        heartbeat (rule 4: later ones are checked for what changed)."""
+        from arbiter.server.servicers import _check_heartbeat
+
+        _check_heartbeat(req, cfg.heartbeat_interval, cfg.max_heartbeat_interval)
+
+    async def _as_node(
+        self, requests: AsyncIterator[pb.HeartbeatRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.HeartbeatRequest]:
+        it = aiter(requests)
+        try:
+            first = await anext(it)
+        except StopAsyncIteration:
+            return
+        await deny(context, self.authz.node(context, first.node_id))
+        yield first
+        async for req in it:
+            yield req
+
+    async def heartbeat(
+        self, requests: AsyncIterator[pb.HeartbeatRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        cfg, batcher = self.config, self.batcher
+        if self.closing:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
+        if batcher.streams >= self.max_streams:
+            refusal = limits.stream_slot(
+                "max_heartbeat_streams",
+                batcher.streams,
+                cfg,
+                f"{self.replica_id} (ingest worker {self.index}: {self.max_streams} of them here)",
+            )
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal or "")
+        if not isinstance(self.authz, AllowAll):
+            requests = self._as_node(requests, context)
+        rules = HeartbeatStreamRules()
+        throttle = Throttle(cfg.max_heartbeat_rate, cfg.heartbeat_rate_margin)
+        self._tokens += 1
+        token = self._tokens
+        batcher.streams += 1
+        self.streams_served += 1
+        if self.streams_served == 1:
+            log.info(
+                "ingest worker %d (pid %d) serves its first heartbeat stream",
+                self.index,
+                os.getpid(),
+            )
+        lo, hi = cfg.heartbeat_interval, cfg.max_heartbeat_interval
+        labels_of: Any = None  # the labels last checked and sent (a protobuf map)
+        checked: pb.NodeStatus | None = None  # the status last checked
+        status_of: pb.NodeStatus | None = None  # the status last sent
+        status_at = 0.0
+        ack = pb.HeartbeatAck()
+        try:
+            async for req in requests:
+                batcher.heartbeats += 1
+                if self.closing:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
+                now = time.monotonic()
+                try:
+                    wait = throttle.admit(now)
+                    if labels_of is None:
+                        self._check(req, cfg)
+                        checked = req.status
+                    else:  # rule 4: what the first heartbeat passed, only what changed
+                        if req.labels != labels_of:
+                            validate_labels(req.labels)
+                        if req.status != checked:
+                            new = req.status
+                            validate_status(new.phase, new.gauges, status_numbers(new))
+                            checked = new
+                        interval = req.interval_seconds
+                        if not (interval == 0 or lo <= interval <= hi):
+                            self._check(req, cfg)  # raises, with the servicer's message
+                    first = rules.check(req.node_id, req.incarnation, req.seq)
+                except InvalidArgument as e:
+                    log.info("heartbeat refused from %s: %s", context.peer(), e)
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                except LimitExceeded as e:
+                    log.info("heartbeat stream cut from %s: %s", context.peer(), e)
+                    await context.abort(e.code, str(e))
+                refusal = None
+                if req.cluster and req.cluster != self.cluster:  # sent on a stream's first
+                    refusal = cluster_mismatch(
+                        self.cluster, self.replica_id, req.cluster, f"node {req.node_id}"
+                    )
+                if refusal is not None:
+                    log.info("heartbeat refused from %s: %s", context.peer(), refusal)
+                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
+                if wait > 0:
+                    await asyncio.sleep(wait)  # throttled (limits rule 3)
+                labels = None
+                if labels_of is None or req.labels != labels_of:
+                    labels, labels_of = tuple(req.labels.items()), req.labels
+                status = None
+                if (
+                    status_of is None
+                    or now - status_at > STATUS_REFRESH
+                    or changed(status_of, req.status)
+                ):
+                    status, status_of, status_at = req.status.SerializeToString(), req.status, now
+                try:
+                    verdict, st = await batcher.ask(
+                        (token, req.node_id, req.incarnation, labels, req.interval_seconds,
+                         first, status)
+                    )  # fmt: skip
+                except ChannelClosed:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
+                if type(verdict) is str:  # max_nodes (limits rule 5)
+                    log.info("heartbeat stream cut from %s: %s", context.peer(), verdict)
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, verdict)
+                _, ack.state, ack.incarnation, ack.lease_seconds = verdict
+                ack.seq = req.seq
+                batcher.acks += 1
+                yield st.base + ack.SerializeToString()  # rule 4
+        finally:
+            batcher.streams -= 1
+            batcher.stream_closed(token)
+
+
+class _Router(grpc.GenericRpcHandler):  # type: ignore[misc]
+    """Heartbeat here, everything else to the consensus process (rules 2 and 3)."""
+
+    def __init__(self, heartbeat: grpc.RpcMethodHandler, forwarder: Forwarder) -> None:
+        self._heartbeat = heartbeat
+        self._forwarder = forwarder
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        if handler_call_details.method == HEARTBEAT_METHOD:
+            return self._heartbeat
+        return self._forwarder.service(handler_call_details)
+
+
+def _arbiters(items: tuple[tuple[str, str, bool], ...]) -> list[pb.Arbiter]:
+    return [pb.Arbiter(id=i, address=a, voter=v) for i, a, v in items]
+
+
+async def serve(fd: int) -> int:
+    """Runs the worker on channel ``fd`` until STOP or the channel closes (module rules).
+
+    Returns:
+        The exit status: 0 after STOP or the channel's end, 1 when the port
+        could not be bound (the consensus process was told why).
+    """
+    from arbiter.server.app import server_options
+    from membership.logfmt import setup_logging
+    from membership.tls import ServerCredentials, TLSFiles, load
+
+    sock = socket.socket(fileno=fd)
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
+    kind, settings = await frames.read_frame(reader)
+    assert kind == frames.SETUP, kind
+    setup_logging(settings["log_level"], settings["log_format"])
+    index = settings["index"]
+    config = ArbiterConfig(**settings["config"])
+    creds = None
+    if settings["tls"] is not None:
+        creds = ServerCredentials(load(TLSFiles(*(Path(f) for f in settings["tls"]))))
+    authz: Authorizer = AllowAll() if creds is None else MutualTLS(config.cluster)
+    batcher = Batcher(writer.write, _arbiters)
+    service = HeartbeatService(settings, batcher, authz)
+    batcher.prepare = service.prepare
+    channel = grpc.aio.insecure_channel(
+        "unix:" + settings["socket"],
+        options=[
+            ("grpc.max_receive_message_length", config.max_peer_message_bytes),
+            ("grpc.max_send_message_length", config.max_peer_message_bytes),
+        ],
+    )
+    forwarder = Forwarder(channel, config.subscriber_write_timeout)
+    options = [(k, v) for k, v in server_options(config) if k != "grpc.so_reuseport"]
+    server = grpc.aio.server(
+        options=[*options, ("grpc.so_reuseport", 1)],
+        interceptors=[DecodeRefusal(config.max_message_bytes, exempt="/arbiter.v1.Peer/")],
+    )
+    server.add_generic_rpc_handlers((_Router(service.handler(), forwarder),))
+    listen = settings["listen"]
+    try:
+        if creds is None:
+            port = server.add_insecure_port(listen)
+        else:
+            port = server.add_secure_port(listen, creds.credentials)
+    except RuntimeError:
+        port = 0
+    if port == 0:
+        writer.write(
+            frames.encode(frames.FAILED, f"ingest worker {index} cannot listen on {listen}")
+        )
+        await writer.drain()
+        return 1
+    await server.start()
+    writer.write(frames.encode(frames.HELLO, index, os.getpid(), time.monotonic()))
+    idle = asyncio.get_running_loop().create_task(batcher.run_idle())
+    why = "channel closed"
+    try:
+        while True:
+            try:
+                msg = await frames.read_frame(reader)
+            except (asyncio.IncompleteReadError, ConnectionError, frames.FrameError) as e:
+                why = f"channel to the consensus process closed ({type(e).__name__})"
+                break
+            if msg[0] == frames.VERDICTS:
+                batcher.on_verdicts(msg[1], msg[2], msg[3])
+            elif msg[0] == frames.STOP:
+                why = "stopping"
+                break
+            elif msg[0] == frames.RELOAD_TLS and creds is not None:
+                try:
+                    creds.reload()
+                    log.info("ingest worker %d: TLS files reloaded", index)
+                except InvalidArgument as e:
+                    log.error(
+                        "ingest worker %d: TLS reload failed, keeping the old files: %s", index, e
+                    )
+    finally:
+        service.closing = True
+        forwarder.close()
+        batcher.close(RuntimeError(why))
+        idle.cancel()
+        await server.stop(config.shutdown_grace if why == "stopping" else 0)
+        await channel.close()
+        log.info(
+            "ingest worker %d (pid %d) stopped (%s): it served %d heartbeat streams, "
+            "%d batches, %d forwarded calls",
+            index,
+            os.getpid(),
+            why,
+            service.streams_served,
+            batcher.batches,
+            forwarder.calls,
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m arbiter.server.ingest --fd N`` (started by the pool only)."""
+    p = argparse.ArgumentParser(prog="python -m arbiter.server.ingest")
+    p.add_argument("--fd", type=int, required=True, help="the channel's inherited descriptor")
+    args = p.parse_args(argv)
+    die_with_parent()  # again: the __main__ module did it, a caller of main() may not have
+    with contextlib.suppress(KeyboardInterrupt):
+        return asyncio.run(serve(args.fd))
+    return 0
