@@ -14,11 +14,16 @@ Rules:
 3. Verdicts: each BATCH is answered at once, in order, with one
    ``Driver.on_heartbeat`` per heartbeat (the observer, detectors, leases
    and sequence numbers stay where they are without workers), the
-   ``max_nodes`` check for a stream's first heartbeat, the status
+   ``max_nodes`` check and shedding (:func:`arbiter.server.load.check_shedding`,
+   with that worker's time on a CPU) for a stream's first heartbeat, the status
    board updated with the statuses that came along, and the replica's
    status for the acks (the arbiter set only when the worker does not have
    its index yet). The batch's counts add up in the driver's counters, and
    its streams open in the servicer's ``heartbeat_streams`` (the metric).
+   Its load is the worker's latest: the driver's load monitor reads the
+   maximum over the workers serving (:meth:`IngestPool.utilisation`,
+   :meth:`IngestPool.cpu`; load.py rule 1), so the suggested interval follows
+   the load of the processes that carry the heartbeats.
 4. Local health: :class:`arbiter.server.ingest.lateness.Horizon` is the
    driver's lateness source; a worker overdue by more than
    ``WEDGED_AFTER`` seconds is killed (and restarted by rule 5). Until
@@ -58,6 +63,7 @@ from arbiter.server import limits
 from arbiter.server.arbiterset import to_protos
 from arbiter.server.ingest import frames
 from arbiter.server.ingest.lateness import Horizon
+from arbiter.server.load import Shed, check_shedding
 from membership.convert import state_to_pb
 from membership.v1 import membership_pb2 as pb
 from membership.view import MemberState
@@ -83,6 +89,8 @@ class WorkerStatistics:
         streams: heartbeat streams open in it, as of its last batch.
         heartbeats: heartbeats it answered through this process.
         batches: batches it sent.
+        utilisation: its loop's utilisation (0 to 1), as of its last batch.
+        cpu: the same on a CPU only (shedding's).
     """
 
     index: int
@@ -91,6 +99,8 @@ class WorkerStatistics:
     streams: int = 0
     heartbeats: int = 0
     batches: int = 0
+    utilisation: float = 0.0
+    cpu: float = 0.0
 
 
 @dataclass(slots=True)
@@ -127,6 +137,15 @@ class IngestPool:
         """Every slot's figures now."""
         return [slot.stats for slot in self._slots]
 
+    def utilisation(self, now: float = 0.0) -> float:
+        """The highest loop utilisation of the workers serving, 0 to 1 (rule 3: the
+        driver's load source)."""
+        return max((slot.stats.utilisation for slot in self._slots), default=0.0)
+
+    def cpu(self, now: float = 0.0) -> float:
+        """The highest time on a CPU of the workers serving, 0 to 1 (rule 3)."""
+        return max((slot.stats.cpu for slot in self._slots), default=0.0)
+
     # --- start ----------------------------------------------------------------------
 
     def bind(self, grpc_server: grpc.aio.Server) -> None:
@@ -143,6 +162,7 @@ class IngestPool:
             OSError: a worker could not bind the port, or did not start in time.
         """
         self._server.driver.add_lateness_source(self.horizon.lateness)
+        self._server.driver.load.add_source(self.utilisation, self.cpu)
         try:
             await asyncio.gather(*(self._spawn(slot) for slot in self._slots))
         except BaseException:
@@ -252,6 +272,7 @@ class IngestPool:
             code = None
         self._server.api.heartbeat_streams -= slot.stats.streams
         slot.proc, slot.writer, slot.stats.pid, slot.stats.streams = None, None, 0, 0
+        slot.stats.utilisation = slot.stats.cpu = 0.0
         if slot.ready is not None and not slot.ready.done():
             slot.ready.set_exception(OSError(f"ingest worker {index} exited ({why}, code {code})"))
             return
@@ -280,7 +301,7 @@ class IngestPool:
 
     def _answer(self, slot: _Slot, msg: tuple[Any, ...]) -> None:
         """Rule 3: one BATCH, answered with its VERDICTS."""
-        _, batch_id, sent_at, entries, closed, counts = msg
+        _, batch_id, sent_at, entries, closed, counts, (busy, on_cpu) = msg
         driver = self._server.driver
         api = self._server.api
         labels_of = slot.labels
@@ -296,8 +317,12 @@ class IngestPool:
             if first:
                 try:
                     limits.check_new_node(driver, max_nodes, node_id)
+                    check_shedding(driver, node_id, now, cpu=on_cpu)
+                except Shed as e:
+                    verdicts.append((str(e), e.pushback_ms))
+                    continue
                 except limits.LimitExceeded as e:
-                    verdicts.append(str(e))
+                    verdicts.append((str(e), 0))
                     continue
             v = driver.on_heartbeat(
                 node_id, incarnation, labels_of.get(token, {}), interval or None
@@ -311,6 +336,7 @@ class IngestPool:
         counters.heartbeats += heartbeats
         counters.acks += acks
         stats = slot.stats
+        stats.utilisation, stats.cpu = busy, on_cpu
         # The streams open here are the workers' (the metric reads the servicer's count).
         api.heartbeat_streams += streams - stats.streams
         stats.streams, stats.batches = streams, stats.batches + 1
