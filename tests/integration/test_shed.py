@@ -9,8 +9,10 @@ the worker ends the stream with the same status and hint (ingest/pool.py rule 3)
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 
 import grpc
@@ -118,9 +120,13 @@ async def test_shed_new_nodes_get_the_status_and_hint_known_ones_go_on_sdk_waits
 @pytest.fixture
 async def replica_with_a_worker() -> AsyncIterator[ArbiterServer]:
     """The lone replica, its heartbeats in one ingest worker (arbiter/server/ingest)."""
-    addr = f"127.0.0.1:{free_ports(1)[0]}"
+    port, metrics = free_ports(2)
+    addr = f"127.0.0.1:{port}"
     config = ArbiterConfig.local(
-        shed_retry_after=RETRY_AFTER, shed_utilisation=0.9, ingest_workers=1
+        shed_retry_after=RETRY_AFTER,
+        shed_utilisation=0.9,
+        ingest_workers=1,
+        metrics_listen=f"127.0.0.1:{metrics}",
     )
     server = ArbiterServer(replica_id="a1", peers={"a1": addr}, listen=addr, config=config)
     await server.start()
@@ -169,3 +175,19 @@ async def test_shed_through_an_ingest_worker_same_status_and_hint_and_its_load_c
     # the consensus process's load is at least the worker's.
     await wait_async(lambda: pool.statistics()[0].utilisation > 0, 10, "the worker's load")
     assert driver.load.sample() >= pool.utilisation() > 0
+    # Per-worker figures on /metrics, and the inter-arrival histogram fed from the worker's
+    # batches (n0's stream sent two heartbeats: one interval).
+    assert server.metrics is not None
+    url = f"http://127.0.0.1:{server.metrics.port}/metrics"
+    text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+    assert 'membership_ingest_workers{arbiter="a1"} 1.0' in text
+    (line,) = [
+        x for x in text.splitlines() if x.startswith("membership_ingest_worker_heartbeats_total")
+    ]
+    assert 'worker="0"' in line and float(line.split()[-1]) >= 4
+    (line,) = [
+        x
+        for x in text.splitlines()
+        if x.startswith("membership_heartbeat_interarrival_seconds_count")
+    ]
+    assert float(line.split()[-1]) >= 1

@@ -25,7 +25,9 @@ Rules:
      batch, the counts (heartbeats read, acks written, streams open)
      since the last batch, and the worker's load (its loop's utilisation and
      time on a CPU, 0 to 1: :class:`arbiter.server.load.LoadMonitor` on the
-     worker's loop, latest sample).
+     worker's loop, latest sample), then its heartbeats' inter-arrival
+     histogram since the last batch (``(bucket counts, sum of seconds)`` on
+     :data:`arbiter.server.counters.INTERARRIVAL_BUCKETS`, or None: none).
    - ``VERDICTS`` (``<-``): batch id, one verdict per heartbeat in order
      (``(accepted, state, incarnation, lease)``, or a refusal
      ``(message, pushback_ms)``: the stream is ended with RESOURCE_EXHAUSTED,

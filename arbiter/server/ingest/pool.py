@@ -4,7 +4,14 @@ Rules:
 
 1. Port: the replica checks ``--listen`` is free (a plain bind, without
    SO_REUSEPORT) before anything else, then serves its own gRPC server on a
-   unix socket in a fresh 0700 directory only (:meth:`IngestPool.bind`);
+   unix socket in a fresh 0700 directory only (:meth:`IngestPool.bind`):
+   ``SOCKET_DIR`` in its data dir (which its flock makes its own: one left
+   by a replica killed with SIGKILL is removed at the next start, and goes
+   with the data dir), or a new temporary directory without one. The socket
+   is named through the directory's descriptor, ``/proc/self/fd/N/...``
+   (inherited by the workers at the same number), so a data dir of any
+   length fits a unix address (108 bytes); the 0700 directory still keeps
+   every other user out;
    the K workers bind ``--listen`` together. So Raft, the tally and every
    proxied call run here, and heartbeat streams run in the workers.
 2. Start: the workers are spawned (``python -m arbiter.server.ingest``, a
@@ -19,7 +26,8 @@ Rules:
    board updated with the statuses that came along, and the replica's
    status for the acks (the arbiter set only when the worker does not have
    its index yet). The batch's counts add up in the driver's counters, and
-   its streams open in the servicer's ``heartbeat_streams`` (the metric).
+   its streams open in the servicer's ``heartbeat_streams`` (the metric),
+   its inter-arrival histogram in the driver's.
    Its load is the worker's latest: the driver's load monitor reads the
    maximum over the workers serving (:meth:`IngestPool.utilisation`,
    :meth:`IngestPool.cpu`; load.py rule 1), so the suggested interval follows
@@ -68,10 +76,12 @@ from membership.convert import state_to_pb
 from membership.v1 import membership_pb2 as pb
 from membership.view import MemberState
 
-__all__ = ["WEDGED_AFTER", "IngestPool", "WorkerStatistics"]
+__all__ = ["SOCKET_DIR", "WEDGED_AFTER", "IngestPool", "WorkerStatistics"]
 
 log = logging.getLogger("arbiter.ingest")
 
+SOCKET_DIR = "ingest"  # in the data dir: the consensus process's unix socket (rule 1)
+_SUN_PATH = 108  # bytes of a unix socket's path at most, its NUL included (Linux)
 WEDGED_AFTER = 5.0  # seconds a worker may go without a batch before it is killed (rule 4)
 _START_TIMEOUT = 30.0  # seconds for a worker to serve the port (its imports, on a busy machine)
 _PRUNE_EVERY = 10.0  # seconds between two prunes of the status board (statusboard.py rule 2)
@@ -128,6 +138,7 @@ class IngestPool:
         self.workers = workers
         self.horizon = Horizon()
         self.socket_dir = ""
+        self._dir_fd = -1  # the socket directory's descriptor (rule 1)
         self._slots = [_Slot(WorkerStatistics(i)) for i in range(workers)]
         self._stopping = False
         self._watchdog: asyncio.Task[None] | None = None
@@ -150,10 +161,33 @@ class IngestPool:
 
     def bind(self, grpc_server: grpc.aio.Server) -> None:
         """Rule 1: the replica's own server on a unix socket in a new 0700 directory."""
-        self.socket_dir = tempfile.mkdtemp(prefix="arbiter-ingest-")  # mode 0700
-        path = os.path.join(self.socket_dir, "consensus.sock")
+        self.socket_dir = self._socket_dir()
+        self._dir_fd = os.open(self.socket_dir, os.O_RDONLY | os.O_DIRECTORY)
+        path = self._socket_path()
         if grpc_server.add_insecure_port(f"unix:{path}") == 0:
             raise OSError(f"cannot listen on unix:{path}")
+
+    def _socket_dir(self) -> str:
+        """Rule 1: SOCKET_DIR in the data dir, emptied, mode 0700; else a temporary one."""
+        data_dir = getattr(self._server, "data_dir", None)
+        if data_dir is None:
+            return tempfile.mkdtemp(prefix="arbiter-ingest-")  # mode 0700
+        path = os.path.abspath(os.path.join(data_dir, SOCKET_DIR))
+        shutil.rmtree(path, ignore_errors=True)  # a killed replica's
+        os.mkdir(path, 0o700)
+        os.chmod(path, 0o700)  # whatever the umask
+        return path
+
+    def _socket_path(self) -> str:
+        """Rule 1: the socket through the directory's descriptor when /proc has it
+        (any length of data dir), else its own path."""
+        via_fd = f"/proc/self/fd/{self._dir_fd}/consensus.sock"
+        if os.path.isdir(f"/proc/self/fd/{self._dir_fd}"):
+            return via_fd
+        path = os.path.join(self.socket_dir, "consensus.sock")
+        if len(path.encode()) >= _SUN_PATH:
+            raise OSError(f"the ingest socket's path is too long for a unix address: {path}")
+        return path
 
     async def start(self) -> None:
         """Rule 2: spawns every worker and waits until each serves the port.
@@ -182,7 +216,7 @@ class IngestPool:
             "replica_id": s.replica_id,
             "identity": s.identity,
             "listen": s.listen,
-            "socket": os.path.join(self.socket_dir, "consensus.sock"),
+            "socket": self._socket_path(),
             "tls": None
             if tls is None
             else (str(tls.files.ca), str(tls.files.cert), str(tls.files.key)),
@@ -200,7 +234,7 @@ class IngestPool:
                 "arbiter.server.ingest",
                 "--fd",
                 str(theirs.fileno()),
-                pass_fds=(theirs.fileno(),),
+                pass_fds=(theirs.fileno(), self._dir_fd),  # rule 1: the same number there
                 stdin=asyncio.subprocess.DEVNULL,
                 # No preexec_fn: it forces a full fork of this process, whose
                 # loop waits for the exec (0.3 s measured under load); without
@@ -301,7 +335,7 @@ class IngestPool:
 
     def _answer(self, slot: _Slot, msg: tuple[Any, ...]) -> None:
         """Rule 3: one BATCH, answered with its VERDICTS."""
-        _, batch_id, sent_at, entries, closed, counts, (busy, on_cpu) = msg
+        _, batch_id, sent_at, entries, closed, counts, (busy, on_cpu), hist = msg
         driver = self._server.driver
         api = self._server.api
         labels_of = slot.labels
@@ -335,6 +369,11 @@ class IngestPool:
         counters = driver.counters
         counters.heartbeats += heartbeats
         counters.acks += acks
+        if hist is not None:  # the streams' inter-arrival times, counted in the worker
+            ia, (bucket_counts, seconds) = counters.interarrival, hist
+            for i, n in enumerate(bucket_counts):
+                ia.counts[i] += n
+            ia.sum += seconds
         stats = slot.stats
         stats.utilisation, stats.cpu = busy, on_cpu
         # The streams open here are the workers' (the metric reads the servicer's count).
@@ -411,5 +450,8 @@ class IngestPool:
             if slot.task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await slot.task
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
         if self.socket_dir:
             shutil.rmtree(self.socket_dir, ignore_errors=True)

@@ -181,12 +181,16 @@ class HeartbeatService:
         status_of: pb.NodeStatus | None = None  # the status last sent
         status_at = 0.0
         ack = pb.HeartbeatAck()
+        last_at = None  # the stream's previous heartbeat (the inter-arrival histogram)
         try:
             async for req in requests:
                 batcher.heartbeats += 1
                 if self.closing:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
                 now = time.monotonic()
+                if last_at is not None:
+                    batcher.interarrival.observe(now - last_at)
+                last_at = now
                 try:
                     wait = throttle.admit(now)
                     if labels_of is None:
