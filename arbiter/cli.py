@@ -201,7 +201,7 @@ def register(sub: Any) -> None:
         for flag, field, text in table:
             default = getattr(cfg, field)
             if field == "ingest_workers":  # auto or a count
-                kind, metavar, shown = parse_ingest_workers, "auto|K", str(default)
+                kind, metavar, shown = _ingest_workers_flag, "auto|K", str(default)
             else:
                 kind, metavar, shown = type(default), type(default).__name__.upper(), f"{default:g}"
             group.add_argument(
@@ -258,6 +258,15 @@ def register(sub: Any) -> None:
     )
     add_tls_flags(p)
     p.set_defaults(func=run, signal_exit=EXIT_OK)
+
+
+def _ingest_workers_flag(value: str) -> int | str:
+    try:
+        return parse_ingest_workers(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"give auto or a number of workers, got {value!r}"
+        ) from None
 
 
 def _config(args: argparse.Namespace) -> ArbiterConfig:
