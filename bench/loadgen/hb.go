@@ -1,0 +1,548 @@
+package main
+
+// Heartbeat mode: --count simulated nodes, each with one membership.v1
+// Heartbeat stream to every arbiter, following the acks' next_interval_seconds
+// as the SDK does (membership/agent.py: the interval is the longest one any
+// arbiter suggested, 0.15 s until one did; interval_seconds declares it, 0
+// before any suggestion). With --interval-rule own each stream follows its own
+// arbiter's suggestion instead (a lightly loaded replica at a longer interval).
+//
+// Streams are multiplexed: node i uses connection i % C of each arbiter, with
+// C = ceil(count / --streams-per-conn) so that no connection needs more than
+// the arbiter's max_concurrent_streams (100).
+
+import (
+	"container/heap"
+	"context"
+	"flag"
+	"fmt"
+	"math"
+	"math/rand"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+)
+
+var errLogs int32
+
+const heartbeatMethod = "/membership.v1.Membership/Heartbeat"
+
+var hbDesc = &grpc.StreamDesc{StreamName: "Heartbeat", ServerStreams: true, ClientStreams: true}
+
+type hbArbiter struct {
+	addr      string
+	conns     []*grpc.ClientConn
+	sent      uint64
+	acks      uint64
+	lat       hist
+	latTotal  summary
+	epoch     uint64
+	mu        sync.Mutex
+	errs      map[string]int
+	lastSent  uint64
+	lastAcks  uint64
+	epochsSet map[uint64]bool
+}
+
+func (a *hbArbiter) noteErr(code string) {
+	a.mu.Lock()
+	a.errs[code]++
+	a.mu.Unlock()
+}
+
+// hbStream is a node's link to one arbiter; its grpc stream is replaced when it fails.
+type hbStream struct {
+	arb       *hbArbiter
+	conn      *grpc.ClientConn
+	st        grpc.ClientStream
+	cancel    context.CancelFunc
+	seq       uint64
+	sendT     [32]uint64 // float64 bits of the send time of seq % 32
+	state     uint32     // last state acked
+	suggested uint64     // float64 bits of the last next_interval_seconds (0: none)
+	down      int32      // 1 once the stream failed
+	gen       uint64     // atomic: which opening of the link the current stream is
+	retryAt   float64
+	next      float64 // scheduled time of the next send
+}
+
+type hbNode struct {
+	id       string
+	inc      uint64
+	prefix   []byte // node_id, incarnation, labels: the fields every heartbeat repeats
+	links    []*hbStream
+	rejoin   uint64 // atomic: the incarnation to rejoin at (0: none)
+	started  int32
+	stopped  int32
+	interval uint64 // float64 bits: the interval in force (max rule)
+	step     uint64
+	shard    *hbShard
+	due      float64 // the earliest time one of its links needs attention
+	opened   bool
+	hidx     int
+}
+
+type hbGen struct {
+	arbs        []*hbArbiter
+	nodes       []*hbNode
+	byID        map[string]*hbNode
+	rule        string
+	defInterval float64
+	spread      float64
+	late        hist
+	lateTotal   summary
+	nextJoin    int
+	joinMu      sync.Mutex
+	rejoins     uint64
+	lefts       uint64
+	reportEvery float64
+	t0          float64
+	cpu0        float64
+	shards      []*hbShard
+	tick        float64
+}
+
+func runHeartbeats(argv []string) {
+	fs := flag.NewFlagSet("hb", flag.ExitOnError)
+	arbiters := fs.String("arbiters", "", "arbiter addresses, host:port,host:port,...")
+	prefix := fs.String("prefix", "n", "node id prefix")
+	first := fs.Int("first", 0, "number of the first node")
+	count := fs.Int("count", 100, "nodes to simulate")
+	inc := fs.Uint64("incarnation", 0, "incarnation of every node (0: milliseconds since the epoch)")
+	perConn := fs.Int("streams-per-conn", 90, "heartbeat streams per connection")
+	rule := fs.String("interval-rule", "max", "max: the SDK's rule (longest suggestion of any arbiter); own: each stream its arbiter's")
+	defInterval := fs.Float64("default-interval", 0.15, "interval before any ack suggested one, seconds (the SDK's heartbeat_interval)")
+	spread := fs.Float64("start-spread", 0.05, "nodes of a join start uniformly within this many seconds")
+	waitJoin := fs.Bool("wait-join", false, "start no node before a \"join\" command")
+	report := fs.Float64("report", 1.0, "seconds between reports")
+	tick := fs.Float64("tick", 0, "sends are rounded up to this grid, seconds, so that one connection's go out together (0: exact; lateness counts the rounding)")
+	fs.Parse(argv)
+	if *arbiters == "" {
+		fatal("hb: --arbiters is required")
+	}
+	if *rule != "max" && *rule != "own" {
+		fatal("hb: --interval-rule must be max or own")
+	}
+	if *inc == 0 {
+		*inc = uint64(time.Now().UnixNano() / 1e6)
+	}
+	g := &hbGen{rule: *rule, defInterval: *defInterval, spread: *spread, byID: map[string]*hbNode{}, reportEvery: *report, tick: *tick}
+	nconn := (*count + *perConn - 1) / *perConn
+	if nconn < 1 {
+		nconn = 1
+	}
+	for _, addr := range strings.Split(*arbiters, ",") {
+		a := &hbArbiter{addr: addr, errs: map[string]int{}, epochsSet: map[uint64]bool{}}
+		for i := 0; i < nconn; i++ {
+			c, err := grpc.Dial(addr, grpc.WithInsecure(), grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{})))
+			if err != nil {
+				fatal("hb: dial %s: %v", addr, err)
+			}
+			a.conns = append(a.conns, c)
+		}
+		g.arbs = append(g.arbs, a)
+	}
+	for i := 0; i < *count; i++ {
+		n := &hbNode{id: fmt.Sprintf("%s%d", *prefix, *first+i), inc: *inc}
+		n.interval = math.Float64bits(*defInterval)
+		n.setPrefix()
+		for _, a := range g.arbs {
+			n.links = append(n.links, &hbStream{arb: a, conn: a.conns[i%nconn], down: 1})
+		}
+		g.nodes = append(g.nodes, n)
+		g.byID[n.id] = n
+	}
+	for k := 0; k < nconn; k++ {
+		sh := &hbShard{g: g, cmds: make(chan func(), 16)}
+		g.shards = append(g.shards, sh)
+		go sh.run()
+	}
+	for i, n := range g.nodes {
+		n.shard = g.shards[i%nconn]
+	}
+	g.t0, g.cpu0 = mono(), cpuSeconds()
+	emit(map[string]interface{}{"ev": "ready", "t": g.t0, "nodes": *count, "conns_per_arbiter": nconn, "rule": *rule})
+	if !*waitJoin {
+		g.join(-1)
+	}
+	go g.reporter()
+	serveCommands(g)
+}
+
+func (n *hbNode) setPrefix() {
+	b := appendString(nil, 1, n.id)
+	b = appendVarint(b, 2, n.inc)
+	// labels (map<string,string> = 5): two static labels, as a training job's node would carry
+	for _, kv := range [][2]string{{"role", "worker"}, {"pool", "bench"}} {
+		e := appendString(nil, 1, kv[0])
+		e = appendString(e, 2, kv[1])
+		b = appendBytes(b, 5, e)
+	}
+	n.prefix = b
+}
+
+func (g *hbGen) join(k int) {
+	g.joinMu.Lock()
+	defer g.joinMu.Unlock()
+	start := g.nextJoin
+	end := len(g.nodes)
+	if k >= 0 && start+k < end {
+		end = start + k
+	}
+	t := mono()
+	for _, n := range g.nodes[start:end] {
+		atomic.StoreInt32(&n.started, 1)
+		n := n
+		due := t + rand.Float64()*g.spread
+		n.shard.cmds <- func() { n.due = due; heap.Push(&n.shard.h, n) }
+	}
+	g.nextJoin = end
+	emit(map[string]interface{}{"ev": "joined", "t": t, "from": start, "to": end})
+}
+
+func (g *hbGen) kill(ids []string) {
+	for _, id := range ids {
+		n, ok := g.byID[id]
+		if !ok || atomic.LoadInt32(&n.started) == 0 || !atomic.CompareAndSwapInt32(&n.stopped, 0, 1) {
+			emit(map[string]interface{}{"ev": "error", "error": "kill: no running node " + id})
+			continue
+		}
+		done := make(chan float64)
+		n.shard.cmds <- func() {
+			for _, s := range n.links {
+				if s.cancel != nil {
+					s.cancel()
+				}
+			}
+			done <- mono()
+		}
+		emit(map[string]interface{}{"ev": "killed", "node": id, "t": <-done, "incarnation": n.inc})
+	}
+}
+
+// interval of a link: the SDK's rule (the longest suggestion) or the link's own.
+func (g *hbGen) intervalOf(n *hbNode, s *hbStream) (float64, bool) {
+	if g.rule == "own" {
+		v := math.Float64frombits(atomic.LoadUint64(&s.suggested))
+		if v > 0 {
+			return v, true
+		}
+		return g.defInterval, false
+	}
+	best, any := 0.0, false
+	for _, l := range n.links {
+		if v := math.Float64frombits(atomic.LoadUint64(&l.suggested)); v > 0 {
+			any = true
+			if v > best {
+				best = v
+			}
+		}
+	}
+	if !any {
+		return g.defInterval, false
+	}
+	return best, true
+}
+
+func (g *hbGen) open(n *hbNode, s *hbStream, now float64) {
+	if s.cancel != nil {
+		s.cancel()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := s.conn.NewStream(ctx, hbDesc, heartbeatMethod)
+	if err != nil {
+		cancel()
+		s.arb.noteErr(status.Code(err).String())
+		s.retryAt = now + 1 + rand.Float64()
+		return
+	}
+	s.st, s.cancel = st, cancel
+	gen := atomic.AddUint64(&s.gen, 1)
+	atomic.StoreInt32(&s.down, 0)
+	go g.read(n, s, st, gen)
+}
+
+func (g *hbGen) read(n *hbNode, s *hbStream, st grpc.ClientStream, gen uint64) {
+	var buf []byte
+	for {
+		if err := st.RecvMsg(&buf); err != nil {
+			if atomic.LoadUint64(&s.gen) == gen {
+				if atomic.LoadInt32(&n.stopped) == 0 {
+					s.arb.noteErr(status.Code(err).String())
+					if atomic.AddInt32(&errLogs, 1) <= 5 {
+						fmt.Fprintf(os.Stderr, "loadgen: %s stream to %s ended: %v\n", n.id, s.arb.addr, err)
+					}
+				}
+				atomic.StoreInt32(&s.down, 1)
+			}
+			return
+		}
+		now := mono()
+		a, err := decodeAck(buf)
+		if err != nil {
+			s.arb.noteErr("bad_ack")
+			continue
+		}
+		atomic.AddUint64(&s.arb.acks, 1)
+		if t := math.Float64frombits(atomic.LoadUint64(&s.sendT[a.seq%32])); t > 0 {
+			s.arb.lat.add(now - t)
+		}
+		for {
+			old := atomic.LoadUint64(&s.arb.epoch)
+			if a.epoch <= old || atomic.CompareAndSwapUint64(&s.arb.epoch, old, a.epoch) {
+				break
+			}
+		}
+		atomic.StoreUint32(&s.state, uint32(a.state))
+		if a.nextInterval > 0 {
+			atomic.StoreUint64(&s.suggested, math.Float64bits(a.nextInterval))
+		}
+		// The session's rule 4 (membership/session.py): told DEAD at our incarnation,
+		// or that a higher one is recorded, the node rejoins above it.
+		if (a.state == 3 && a.incarnation <= n.inc) || a.incarnation > n.inc {
+			target := a.incarnation
+			if target < n.inc {
+				target = n.inc
+			}
+			atomic.StoreUint64(&n.rejoin, target+1)
+		}
+		if a.state == 4 && a.incarnation == n.inc {
+			atomic.AddUint64(&g.lefts, 1)
+		}
+	}
+}
+
+// hbShard serves the nodes of one connection index from one goroutine (no
+// goroutine or timer per node): a heap of the nodes by the time they next need
+// attention; the sends of one wake-up go out back to back, so gRPC writes them
+// together. Commands (join, kill) run on it, between two wake-ups.
+type hbShard struct {
+	g    *hbGen
+	h    nodeHeap
+	cmds chan func()
+}
+
+func (sh *hbShard) run() {
+	timer := time.NewTimer(time.Hour)
+	for {
+		wait := time.Hour
+		if len(sh.h) > 0 {
+			wait = time.Duration((sh.h[0].due - mono()) * 1e9)
+		}
+		if wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-timer.C:
+			case f := <-sh.cmds:
+				if !timer.Stop() {
+					<-timer.C
+				}
+				f()
+				continue
+			}
+		}
+		now := mono()
+		for len(sh.h) > 0 && sh.h[0].due <= now {
+			n := sh.h[0]
+			if atomic.LoadInt32(&n.stopped) == 1 {
+				heap.Pop(&sh.h)
+				continue
+			}
+			sh.serve(n, now)
+			heap.Fix(&sh.h, 0)
+		}
+	}
+}
+
+// serve sends what is due of node n at now (opening or reopening streams) and sets n.due.
+func (sh *hbShard) serve(n *hbNode, now float64) {
+	g := sh.g
+	if !n.opened {
+		n.opened = true
+		for _, s := range n.links {
+			g.open(n, s, now)
+			s.next = now
+		}
+	}
+	if r := atomic.SwapUint64(&n.rejoin, 0); r > n.inc {
+		n.inc = r
+		n.setPrefix()
+		atomic.AddUint64(&g.rejoins, 1)
+		emit(map[string]interface{}{"ev": "rejoin", "node": n.id, "t": now, "incarnation": r})
+		for _, s := range n.links {
+			atomic.StoreUint64(&s.suggested, 0)
+			atomic.StoreUint32(&s.state, 0)
+			g.open(n, s, now)
+		}
+	}
+	wake := math.Inf(1)
+	stepped := false
+	for _, s := range n.links {
+		if atomic.LoadInt32(&s.down) == 1 {
+			if now >= s.retryAt {
+				if s.retryAt == 0 {
+					s.retryAt = now + 0.5 + rand.Float64()
+				} else {
+					s.retryAt = 0
+					g.open(n, s, now)
+				}
+			}
+			if atomic.LoadInt32(&s.down) == 1 {
+				if s.retryAt > 0 && s.retryAt < wake {
+					wake = s.retryAt
+				}
+				continue
+			}
+		}
+		iv, declared := g.intervalOf(n, s)
+		atomic.StoreUint64(&n.interval, math.Float64bits(iv))
+		if now >= s.next {
+			if !stepped {
+				n.step++
+				stepped = true
+			}
+			g.late.add(now - s.next)
+			s.seq++
+			// a fresh buffer each time: gRPC keeps the slice until its writer sent it
+			req := make([]byte, 0, len(n.prefix)+64)
+			req = append(req, n.prefix...)
+			req = appendVarint(req, 3, s.seq)
+			req = appendDouble(req, 4, float64(time.Now().UnixNano())*1e-9)
+			req = appendBytes(req, 6, n.status())
+			if declared {
+				req = appendDouble(req, 7, iv)
+			}
+			atomic.StoreUint64(&s.sendT[s.seq%32], math.Float64bits(mono()))
+			if err := s.st.SendMsg(req); err != nil {
+				atomic.StoreInt32(&s.down, 1)
+			} else {
+				atomic.AddUint64(&s.arb.sent, 1)
+			}
+			s.next += iv
+			if s.next < now-iv { // far behind (a stall): resume the cadence from now
+				s.next = now + iv
+			}
+		}
+		if s.next < wake {
+			wake = s.next
+		}
+	}
+	if math.IsInf(wake, 1) {
+		wake = now + g.defInterval
+	}
+	if g.tick > 0 { // on the shard's grid: the sends of one tick leave together
+		wake = math.Ceil(wake/g.tick) * g.tick
+	}
+	n.due = wake
+}
+
+type nodeHeap []*hbNode
+
+func (h nodeHeap) Len() int            { return len(h) }
+func (h nodeHeap) Less(i, j int) bool  { return h[i].due < h[j].due }
+func (h nodeHeap) Swap(i, j int)       { h[i], h[j] = h[j], h[i]; h[i].hidx = i; h[j].hidx = j }
+func (h *nodeHeap) Push(x interface{}) { n := x.(*hbNode); n.hidx = len(*h); *h = append(*h, n) }
+func (h *nodeHeap) Pop() interface{} {
+	old := *h
+	n := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return n
+}
+
+// status is a NodeStatus with a few realistic fields: load, gpu_utilization, phase, step.
+func (n *hbNode) status() []byte {
+	b := appendDouble(nil, 1, 3.5+float64(n.step%7)*0.1)
+	b = appendDouble(b, 2, 0.9)
+	b = appendString(b, 3, "allreduce")
+	return appendVarint(b, 4, n.step)
+}
+
+func (g *hbGen) snapshot(final bool) map[string]interface{} {
+	now := mono()
+	window := g.reportEvery
+	arbs := []interface{}{}
+	var sentTot, reqTot float64
+	lc, lm := g.late.take()
+	g.lateTotal.merge(lc, lm)
+	var lw summary
+	lw.merge(lc, lm)
+	live, started := 0, 0
+	for i, a := range g.arbs {
+		states := map[string]int{}
+		required := 0.0
+		for _, n := range g.nodes {
+			if atomic.LoadInt32(&n.started) == 0 {
+				continue
+			}
+			if i == 0 {
+				started++
+			}
+			if atomic.LoadInt32(&n.stopped) == 1 {
+				continue
+			}
+			if i == 0 {
+				live++
+			}
+			s := n.links[i]
+			states[stateName(uint64(atomic.LoadUint32(&s.state)))]++
+			iv, _ := g.intervalOf(n, s)
+			required += 1 / iv
+		}
+		sent, acks := atomic.LoadUint64(&a.sent), atomic.LoadUint64(&a.acks)
+		c, m := a.lat.take()
+		a.latTotal.merge(c, m)
+		var w summary
+		w.merge(c, m)
+		a.mu.Lock()
+		errs := map[string]int{}
+		for k, v := range a.errs {
+			errs[k] = v
+		}
+		a.mu.Unlock()
+		ep := atomic.LoadUint64(&a.epoch)
+		row := map[string]interface{}{
+			"addr": a.addr, "sent": sent, "acks": acks, "epoch": ep, "states": states,
+			"errors": errs, "required_rate": math.Round(required*10) / 10,
+		}
+		if final {
+			row["ack_ms"] = a.latTotal.ms()
+			el := now - g.t0
+			row["sent_rate"] = math.Round(float64(sent)/el*10) / 10
+		} else {
+			row["ack_ms"] = w.ms()
+			row["sent_rate"] = math.Round(float64(sent-a.lastSent)/window*10) / 10
+			row["ack_rate"] = math.Round(float64(acks-a.lastAcks)/window*10) / 10
+			sentTot += float64(sent-a.lastSent) / window
+		}
+		reqTot += required
+		a.lastSent, a.lastAcks = sent, acks
+		arbs = append(arbs, row)
+	}
+	r := map[string]interface{}{
+		"ev": "report", "t": now, "started": started, "live": live, "arbiters": arbs,
+		"required_rate": math.Round(reqTot*10) / 10, "sent_rate": math.Round(sentTot*10) / 10,
+		"late_ms": lw.ms(), "cpu_s": cpuSeconds() - g.cpu0, "elapsed_s": now - g.t0,
+		"rejoins": atomic.LoadUint64(&g.rejoins), "lefts": atomic.LoadUint64(&g.lefts),
+	}
+	if final {
+		r["ev"] = "final"
+		r["late_ms"] = g.lateTotal.ms()
+	}
+	return r
+}
+
+func (g *hbGen) reporter() {
+	for {
+		time.Sleep(time.Duration(g.reportEvery * 1e9))
+		emit(g.snapshot(false))
+	}
+}
+
+func (g *hbGen) final() {
+	emit(g.snapshot(true))
+}
