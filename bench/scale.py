@@ -82,7 +82,8 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
     head = (
         f"{'N':>6} {'system':<14} {'hb/s':>6} {'cores':>5} {'us/hb':>6} {'ratio':>5} "
         f"{'hb/s/core':>9} {'KiB/node':>8} {'ack p50/p99 ms':>14} {'join s/epochs':>13} "
-        f"{'commit->sub p50/p99 ms':>22} {'kill->DEAD p50/p99 s':>20} {'elect':>5} {'falseD':>6} {'subs<N':>6} "
+        f"{'commit->sub p50/p99 ms':>22} {'kill->DEAD p50/p99 s':>20} {'elect':>5} {'falseD':>6} "
+        f"{'subs':>6} "
         f"{'| loadgen sent/required/s':>25} {'late p99 ms':>11} {'lg cores':>8}"
     )
     lines = [head, "-" * len(head)]
@@ -154,11 +155,11 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
         "",
         "ours: 3 replicas --insecure on loopback; a1's figures (CPU/hb = replica CPU from /proc /",
         "heartbeats its counter received; ratio = ours / bare in this run). KiB/node = RSS growth",
-        "from before the join to after the window, / N. hb/s is per replica. join = N nodes started",
+        "from before the join to after the window, / N. hb/s is per replica. join: N nodes started",
         f"at once until the first subscriber's view has N ALIVE; {args.subscribers} subscribers.",
         "commit->sub: the replicas' membership_commit_to_subscriber_seconds (bucket upper bounds)",
-        "over the kills (steady state); in brackets the p99 over the whole run, join storm included.",
-        "subs<N: the fewest subscribers that received an epoch within 5 s (a lagging replica's).",
+        "over the kills (steady state); in brackets the p99 over the whole run, join storm",
+        "included. subs: the fewest subscribers that received an epoch within 5 s of the first.",
         "kill->DEAD: p50 at the first subscriber, p99 at the last. elect = Raft term changes after",
         "the first election. falseD = DEAD of a node not killed.",
         f"(light): above N = {args.full_load_max} a2 and a3 run at --heartbeat-interval "
@@ -166,8 +167,8 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
         f"--missed-heartbeats {args.light_missed} (D = {args.light_interval * args.light_missed:g}"
         " s), so a DEAD waits for that D; a1 is fully loaded.",
         "bare: one bare grpc.aio server (bench/scale_bare.py) given N streams at a1's interval.",
-        "etcd x3: 3 members, N leases at the minimum TTL, keepalive every TTL/3; us/hb = members' CPU",
-        "per keepalive; kill->DEAD = kill to the watcher's DELETE.",
+        "etcd x3: 3 members, N leases at the minimum TTL, keepalive every TTL/3; us/hb = the",
+        "members' CPU per keepalive; kill->DEAD = kill to the watcher's DELETE.",
         "loadgen: what the Go load generator sent against what the intervals in force require, the",
         "p99 lateness of its sends (send time - schedule) and its CPU: the load was not the limit",
         "where sent = required and lateness is small.",

@@ -94,6 +94,7 @@ func runEtcd(argv []string) {
 			defer wg.Done()
 			for l := range work {
 				g.setup(l, *ttl)
+				go g.keepAlive(l) // at once: a TTL of 1 s does not wait for the others' grants
 			}
 		}()
 	}
@@ -107,9 +108,6 @@ func runEtcd(argv []string) {
 	wg.Wait()
 	g.t0, g.cpu0 = mono(), cpuSeconds()
 	emit(map[string]interface{}{"ev": "ready", "t": g.t0, "leases": *count, "ttl": g.ttl})
-	for _, l := range g.leases {
-		go g.keepAlive(l)
-	}
 	go func() {
 		for {
 			time.Sleep(time.Duration(*report * 1e9))
@@ -151,6 +149,9 @@ func (g *etcdGen) setup(l *lease, ttl int64) {
 
 func (g *etcdGen) keepAlive(l *lease) {
 	every := float64(atomic.LoadInt64(&g.ttl)) / 3
+	if every <= 0 {
+		every = 1.0 / 3
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	st, err := l.conn.NewStream(ctx, etcdStream, "/etcdserverpb.Lease/LeaseKeepAlive")
