@@ -278,7 +278,8 @@ class Fleet:
         return [p.report for _, _, p in self.parts if p.report]
 
     def totals(self) -> dict[str, Any]:
-        """The processes' latest reports summed: per arbiter (in order) sent, acks,
+        """The processes' latest reports summed: per arbiter (in order) sent, stale (replaced
+        unwritten: the replica did not read), acks,
         required and sent rates, states, errors, epochs; and the worst lateness and ack
         latency percentiles of any process (each process's are over its last window)."""
         reps = self.reports()
@@ -287,12 +288,12 @@ class Fleet:
             for k, a in enumerate(r["arbiters"]):
                 if len(arbs) <= k:
                     arbs.append(
-                        {"addr": a["addr"], "sent": 0, "acks": 0, "required_rate": 0.0,
+                        {"addr": a["addr"], "sent": 0, "stale": 0, "acks": 0, "required_rate": 0.0,
                          "sent_rate": 0.0, "ack_rate": 0.0, "states": {}, "errors": {},
                          "epoch": 0, "ack_p50_ms": 0.0, "ack_p99_ms": 0.0}
                     )  # fmt: skip
                 t = arbs[k]
-                for f in ("sent", "acks", "required_rate", "sent_rate", "ack_rate"):
+                for f in ("sent", "stale", "acks", "required_rate", "sent_rate", "ack_rate"):
                     t[f] += a.get(f, 0)
                 for f in ("states", "errors"):
                     for s, v in a[f].items():

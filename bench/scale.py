@@ -84,7 +84,7 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
         f"{'hb/s/core':>9} {'KiB/node':>8} {'ack p50/p99 ms':>14} {'join s/epochs':>13} "
         f"{'commit->sub p50/p99 ms':>22} {'kill->DEAD p50/p99 s':>20} {'elect':>5} {'falseD':>6} "
         f"{'subs':>6} "
-        f"{'| loadgen sent/required/s':>25} {'late p99 ms':>11} {'lg cores':>8}"
+        f"{'| loadgen sent/required/s':>25} {'late p99 ms':>11} {'stale/s':>7} {'lg cores':>8}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -116,7 +116,8 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
                 f"{o['elections']:>5} {len(o['false_deaths']):>6} "
                 f"{o['subs_min']:>6} "
                 f"{'| ' + _f(a1['sent_rate']) + '/' + _f(a1['required_rate']):>25} "
-                f"{_f(a1['late_p99_ms'], '.1f'):>11} {o['loadgen']['cores']:>8.2f}"
+                f"{_f(a1['late_p99_ms'], '.1f'):>11} {_f(a1.get('stale_per_s')):>7} "
+                f"{o['loadgen']['cores']:>8.2f}"
             )
             for rid in ("a2", "a3"):
                 x = o["replicas"][rid]
@@ -136,7 +137,8 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
                 f"{_f(b['ack_p50_ms'], '.1f') + '/' + _f(b['ack_p99_ms'], '.1f'):>14} "
                 f"{'':>13} {'':>22} {'':>20} {'':>5} {'':>6} {'':>6} "
                 f"{'| ' + _f(b['sent_rate']) + '/' + _f(b['required_rate']):>25} "
-                f"{_f(b['late_p99_ms'], '.1f'):>11} {b['loadgen']['cores']:>8.2f}"
+                f"{_f(b['late_p99_ms'], '.1f'):>11} {_f(b.get('stale_per_s')):>7} "
+                f"{b['loadgen']['cores']:>8.2f}"
             )
         elif b:
             lines.append(f"{'':>6} {'bare grpc.aio':<14} failed: {b.get('error')}")
@@ -147,7 +149,7 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
                 f"{'':>22} {_f(e['kill_p50_s'], '.2f') + '/' + _f(e['kill_p99_s'], '.2f'):>20} "
                 f"{'':>5} {len(e['false_deaths']):>6} {'':>6} "
                 f"{'| ' + _f(e['keepalives_per_s']) + '/' + _f(e['required_rate']):>25} "
-                f"{_f(e['late_p99_ms'], '.1f'):>11} {e['loadgen']['cores']:>8.2f}"
+                f"{_f(e['late_p99_ms'], '.1f'):>11} {'':>7} {e['loadgen']['cores']:>8.2f}"
             )
         elif e:
             lines.append(f"{'':>6} {'etcd x3':<14} failed: {e.get('error')}")
@@ -170,8 +172,10 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
         "etcd x3: 3 members, N leases at the minimum TTL, keepalive every TTL/3; us/hb = the",
         "members' CPU per keepalive; kill->DEAD = kill to the watcher's DELETE.",
         "loadgen: what the Go load generator sent against what the intervals in force require, the",
-        "p99 lateness of its sends (send time - schedule) and its CPU: the load was not the limit",
-        "where sent = required and lateness is small.",
+        "p99 lateness of its sends (send time - schedule), stale/s: heartbeats replaced unwritten",
+        "by a newer one because the stream's writes blocked (the server did not read: HTTP/2 flow",
+        "control; as the SDK, each stream writes only its newest), and its CPU. The load was not",
+        "the limit where sent = required and lateness is small.",
         f"hogs: {args.hogs} busy-loop processes during the run. Machine: "
         f"{__import__('os').cpu_count()} cores, shared.",
     ]

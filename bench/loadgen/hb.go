@@ -38,6 +38,7 @@ type hbArbiter struct {
 	addr      string
 	conns     []*grpc.ClientConn
 	sent      uint64
+	stale     uint64 // heartbeats replaced unwritten by a newer one (the stream's writes blocked)
 	acks      uint64
 	lat       hist
 	latTotal  summary
@@ -67,6 +68,7 @@ type hbStream struct {
 	suggested uint64     // float64 bits of the last next_interval_seconds (0: none)
 	down      int32      // 1 once the stream failed
 	gen       uint64     // atomic: which opening of the link the current stream is
+	mbox      chan []byte // the newest heartbeat not yet written (the SDK's rule 2)
 	retryAt   float64
 	next      float64 // scheduled time of the next send
 }
@@ -264,7 +266,30 @@ func (g *hbGen) open(n *hbNode, s *hbStream, now float64) {
 	s.st, s.cancel = st, cancel
 	gen := atomic.AddUint64(&s.gen, 1)
 	atomic.StoreInt32(&s.down, 0)
+	s.mbox = make(chan []byte, 1)
 	go g.read(n, s, st, gen)
+	go g.write(s, st, s.mbox, ctx, gen)
+}
+
+// write sends what the shard hands over, from a goroutine of the stream's own
+// (membership/heartbeats.py rule 2): a stream whose writes block (the replica
+// does not read: HTTP/2 flow control) holds up no other node, and a heartbeat
+// not yet written when the next one comes is dropped (counted: "stale").
+func (g *hbGen) write(s *hbStream, st grpc.ClientStream, mbox chan []byte, ctx context.Context, gen uint64) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case req := <-mbox:
+			if err := st.SendMsg(req); err != nil {
+				if atomic.LoadUint64(&s.gen) == gen {
+					atomic.StoreInt32(&s.down, 1)
+				}
+				return
+			}
+			atomic.AddUint64(&s.arb.sent, 1)
+		}
+	}
 }
 
 func (g *hbGen) read(n *hbNode, s *hbStream, st grpc.ClientStream, gen uint64) {
@@ -418,10 +443,18 @@ func (sh *hbShard) serve(n *hbNode, now float64) {
 				req = appendDouble(req, 7, iv)
 			}
 			atomic.StoreUint64(&s.sendT[s.seq%32], math.Float64bits(mono()))
-			if err := s.st.SendMsg(req); err != nil {
-				atomic.StoreInt32(&s.down, 1)
-			} else {
-				atomic.AddUint64(&s.arb.sent, 1)
+			select {
+			case s.mbox <- req:
+			default: // the previous one is still unwritten: replace it
+				select {
+				case <-s.mbox:
+					atomic.AddUint64(&s.arb.stale, 1)
+				default:
+				}
+				select {
+				case s.mbox <- req:
+				default:
+				}
 			}
 			s.next += iv
 			if s.next < now-iv { // far behind (a stall): resume the cadence from now
@@ -508,6 +541,7 @@ func (g *hbGen) snapshot(final bool) map[string]interface{} {
 		row := map[string]interface{}{
 			"addr": a.addr, "sent": sent, "acks": acks, "epoch": ep, "states": states,
 			"errors": errs, "required_rate": math.Round(required*10) / 10,
+			"stale": atomic.LoadUint64(&a.stale),
 		}
 		if final {
 			row["ack_ms"] = a.latTotal.ms()
