@@ -55,12 +55,23 @@ def _apt_install(pkgs: Sequence[str]) -> None:
             raise RuntimeError(f"apt-get install {' '.join(pkgs)} failed: {r.stderr[-400:]}")
 
 
+_built: Path | None = None
+
+
 def binary() -> Path:
-    """The load generator's path, built (and its Debian packages installed) when missing.
+    """The load generator's path, built (and its Debian packages installed) when missing;
+    the same binary for the whole run of this process, even if the sources change meanwhile.
 
     Raises:
         RuntimeError: the packages cannot be installed or the build fails.
     """
+    global _built
+    if _built is None:
+        _built = _build()
+    return _built
+
+
+def _build() -> Path:
     sources = sorted(SOURCE.glob("*.go"))
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:12]
     out = BUILD / f"loadgen-{digest}"
@@ -169,12 +180,20 @@ class Process:
         with self._cond:
             return self._cond.wait_for(pred, timeout)
 
-    def event(self, kind: str, node: str, timeout: float) -> dict[str, Any] | None:
-        """The first ``kind`` event line about ``node``, waiting up to ``timeout`` s for it."""
+    def event(
+        self, kind: str, node: str, timeout: float, since: float = 0.0
+    ) -> dict[str, Any] | None:
+        """The first ``kind`` event line about ``node`` whose ``t`` is at least ``since``,
+        waiting up to ``timeout`` s for it."""
 
         def find() -> dict[str, Any] | None:
             return next(
-                (e for e in self.events if e.get("ev") == kind and e.get("node") == node), None
+                (
+                    e
+                    for e in self.events
+                    if e.get("ev") == kind and e.get("node") == node and e["t"] >= since
+                ),
+                None,
             )
 
         self.wait_for(lambda: find() is not None, timeout)

@@ -26,9 +26,9 @@ For every N, one after the other (never two systems at once), on loopback:
    Above ``--full-load-max`` nodes (3,000) two cores cannot carry three fully
    loaded replicas plus the load: a1 is loaded fully, a2 and a3 lightly
    (started with ``--heartbeat-interval/--max-heartbeat-interval
-   --light-interval`` (3 s) and ``--missed-heartbeats --light-missed`` (1.5),
+   --light-interval`` (3 s) and ``--missed-heartbeats --light-missed`` (2),
    and heartbeated at their own suggestion: ``--interval-rule own``); the
-   table says so, and a DEAD then waits for a light replica's D (4.5 s).
+   table says so, and a DEAD then waits for a light replica's D (6 s).
 2. bare: one bare grpc.aio server (bench/scale_bare.py: decodes every
    HeartbeatRequest and answers a HeartbeatAck, nothing else) given the
    same N streams at the interval a1 suggested: the load of one replica.
@@ -298,7 +298,7 @@ def main() -> int:
     p.add_argument("--hogs", type=int, default=0, help="busy-loop processes for the whole run")
     p.add_argument("--full-load-max", type=int, default=3000, help="above it a2, a3 are light")
     p.add_argument("--light-interval", type=float, default=3.0)
-    p.add_argument("--light-missed", type=float, default=1.5)
+    p.add_argument("--light-missed", type=float, default=2.0)
     p.add_argument("--skip", default="", help="comma list of systems not to run: ours,bare,etcd")
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--keep-logs", metavar="DIR", help="keep every process's log in DIR")

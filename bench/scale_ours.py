@@ -89,6 +89,10 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
         pids = {rid: c.pid for rid, c in cluster.children.items()}
 
         def leader_ready() -> bool:
+            for rid, child in cluster.children.items():
+                if not child.alive():
+                    tail = child.lines()[-3:]
+                    raise RuntimeError(f"replica {rid} exited: {' / '.join(tail)}")
             ms = [scrape(maddr[r]) for r in cluster.arbiters]
             return all(metric(m, "membership_in_quorum") == 1 for m in ms) and any(
                 metric(m, "membership_raft_role", role="leader") == 1 for m in ms
@@ -173,9 +177,15 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
         for v in victims:
             killed = fleet.kill(v).event("killed", v, 5)
 
-            def dead(v: str = v) -> dict[str, Any] | None:
+            def dead(
+                v: str = v, t: float = killed["t"] if killed else 0.0
+            ) -> dict[str, Any] | None:
                 return next(
-                    (e for e in subs.events if e.get("ev") == "epoch" and v in (e["dead"] or ())),
+                    (
+                        e
+                        for e in subs.events
+                        if e.get("ev") == "epoch" and v in (e["dead"] or ()) and e["first"] >= t
+                    ),
                     None,
                 )
 
@@ -204,14 +214,15 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
         # later than --epoch-wait, 5 s, or never)
         res["subs_min"] = min((e["subs"] for e in subs.events if e.get("ev") == "epoch"), default=0)
         res["elections"] = int(max(metric(m, "membership_raft_term") for m in m2.values()) - term0)
-        killed = set(victims)
+        # a DEAD of a node not killed, or before it was
+        kill_t = {e["node"]: e["t"] for e in fleet.events("killed")}
         res["false_deaths"] = sorted(
             {
                 d
                 for e in subs.events
                 if e.get("ev") == "epoch"
                 for d in (e["dead"] or ())
-                if d not in killed
+                if e["first"] < kill_t.get(d, float("inf"))
             }
         )
         res["rejoins"] = fleet.totals()["rejoins"]
