@@ -54,7 +54,7 @@ class BareMembership(pb_grpc.MembershipServicer):
 async def serve(listen: str, interval: float) -> None:
     """Serves until SIGTERM or SIGINT."""
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    pb_grpc.add_MembershipServicer_to_server(BareMembership(interval), server)
+    pb_grpc.add_MembershipServicer_to_server(BareMembership(interval), server)  # type: ignore[abstract]
     if server.add_insecure_port(listen) == 0:
         raise SystemExit(f"scale_bare: cannot listen on {listen}")
     await server.start()
@@ -75,7 +75,7 @@ def main() -> None:
     args = p.parse_args()
     if args.uvloop:
         try:
-            import uvloop  # type: ignore[import-not-found]
+            import uvloop  # type: ignore[import-not-found,unused-ignore]
 
             uvloop.install()
         except ImportError:

@@ -142,5 +142,5 @@ def run_etcd(
     finally:
         for p in parts:
             p.stop()
-        for m in members:
-            Procs.kill(m)
+        for member in members:
+            Procs.kill(member)

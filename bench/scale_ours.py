@@ -30,7 +30,7 @@ BENCH = Path(__file__).resolve().parent
 
 def light(args: argparse.Namespace, n: int) -> bool:
     """Whether a2 and a3 are lightly loaded at this N (two cores cannot carry three full ones)."""
-    return n > args.full_load_max
+    return bool(n > args.full_load_max)
 
 
 def _window(fleet: Fleet, seconds: float) -> list[dict[str, Any]]:

@@ -252,6 +252,9 @@ func (g *hbGen) intervalOf(n *hbNode, s *hbStream) (float64, bool) {
 }
 
 func (g *hbGen) open(n *hbNode, s *hbStream, now float64) {
+	// the old stream's reader sees a new generation first: our own cancel is not
+	// counted as the replica's error
+	gen := atomic.AddUint64(&s.gen, 1)
 	if s.cancel != nil {
 		s.cancel()
 	}
@@ -260,11 +263,11 @@ func (g *hbGen) open(n *hbNode, s *hbStream, now float64) {
 	if err != nil {
 		cancel()
 		s.arb.noteErr(status.Code(err).String())
+		atomic.StoreInt32(&s.down, 1)
 		s.retryAt = now + 1 + rand.Float64()
 		return
 	}
 	s.st, s.cancel = st, cancel
-	gen := atomic.AddUint64(&s.gen, 1)
 	atomic.StoreInt32(&s.down, 0)
 	s.mbox = make(chan []byte, 1)
 	go g.read(n, s, st, gen)
@@ -282,9 +285,8 @@ func (g *hbGen) write(s *hbStream, st grpc.ClientStream, mbox chan []byte, ctx c
 			return
 		case req := <-mbox:
 			if err := st.SendMsg(req); err != nil {
-				if atomic.LoadUint64(&s.gen) == gen {
-					atomic.StoreInt32(&s.down, 1)
-				}
+				// io.EOF: the stream ended; its status is the reader's (RecvMsg), which
+				// marks the link down
 				return
 			}
 			atomic.AddUint64(&s.arb.sent, 1)
