@@ -298,7 +298,7 @@ func (g *etcdGen) snapshot(final bool) map[string]interface{} {
 		"expired": atomic.LoadUint64(&g.expired), "errors": errs, "ttl": ttl,
 		"required_rate": math.Round(float64(live)/(ttl/3)*10) / 10,
 		"sent_rate":     math.Round(float64(sent-g.lastSent)/g.every*10) / 10,
-		"late_ms": lw.ms(), "ack_ms": aw.ms(), "cpu_s": cpuSeconds() - g.cpu0,
+		"late_ms":       lw.ms(), "ack_ms": aw.ms(), "cpu_s": cpuSeconds() - g.cpu0,
 	}
 	g.lastSent = sent
 	if final {
