@@ -19,6 +19,7 @@ __all__ = [
     "rss_bytes",
     "scrape",
     "start_hogs",
+    "victims",
     "wait_until",
 ]
 
@@ -98,6 +99,19 @@ def histogram_delta(
 def start_hogs(procs: Procs, k: int) -> list[Any]:
     """``k`` busy-loop processes (one Python ``while True: pass`` each), killed with ``procs``."""
     return [procs.spawn(f"hog-{i}", [sys.executable, "-c", "while True: pass"]) for i in range(k)]
+
+
+def victims(n: int, k: int, gone: set[str]) -> list[str]:
+    """``k`` node ids ``n<i>`` spread over 0..n-1 (a stride prime to n), skipping ``gone``
+    (already DEAD or expired: a kill of those could not be timed)."""
+    out: list[str] = []
+    for i in range(1, 4 * n + 1):
+        v = f"n{(i * 7919) % n}"
+        if len(out) == k:
+            break
+        if v not in gone and v not in out:
+            out.append(v)
+    return out
 
 
 def wait_until(pred: Callable[[], object], timeout: float, interval: float = 0.2) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 
 from detection_common import Procs, ensure_installed, package_version, say
 from loadgen import Process
-from scale_common import cpu_seconds, pct, rss_bytes, wait_until
+from scale_common import cpu_seconds, pct, rss_bytes, victims, wait_until
 
 from membership.localcluster import free_ports
 
@@ -109,9 +109,9 @@ def run_etcd(
         }
         watcher = parts[0]
         samples = []
-        for i in range(1, args.kills + 1):
-            num = (i * 7919) % n
-            v = f"n{num}"
+        gone = {e["node"] for e in watcher.events if e.get("ev") == "deleted"}
+        for v in victims(n, args.kills, gone):
+            num = int(v[1:])
             owner = next(p for f, c, p in ranges if f <= num < f + c)
             owner.send(f"kill {v}")
             killed = owner.event("killed", v, 5)

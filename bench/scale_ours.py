@@ -20,6 +20,7 @@ from scale_common import (
     pct,
     rss_bytes,
     scrape,
+    victims,
     wait_until,
 )
 
@@ -169,12 +170,13 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
         )
         # Kills, one at a time, each timed to the first and the last subscriber's DEAD.
         mk = {r: scrape(maddr[r]) for r in cluster.arbiters}
-        victims = [f"n{(i * 7919) % n}" for i in range(1, args.kills + 1)]
+        gone = {d for e in subs.events if e.get("ev") == "epoch" for d in (e["dead"] or ())}
+        chosen = victims(n, args.kills, gone)
         if res["join_s"] is None:  # not every node is a member: a kill could not be timed
             say(f"ours N={n}: no kills (the join storm did not complete)")
-            victims = []
+            chosen = []
         first_s, last_s = [], []
-        for v in victims:
+        for v in chosen:
             killed = fleet.kill(v).event("killed", v, 5)
 
             def dead(
@@ -194,7 +196,7 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
                 assert e is not None
                 first_s.append(e["first"] - killed["t"])
                 last_s.append(e["last"] - killed["t"])
-        res["kills"] = len(victims)
+        res["kills"] = len(chosen)
         res["kill_to_dead_s"] = first_s
         res["kill_to_dead_last_s"] = last_s
         res["kill_p50_s"], res["kill_p99_s"] = pct(first_s, 50), pct(last_s, 99)
