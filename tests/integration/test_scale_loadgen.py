@@ -30,7 +30,7 @@ from membership.v1 import membership_pb2_grpc as pb_grpc
 from tests.integration.harness import wait_async
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
+sys.path.append(str(BENCH))  # bench/ is not a package: its scripts import each other by name
 import loadgen  # noqa: E402
 
 SUGGESTED = 0.25
