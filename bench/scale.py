@@ -80,7 +80,7 @@ def _f(v: Any, fmt: str = ".0f", scale: float = 1.0) -> str:
 def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
     """The text table: per N a row for ours (a1, the fully loaded replica), bare and etcd."""
     head = (
-        f"{'N':>6} {'system':<14} {'hb/s':>6} {'cores':>5} {'us/hb':>6} {'ratio':>5} "
+        f"{'N':>6} {'system':<15} {'iv s':>5} {'hb/s':>6} {'cores':>5} {'us/hb':>6} {'ratio':>5} "
         f"{'hb/s/core':>9} {'KiB/node':>8} {'ack p50/p99 ms':>14} {'join s/epochs':>13} "
         f"{'commit->sub p50/p99 ms':>22} {'kill->DEAD p50/p99 s':>20} {'elect':>5} {'falseD':>6} "
         f"{'subs':>6} "
@@ -106,7 +106,8 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
             if o["join_s"] is None:
                 js = f"no:{o.get('join_alive')}/{o['join_epochs']}"
             lines.append(
-                f"{n:>6} {'ours a1' + (' (light)' if o['light'] else ''):<14} "
+                f"{n:>6} {'ours a1' + (' (light)' if o['light'] else ''):<15} "
+                f"{_f(o.get('interval_s'), '.2f'):>5} "
                 f"{a1['hb_per_s']:>6.0f} {a1['cores']:>5.2f} {_f(a1['cpu_us_per_hb']):>6} "
                 f"{_f(ratio, '.2f'):>5} {_f(a1['hb_per_s_per_core']):>9} "
                 f"{a1['rss_kib_per_node']:>8.1f} "
@@ -122,16 +123,17 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
             for rid in ("a2", "a3"):
                 x = o["replicas"][rid]
                 lines.append(
-                    f"{'':>6} {'  ' + rid:<14} {x['hb_per_s']:>6.0f} {x['cores']:>5.2f} "
+                    f"{'':>6} {'  ' + rid:<15} {'':>5} {x['hb_per_s']:>6.0f} {x['cores']:>5.2f} "
                     f"{_f(x['cpu_us_per_hb']):>6} {'':>5} {_f(x['hb_per_s_per_core']):>9} "
                     f"{x['rss_kib_per_node']:>8.1f} "
                     f"{_f(x['ack_p50_ms'], '.1f') + '/' + _f(x['ack_p99_ms'], '.1f'):>14}"
                 )
         elif o:
-            lines.append(f"{n:>6} {'ours':<14} failed: {o.get('error')}")
+            lines.append(f"{n:>6} {'ours':<15} failed: {o.get('error')}")
         if b and "hb_per_s" in b:
             lines.append(
-                f"{'':>6} {'bare grpc.aio':<14} {b['hb_per_s']:>6.0f} {b['cores']:>5.2f} "
+                f"{'':>6} {'bare grpc.aio':<15} {b['interval_s']:>5.2f} "
+                f"{b['hb_per_s']:>6.0f} {b['cores']:>5.2f} "
                 f"{_f(b['cpu_us_per_hb']):>6} {'1':>5} {_f(b['hb_per_s_per_core']):>9} "
                 f"{b['rss_kib_per_node']:>8.1f} "
                 f"{_f(b['ack_p50_ms'], '.1f') + '/' + _f(b['ack_p99_ms'], '.1f'):>14} "
@@ -141,10 +143,11 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
                 f"{b['loadgen']['cores']:>8.2f}"
             )
         elif b:
-            lines.append(f"{'':>6} {'bare grpc.aio':<14} failed: {b.get('error')}")
+            lines.append(f"{'':>6} {'bare grpc.aio':<15} failed: {b.get('error')}")
         if e and "cores" in e:
             lines.append(
-                f"{'':>6} {'etcd x3':<14} {e['keepalives_per_s']:>6.0f} {e['cores']:>5.2f} "
+                f"{'':>6} {'etcd x3':<15} {e['ttl_s'] / 3:>5.2f} "
+                f"{e['keepalives_per_s']:>6.0f} {e['cores']:>5.2f} "
                 f"{_f(e['cpu_us_per_keepalive']):>6} {'':>5} {'':>9} {'':>8} {'':>14} {'':>13} "
                 f"{'':>22} {_f(e['kill_p50_s'], '.2f') + '/' + _f(e['kill_p99_s'], '.2f'):>20} "
                 f"{'':>5} {len(e['false_deaths']):>6} {'':>6} "
@@ -152,7 +155,7 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
                 f"{_f(e['late_p99_ms'], '.1f'):>11} {'':>7} {e['loadgen']['cores']:>8.2f}"
             )
         elif e:
-            lines.append(f"{'':>6} {'etcd x3':<14} failed: {e.get('error')}")
+            lines.append(f"{'':>6} {'etcd x3':<15} failed: {e.get('error')}")
     notes = [
         "",
         "ours: 3 replicas --insecure on loopback; a1's figures (CPU/hb = replica CPU from /proc /",
@@ -163,7 +166,8 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
         "over the kills (steady state); in brackets the p99 over the whole run, join storm",
         "included. subs: the fewest subscribers that received an epoch within 5 s of the first.",
         "kill->DEAD: p50 at the first subscriber, p99 at the last. elect = Raft term changes after",
-        "the first election. falseD = DEAD of a node not killed.",
+        "the first election. falseD = DEAD of a node not killed. iv s: the heartbeat interval",
+        "(ours: N / the rate a1's suggestions require; etcd: the keepalive period TTL/3).",
         f"(light): above N = {args.full_load_max} a2 and a3 run at --heartbeat-interval "
         f"{args.light_interval} s,",
         f"--missed-heartbeats {args.light_missed} (D = {args.light_interval * args.light_missed:g}"
@@ -231,6 +235,24 @@ def write_png(rows: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
+def bare_interval(n: int, ours: dict[str, Any] | None) -> float:
+    """The interval the bare server suggests: a1's in ours' steady window when the join
+    completed, otherwise what a replica's lan defaults suggest for N nodes
+    (arbiter.core.detection.suggest_interval): not the 0.15 s of nodes still joining."""
+    if ours and ours.get("join_s") is not None and ours.get("interval_s"):
+        return float(ours["interval_s"])
+    from arbiter.config import ArbiterConfig
+    from arbiter.core.detection import suggest_interval
+
+    cfg = ArbiterConfig.lan()
+    return suggest_interval(
+        n,
+        base=cfg.heartbeat_interval,
+        budget=cfg.heartbeat_budget,
+        maximum=cfg.max_heartbeat_interval,
+    )
+
+
 def _one(
     args: argparse.Namespace, key: str, n: int, row: dict[str, Any], procs: Procs, work: Path
 ) -> dict[str, Any] | None:
@@ -239,8 +261,7 @@ def _one(
         if key == "ours":
             return run_ours(args, n, procs, work / f"ours-{n}")
         if key == "bare":
-            interval = (row.get("ours") or {}).get("interval_s") or 0.6
-            return run_bare(args, n, interval, procs, work / f"bare-{n}")
+            return run_bare(args, n, bare_interval(n, row.get("ours")), procs, work / f"bare-{n}")
         return run_etcd(args, n, procs, work / f"etcd-{n}")
     except Exception as e:
         say(f"{key} N={n} failed: {e!r}")
