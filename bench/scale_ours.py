@@ -86,6 +86,9 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
                 iv = str(args.light_interval)
                 extra += ["--heartbeat-interval", iv, "--max-heartbeat-interval", iv]
                 extra += ["--missed-heartbeats", str(args.light_missed)]
+                # a lease granted before a crash is honoured after it (config rule): the
+                # grace covers the longest lease, D at this interval
+                extra += ["--restart-grace", str(args.light_interval * args.light_missed + 1)]
             cluster.start_arbiter(rid, *extra)
         pids = {rid: c.pid for rid, c in cluster.children.items()}
 
