@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,7 +55,11 @@ type etcdGen struct {
 func (g *etcdGen) noteErr(err error) {
 	g.errMu.Lock()
 	g.errs[status.Code(err).String()]++
+	first := len(g.errs) <= 3 && g.errs[status.Code(err).String()] == 1
 	g.errMu.Unlock()
+	if first {
+		fmt.Fprintf(os.Stderr, "loadgen etcd: %v\n", err)
+	}
 }
 
 func runEtcd(argv []string) {
@@ -147,21 +152,45 @@ func (g *etcdGen) setup(l *lease, ttl int64) {
 	}
 }
 
+// keepAlive renews l every TTL/3 until it is killed. A stream that fails
+// (etcd under load answers UNAVAILABLE, or a leader change ends it) is
+// reopened after 0.2 to 0.4 s, as clientv3's keepalive loop retries: the lease
+// is lost only if etcd lets it expire meanwhile.
 func (g *etcdGen) keepAlive(l *lease) {
 	every := float64(atomic.LoadInt64(&g.ttl)) / 3
 	if every <= 0 {
 		every = 1.0 / 3
 	}
+	next := mono() + rand.Float64()*every
+	for atomic.LoadInt32(&l.stopped) == 0 {
+		var ok bool
+		next, ok = g.keepAliveStream(l, every, next)
+		if !ok {
+			return
+		}
+		select {
+		case <-time.After(time.Duration((0.2 + 0.2*rand.Float64()) * 1e9)):
+		case <-l.kill:
+			return
+		}
+	}
+}
+
+// keepAliveStream renews on one stream until it fails (returns the next due
+// time, true) or the lease is killed (false).
+func (g *etcdGen) keepAliveStream(l *lease, every, next float64) (float64, bool) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	st, err := l.conn.NewStream(ctx, etcdStream, "/etcdserverpb.Lease/LeaseKeepAlive")
 	if err != nil {
 		g.noteErr(err)
-		return
+		return next, true
 	}
 	var mu sync.Mutex
 	sentAt := 0.0
+	failed := make(chan struct{})
 	go func() {
+		defer close(failed)
 		var buf []byte
 		for {
 			if err := st.RecvMsg(&buf); err != nil {
@@ -184,15 +213,16 @@ func (g *etcdGen) keepAlive(l *lease) {
 			})
 		}
 	}()
-	next := mono() + rand.Float64()*every
 	req := appendVarint(nil, 1, uint64(l.lease))
 	timer := time.NewTimer(time.Duration((next - mono()) * 1e9))
 	defer timer.Stop()
 	for {
 		select {
 		case <-timer.C:
+		case <-failed:
+			return next, true
 		case <-l.kill:
-			return
+			return next, false
 		}
 		now := mono()
 		g.late.add(now - next)
@@ -200,8 +230,8 @@ func (g *etcdGen) keepAlive(l *lease) {
 		sentAt = now
 		mu.Unlock()
 		if err := st.SendMsg(req); err != nil {
-			g.noteErr(err)
-			return
+			<-failed // the reader has the status
+			return next, true
 		}
 		atomic.AddUint64(&g.sent, 1)
 		next += every
