@@ -69,8 +69,11 @@ type hbStream struct {
 	down      int32       // 1 once the stream failed
 	gen       uint64      // atomic: which opening of the link the current stream is
 	mbox      chan []byte // the newest heartbeat not yet written (the SDK's rule 2)
-	retryAt   float64
-	next      float64 // scheduled time of the next send
+	retryAt   float64     // shard only: when a down link is opened again (0: not yet set)
+	opening   int32       // atomic: 1 while a NewStream is in flight
+	wasDown   bool        // shard only: the link was down at the last look
+	mu        sync.Mutex  // guards st, cancel, mbox (set by the opening goroutine)
+	next      float64     // scheduled time of the next send
 }
 
 type hbNode struct {
@@ -217,9 +220,11 @@ func (g *hbGen) kill(ids []string) {
 		done := make(chan float64)
 		n.shard.cmds <- func() {
 			for _, s := range n.links {
+				s.mu.Lock()
 				if s.cancel != nil {
 					s.cancel()
 				}
+				s.mu.Unlock()
 			}
 			done <- mono()
 		}
@@ -251,27 +256,45 @@ func (g *hbGen) intervalOf(n *hbNode, s *hbStream) (float64, bool) {
 	return best, true
 }
 
+// open replaces the link's stream by a new one, opened on a goroutine of its
+// own: NewStream can block (the connection is not up yet, or it carries the
+// replica's max_concurrent_streams), and a shard must not stall its other
+// nodes for that. The link is down until the stream is open.
 func (g *hbGen) open(n *hbNode, s *hbStream, now float64) {
+	if !atomic.CompareAndSwapInt32(&s.opening, 0, 1) {
+		return
+	}
 	// the old stream's reader sees a new generation first: our own cancel is not
 	// counted as the replica's error
 	gen := atomic.AddUint64(&s.gen, 1)
+	atomic.StoreInt32(&s.down, 1)
+	s.mu.Lock()
 	if s.cancel != nil {
 		s.cancel()
+		s.cancel = nil
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	st, err := s.conn.NewStream(ctx, hbDesc, heartbeatMethod)
-	if err != nil {
-		cancel()
-		s.arb.noteErr(status.Code(err).String())
-		atomic.StoreInt32(&s.down, 1)
-		s.retryAt = now + 1 + rand.Float64()
-		return
-	}
-	s.st, s.cancel = st, cancel
-	atomic.StoreInt32(&s.down, 0)
-	s.mbox = make(chan []byte, 1)
-	go g.read(n, s, st, gen)
-	go g.write(s, st, s.mbox, ctx, gen)
+	s.mu.Unlock()
+	go func() {
+		defer atomic.StoreInt32(&s.opening, 0)
+		ctx, cancel := context.WithCancel(context.Background())
+		st, err := s.conn.NewStream(ctx, hbDesc, heartbeatMethod)
+		if err != nil {
+			cancel()
+			s.arb.noteErr(status.Code(err).String())
+			return
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if atomic.LoadInt32(&n.stopped) == 1 || atomic.LoadUint64(&s.gen) != gen {
+			cancel()
+			return
+		}
+		s.st, s.cancel = st, cancel
+		s.mbox = make(chan []byte, 1)
+		go g.read(n, s, st, gen)
+		go g.write(s, st, s.mbox, ctx, gen)
+		atomic.StoreInt32(&s.down, 0)
+	}()
 }
 
 // write sends what the shard hands over, from a goroutine of the stream's own

@@ -59,7 +59,7 @@ func (sh *hbShard) serve(n *hbNode, now float64) {
 		n.opened = true
 		for _, s := range n.links {
 			g.open(n, s, now)
-			s.next = now
+			s.next = now // sent once the stream is open
 		}
 	}
 	if r := atomic.SwapUint64(&n.rejoin, 0); r > n.inc {
@@ -77,19 +77,30 @@ func (sh *hbShard) serve(n *hbNode, now float64) {
 	stepped := false
 	for _, s := range n.links {
 		if atomic.LoadInt32(&s.down) == 1 {
-			if now >= s.retryAt {
+			// down: being opened (look again soon), or failed (open again after a
+			// jittered 0.5 to 1.5 s, as the SDK's short jitter after a stream ends)
+			retry := now + 0.05
+			if atomic.LoadInt32(&s.opening) == 0 {
 				if s.retryAt == 0 {
 					s.retryAt = now + 0.5 + rand.Float64()
-				} else {
+				} else if now >= s.retryAt {
 					s.retryAt = 0
 					g.open(n, s, now)
 				}
-			}
-			if atomic.LoadInt32(&s.down) == 1 {
-				if s.retryAt > 0 && s.retryAt < wake {
-					wake = s.retryAt
+				if s.retryAt > 0 {
+					retry = s.retryAt
 				}
-				continue
+			}
+			if retry < wake {
+				wake = retry
+			}
+			s.wasDown = true
+			continue
+		}
+		if s.wasDown { // just opened: the cadence starts now (waiting to open is not lateness)
+			s.wasDown = false
+			if s.next < now {
+				s.next = now
 			}
 		}
 		iv, declared := g.intervalOf(n, s)
@@ -111,16 +122,19 @@ func (sh *hbShard) serve(n *hbNode, now float64) {
 				req = appendDouble(req, 7, iv)
 			}
 			atomic.StoreUint64(&s.sendT[s.seq%32], math.Float64bits(mono()))
+			s.mu.Lock()
+			mbox := s.mbox
+			s.mu.Unlock()
 			select {
-			case s.mbox <- req:
+			case mbox <- req:
 			default: // the previous one is still unwritten: replace it
 				select {
-				case <-s.mbox:
+				case <-mbox:
 					atomic.AddUint64(&s.arb.stale, 1)
 				default:
 				}
 				select {
-				case s.mbox <- req:
+				case mbox <- req:
 				default:
 				}
 			}
