@@ -31,6 +31,8 @@ from typing import Any
 
 from detection_common import Procs, cpu_seconds, say
 
+from membership.localcluster import die_with_parent
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "bench" / "loadgen"
 BUILD = ROOT / "bench" / ".build"
@@ -126,6 +128,7 @@ class Process:
             stdout=subprocess.PIPE,
             stderr=errlog,
             start_new_session=True,
+            preexec_fn=die_with_parent,  # SIGKILLed if this driver dies, even uncleanly
         )
         errlog.close()
         procs.all.append(self.proc)

@@ -111,7 +111,8 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
         )  # fmt: skip
         if not subs.wait_for(lambda: subs.report.get("open", 0) >= args.subscribers, 60):
             raise RuntimeError(f"{args.subscribers} subscriptions not open within 60 s")
-        extra_hb = ["--wait-join", *(["--interval-rule", "own"] if lightly else [])]
+        extra_hb = ["--wait-join", "--start-spread", str(args.join_spread)]
+        extra_hb += ["--interval-rule", "own"] if lightly else []
         fleet = Fleet(procs, addrs, n, args.procs, workdir, *extra_hb)
         fleet.wait_ready()
         time.sleep(1.0)  # the replicas' memory at rest, subscribers open
@@ -265,7 +266,10 @@ def run_bare(
         time.sleep(1.5)
         if bare.poll() is not None:
             raise RuntimeError("the bare server exited (see its log)")
-        fleet = Fleet(procs, [addr], n, args.procs, workdir, "--wait-join", name="bare-loadgen")
+        fleet = Fleet(
+            procs, [addr], n, args.procs, workdir, "--wait-join",
+            "--start-spread", str(args.join_spread), name="bare-loadgen",
+        )  # fmt: skip
         fleet.wait_ready()
         time.sleep(0.5)
         rss0 = rss_bytes(bare.pid)
