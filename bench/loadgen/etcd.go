@@ -206,11 +206,15 @@ func (g *etcdGen) keepAliveStream(l *lease, every, next float64) (float64, bool)
 				g.lat.add(now - sentAt)
 			}
 			mu.Unlock()
+			ttl := int64(0) // absent = 0 (proto3): etcd no longer has the lease
 			eachField(buf, func(f field) {
-				if f.num == 3 && int64(f.u) <= 0 {
-					atomic.AddUint64(&g.expired, 1)
+				if f.num == 3 {
+					ttl = int64(f.u)
 				}
 			})
+			if ttl <= 0 {
+				atomic.AddUint64(&g.expired, 1)
+			}
 		}
 	}()
 	req := appendVarint(nil, 1, uint64(l.lease))
