@@ -57,6 +57,8 @@ def changed(
     fraction_deadband: float = FRACTION_DEADBAND,
 ) -> bool:
     """Whether ``new`` differs from ``old`` enough to be sent again (rule 1)."""
+    if old == new:
+        return False
     for name in _REPORTED:
         if old.HasField(name) != new.HasField(name) or getattr(old, name) != getattr(new, name):
             return True
@@ -122,6 +124,8 @@ class StatusBoard:
         entry = self._entries.get(node_id)
         if entry is not None and entry.incarnation == incarnation:
             entry.heard = now
+            if status == entry.status:  # most heartbeats: the same status again (C compare)
+                return
             entry.status = status
             if not changed(entry.sent, status, self._load_deadband, self._fraction_deadband):
                 return

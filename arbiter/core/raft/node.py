@@ -268,6 +268,12 @@ class RaftNode(RaftProtocol):
         return self._log.configuration
 
     @property
+    def leader(self) -> str | None:
+        """The leader this replica knows of, or None: ``status().leader`` without
+        building a status (read on every heartbeat ack)."""
+        return self._lead
+
+    @property
     def configuration(self) -> ArbiterConfiguration:
         """The configuration in force: the latest in the log, committed or not (§4.1)."""
         return self._log.configuration
