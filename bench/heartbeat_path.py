@@ -10,6 +10,9 @@ Per system, one after the other (never two at once):
   every HeartbeatRequest and answers a replica-shaped HeartbeatAck copied
   from a template: the least any server does per heartbeat with these
   messages.
+* ``before`` (with ``--before DIR``): the same replica run from another source
+  tree (``git archive COMMIT arbiter membership | tar -x -C DIR``), to compare
+  two versions of the path in one run.
 * ``ours``: ``--mode single`` (default) one replica in a group of one;
   ``--mode cluster`` a 3-replica LocalCluster, every node streaming to all
   three (CPU summed over the replicas, divided by the acks of all three).
@@ -161,12 +164,15 @@ def _start_bare(tmp: Path, loop: str) -> tuple[list[subprocess.Popen[bytes]], li
     return [proc], [f"127.0.0.1:{port}"]
 
 
-def _start_ours(tmp: Path, mode: str, loop: str) -> LocalCluster:
-    cluster = LocalCluster(tmp, merge_output=True, log_level="warning")
+def _start_ours(tmp: Path, mode: str, loop: str, before: Path | None = None) -> LocalCluster:
+    """The replica(s); ``before``: the code of another checkout (PYTHONPATH), asyncio's loop."""
+    env = None if before is None else {**os.environ, "PYTHONPATH": str(before)}
+    cluster = LocalCluster(tmp, merge_output=True, log_level="warning", env=env)
     n = 3 if mode == "cluster" else 1
     cluster.arbiters = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(n))}
+    flags = ["--insecure"] if before is not None else ["--insecure", "--event-loop", loop]
     for rid in cluster.arbiters:
-        cluster.start_arbiter(rid, "--insecure", "--event-loop", loop)
+        cluster.start_arbiter(rid, *flags)
     return cluster
 
 
@@ -184,7 +190,8 @@ def measure(
             bare, targets = _start_bare(tmp, loop)
             pids = [p.pid for p in bare]
         else:
-            cluster = _start_ours(tmp, args.mode, loop)
+            before = args.before if system == "before" else None
+            cluster = _start_ours(tmp, args.mode, loop, before)
             targets = cluster.addresses
             pids = [c.pid for c in cluster.children.values()]
         _wait(lambda: all(_port_open(t) for t in targets), 60, f"{system} listening")
@@ -291,7 +298,14 @@ def main() -> int:
     p.add_argument("--loops", default="asyncio", help="asyncio, uvloop or asyncio,uvloop")
     p.add_argument("--load-loop", choices=("asyncio", "uvloop"), default="asyncio")
     p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--systems", default="bare,ours")
+    p.add_argument("--systems", default="bare,ours", help="of bare, ours, before")
+    p.add_argument(
+        "--before",
+        type=Path,
+        default=None,
+        help="system 'before': the replica from this source tree (a checkout of another "
+        "commit, its arbiter/ and membership/), to compare two versions in one run",
+    )
     p.add_argument("--profile", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
@@ -318,9 +332,8 @@ def main() -> int:
         print(top)
         (args.profile / "profile-top.txt").write_text(top + "\n")
     if args.json is not None:
-        args.json.write_text(json.dumps({"args": vars(args) | {"profile": str(args.profile),
-                                         "json": str(args.json)}, "results": results},
-                                        indent=2) + "\n")  # fmt: skip
+        payload = {"args": vars(args), "results": results}
+        args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     return 0
 
 

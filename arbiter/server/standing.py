@@ -7,13 +7,15 @@ Rules:
    none of them changed, so that an ack builder
    (arbiter/server/heartbeat_path.py, rule 4) knows "nothing changed" by
    identity and copies its cached template.
-2. On every heartbeat the quorum (``in_quorum(now)``: it changes with time
-   alone), the applied epoch, the known leader and the number of tracked
-   nodes (which the interval follows) are compared with the current
-   object: cheap reads, no allocation. Everything, the instance and an
-   interval that follows something else (load) included, is recomputed by
-   :meth:`Standings.refresh`, which the driver calls after every turn (at
-   least every 50 ms).
+2. On every heartbeat the quorum (it changes with time alone: ``now`` is
+   compared with Raft's ``quorum_until()``, read when the standing is made
+   and afresh while out of quorum), the applied epoch, the known leader and
+   the number of tracked nodes (which the interval follows) are compared
+   with the current object: cheap reads, no allocation. A leader that
+   steps down on a peer's message changes ``leader``, so it is seen at once.
+   Everything, the instance and an interval that follows something else
+   (load) included, is recomputed by :meth:`Standings.refresh`, which the
+   driver calls after every turn (at least every 50 ms).
 3. A change of the suggested interval is logged (INFO) with the node count,
    the budget and the suspicion time it gives.
 """
@@ -21,6 +23,7 @@ Rules:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -71,13 +74,16 @@ class Standings:
         self._last_interval = config.heartbeat_interval
         self._current: Standing | None = None
         self._tracked = -1  # nodes tracked when _current was made
+        self._until = -math.inf  # in quorum before this, monotonic seconds (rule 2)
 
     def now(self, now: float) -> Standing:
         """The standing at ``now`` (monotonic seconds): the same object while rule 2's
         reads match it."""
         st = self._current
         replica = self._replica
-        in_quorum = self._healthy() and replica.raft.in_quorum(now)
+        if st is not None and not st.in_quorum:
+            self._until = replica.raft.quorum_until()  # rare: read afresh until back in
+        in_quorum = now < self._until and self._healthy()
         if (
             st is None
             or in_quorum is not st.in_quorum
@@ -85,15 +91,17 @@ class Standings:
             or st.epoch != replica.state.epoch
             or st.leader_id != (replica.raft.leader or "")
         ):
-            return self._make(in_quorum)
+            return self._make(now)
         return st
 
     def refresh(self, now: float) -> Standing:
         """Recomputes everything (a driver turn); a new object only when something changed."""
-        return self._make(self._healthy() and self._replica.raft.in_quorum(now))
+        return self._make(now)
 
-    def _make(self, in_quorum: bool) -> Standing:
+    def _make(self, now: float) -> Standing:
         replica = self._replica
+        self._until = replica.raft.quorum_until()
+        in_quorum = now < self._until and self._healthy()
         self._tracked = replica.observer.tracked()
         st = Standing(
             epoch=replica.state.epoch,
