@@ -23,6 +23,10 @@ quorum, ids, cluster, instance, three arbiters, config index) copied from
 one template with ``seq`` and ``incarnation`` set: the least a server can
 do per heartbeat with these messages. It is the baseline of every figure.
 
+``--bare --like-ours``: the same with the replica's gRPC server settings (its
+options: keepalive, limits; and its request interceptor), to tell what the
+settings cost from what the replica's code costs.
+
 Both take ``--loop asyncio|uvloop``.
 """
 
@@ -198,8 +202,20 @@ class Bare(pb_grpc.MembershipServicer):
             yield ack
 
 
-async def serve_bare(port: int) -> None:
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+async def serve_bare(port: int, like_ours: bool = False) -> None:
+    options: list[tuple[str, int]] = [("grpc.so_reuseport", 0)]
+    interceptors: list[object] = []
+    if like_ours:
+        # The replica's gRPC server settings: its options (keepalive, limits) and
+        # its request interceptor; what is left between the two is the replica's code.
+        from arbiter.config import ArbiterConfig
+        from arbiter.server.app import server_options
+        from arbiter.server.decoding import DecodeRefusal
+
+        cfg = ArbiterConfig.lan()
+        options = server_options(cfg)
+        interceptors = [DecodeRefusal(cfg.max_message_bytes)]
+    server = grpc.aio.server(options=options, interceptors=interceptors)
     pb_grpc.add_MembershipServicer_to_server(Bare(), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
@@ -211,6 +227,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--load", action="store_true")
     p.add_argument("--bare", action="store_true")
+    p.add_argument("--like-ours", action="store_true", help="--bare with the replica's settings")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--targets", default="")
     p.add_argument("--first", type=int, default=0)
@@ -228,7 +245,7 @@ def main() -> None:
         factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=factory) as runner:
         if a.bare:
-            runner.run(serve_bare(a.port))
+            runner.run(serve_bare(a.port, a.like_ours))
         else:
             runner.run(Load(a).run())
 

@@ -9,7 +9,8 @@ Per system, one after the other (never two at once):
 * ``bare``: bench/heartbeat_load.py ``--bare``, a grpc.aio server that decodes
   every HeartbeatRequest and answers a replica-shaped HeartbeatAck copied
   from a template: the least any server does per heartbeat with these
-  messages.
+  messages. ``bare-settings``: the same with the replica's gRPC options
+  (keepalive, limits) and request interceptor.
 * ``before`` (with ``--before DIR``): the same replica run from another source
   tree (``git archive COMMIT arbiter membership | tar -x -C DIR``), to compare
   two versions of the path in one run.
@@ -30,11 +31,12 @@ result. ``--loops asyncio,uvloop`` measures each system once per event loop
 (``membership arbiter --event-loop``). ``--rounds`` repeats the whole
 sequence; the table gives the median of the rounds.
 
-``--profile DIR``: one more run of ours (asyncio) with ``py-spy record``
-attached to the (first) replica during the window: ``DIR/profile.svg``
-(flame graph), ``DIR/profile.txt`` (collapsed stacks) and the top of the
-profile (inclusive and own share of samples per function) printed. The
-profile run is never one of the measured ones.
+``--profile DIR``: one more run of each of ``--profile-systems`` (ours; or
+ours,before) on asyncio with ``py-spy record`` attached to the (first)
+replica during the window: ``DIR/SYSTEM/profile.txt`` (collapsed stacks:
+``flamegraph.pl`` or speedscope draw them) and the top of the profile
+(inclusive and own share of samples per function) printed and written to
+``DIR/SYSTEM/profile-top.txt``. A profile run is never a measured one.
 
 Usage: python bench/heartbeat_path.py [--nodes 1000] [--window 15] [--mode single|cluster]
        [--loops asyncio,uvloop] [--rounds 1] [--profile DIR] [--json FILE]
@@ -152,11 +154,14 @@ class Loads:
                 p.wait()
 
 
-def _start_bare(tmp: Path, loop: str) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+def _start_bare(
+    tmp: Path, loop: str, like_ours: bool = False
+) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
     port = free_ports(1)[0]
+    argv = [sys.executable, str(LOAD), "--bare", "--port", str(port), "--loop", loop]
     with open(tmp / "bare.log", "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(LOAD), "--bare", "--port", str(port), "--loop", loop],
+            argv + (["--like-ours"] if like_ours else []),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -186,8 +191,8 @@ def measure(
     loads: Loads | None = None
     spy: subprocess.Popen[bytes] | None = None
     try:
-        if system == "bare":
-            bare, targets = _start_bare(tmp, loop)
+        if system in ("bare", "bare-settings"):
+            bare, targets = _start_bare(tmp, loop, like_ours=system == "bare-settings")
             pids = [p.pid for p in bare]
         else:
             before = args.before if system == "before" else None
@@ -269,13 +274,29 @@ def profile_top(path: Path, n: int = 25) -> str:
         for f in set(frames):
             inclusive[f] += count
         own[frames[-1]] += count
-    out = [f"{total} samples; inclusive % (own %) per function, top {n} by inclusive:"]
-    for f, c in inclusive.most_common(n):
+    out = [
+        f"{total} samples; inclusive % (own %) per function, top {n} by inclusive "
+        "(the event loop's and threads' own frames left out):"
+    ]
+    shown = [(f, c) for f, c in inclusive.most_common() if not f.endswith(_CONTAINERS)]
+    for f, c in shown[:n]:
         out.append(f"  {100 * c / total:5.1f} ({100 * own[f] / total:4.1f})  {f}")
     out.append(f"top {n} by own samples:")
     for f, c in own.most_common(n):
         out.append(f"  {100 * c / total:5.1f}  {f}")
     return "\n".join(out)
+
+
+# Frames that only contain the work (the loop, runpy, thread bootstraps, the CLI).
+_CONTAINERS = (
+    "(asyncio/base_events.py)",
+    "(asyncio/runners.py)",
+    "(<frozen runpy>)",
+    "(membership/cli.py)",
+    "(membership/__main__.py)",
+    "(threading.py)",
+    "(membership/commands.py)",
+)
 
 
 def _short(frame: str) -> str:
@@ -298,7 +319,11 @@ def main() -> int:
     p.add_argument("--loops", default="asyncio", help="asyncio, uvloop or asyncio,uvloop")
     p.add_argument("--load-loop", choices=("asyncio", "uvloop"), default="asyncio")
     p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--systems", default="bare,ours", help="of bare, ours, before")
+    p.add_argument(
+        "--systems",
+        default="bare,ours",
+        help="of bare, bare-settings, ours, before; NAME:LOOP for one loop",
+    )
     p.add_argument(
         "--before",
         type=Path,
@@ -307,6 +332,8 @@ def main() -> int:
         "commit, its arbiter/ and membership/), to compare two versions in one run",
     )
     p.add_argument("--profile", type=Path, default=None)
+    p.add_argument("--profile-systems", default="ours", help="systems profiled: ours,before,bare")
+    p.add_argument("--native", action="store_true", help="py-spy --native: C frames too")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     loops = [x for x in args.loops.split(",") if x]
@@ -314,27 +341,42 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-hbpath-") as tmp_s:
         tmp = Path(tmp_s)
         for rnd in range(args.rounds):
-            for loop in loops:
-                for system in args.systems.split(","):
-                    r = measure(args, system, loop, tmp / f"{system}-{loop}-{rnd}")
-                    r["round"] = rnd
-                    results.append(r)
-                    say(json.dumps({k: round(v, 3) if isinstance(v, float) else v
-                                    for k, v in r.items()}))  # fmt: skip
-        top = None
+            for system, loop in _columns(args, loops):
+                r = measure(args, system, loop, tmp / f"{system}-{loop}-{rnd}")
+                r["round"] = rnd
+                results.append(r)
+                say(json.dumps({k: round(v, 3) if isinstance(v, float) else v
+                                for k, v in r.items()}))  # fmt: skip
+        tops: dict[str, str] = {}
         if args.profile is not None:
             args.profile.mkdir(parents=True, exist_ok=True)
-            measure(args, "ours", "asyncio", tmp / "profile", profile=args.profile)
-            top = profile_top(args.profile / "profile.txt")
+            for system in args.profile_systems.split(","):
+                out = args.profile / system
+                out.mkdir(exist_ok=True)
+                measure(args, system, "asyncio", tmp / f"profile-{system}", profile=out)
+                tops[system] = profile_top(out / "profile.txt")
+                (out / "profile-top.txt").write_text(tops[system] + "\n")
     _table(args, loops, results)
-    if top is not None:
-        print()
+    for system, top in tops.items():
+        print(f"\nprofile of {system} (py-spy, the replica process, during the window):")
         print(top)
-        (args.profile / "profile-top.txt").write_text(top + "\n")
     if args.json is not None:
         payload = {"args": vars(args), "results": results}
         args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     return 0
+
+
+def _columns(args: argparse.Namespace, loops: list[str]) -> list[tuple[str, str]]:
+    """(system, loop) pairs in run order: ``--systems`` entries ``name`` (every loop of
+    ``--loops``) or ``name:loop``; ``before`` runs on asyncio only (its code has no choice)."""
+    out: list[tuple[str, str]] = []
+    for lp in loops:
+        for entry in args.systems.split(","):
+            system, _, only = entry.partition(":")
+            if (only and only != lp) or (system == "before" and lp != loops[0]):
+                continue
+            out.append((system, lp))
+    return out
 
 
 def _table(args: argparse.Namespace, loops: list[str], results: list[dict[str, Any]]) -> None:
@@ -347,7 +389,7 @@ def _table(args: argparse.Namespace, loops: list[str], results: list[dict[str, A
         f"{args.nodes} nodes at {args.interval:g} s, mode {args.mode}, {args.procs} load "
         f"processes, window {args.window:g} s, median of {args.rounds} round(s)"
     )
-    cols = [(s, lp) for lp in loops for s in args.systems.split(",")]
+    cols = _columns(args, loops)
     print(f"{'':30}" + "".join(f"{s + '/' + lp:>16}" for s, lp in cols))
     for key, label in (
         ("cpu_us_per_heartbeat", "server CPU us/heartbeat"),
