@@ -390,7 +390,7 @@ def _table(args: argparse.Namespace, loops: list[str], results: list[dict[str, A
         f"processes, window {args.window:g} s, median of {args.rounds} round(s)"
     )
     cols = _columns(args, loops)
-    print(f"{'':30}" + "".join(f"{s + '/' + lp:>16}" for s, lp in cols))
+    print(f"{'':30}" + "".join(f"{s + '/' + lp:>22}" for s, lp in cols))
     for key, label in (
         ("cpu_us_per_heartbeat", "server CPU us/heartbeat"),
         ("server_cores", "server CPU, cores"),
@@ -403,7 +403,7 @@ def _table(args: argparse.Namespace, loops: list[str], results: list[dict[str, A
         ("kib_per_node", "server KiB per node"),
         ("failures", "stream failures"),
     ):
-        print(f"{label:30}" + "".join(f"{med(s, lp, key):16.2f}" for s, lp in cols))
+        print(f"{label:30}" + "".join(f"{med(s, lp, key):22.2f}" for s, lp in cols))
     base = med("bare", "asyncio", "cpu_us_per_heartbeat")
     for s, lp in cols:
         if s == "bare" and lp == "asyncio":

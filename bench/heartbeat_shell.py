@@ -12,7 +12,9 @@ read for its ack, as grpc.aio does. After a round that makes every node
 ALIVE, ``--rounds`` (30) rounds of one heartbeat per node, 0.1 s apart (the
 driver's loop runs in between), are timed with this process's CPU clock.
 Printed: microseconds of CPU per heartbeat (the servicer, the driver, the
-core, the status board, the ack) and nanoseconds of it per node tracked.
+core, the status board, the ack), and the CPU the process spends between
+rounds (driver turns, detector ticks, the loop-lag monitor) as microseconds
+per heartbeat at 0.6 s per node.
 
 Each version runs in a child process of its own: ``--before DIR`` the code
 of another source tree (``git archive COMMIT arbiter membership | tar -x -C
@@ -119,15 +121,39 @@ async def _child(nodes: int, rounds: int) -> dict[str, float]:
                 await asyncio.sleep(0.1)
                 seq += 1
                 await one_round(seq)
-            spent = 0.0
+            import gc
+
+            gc_time = [0.0, 0.0]  # [total, start of the current collection]
+
+            def on_gc(phase: str, info: dict[str, int]) -> None:
+                if phase == "start":
+                    gc_time[1] = time.process_time()
+                else:
+                    gc_time[0] += time.process_time() - gc_time[1]
+
+            gc.callbacks.append(on_gc)
+            counts0 = [g["collections"] for g in gc.get_stats()]
+            spent = idle = 0.0
             for _ in range(rounds):
-                await asyncio.sleep(0.1)
+                t0, w0 = time.process_time(), time.monotonic()
+                await asyncio.sleep(0.1)  # the driver's loop (turns, ticks) runs meanwhile
+                idle += (time.process_time() - t0) / (time.monotonic() - w0)
                 seq += 1
                 spent += await one_round(seq)
             for s in streams:
                 await s.aclose()
             per = spent / (rounds * nodes)
-            return {"us_per_heartbeat": per * 1e6, "ns_per_heartbeat_per_node": per * 1e9 / nodes}
+            # The loop's own work between heartbeats, per heartbeat at 0.6 s per node.
+            background = idle / rounds / (nodes / 0.6)
+            gc.callbacks.remove(on_gc)
+            counts = [g["collections"] - c for g, c in zip(gc.get_stats(), counts0, strict=True)]
+            return {
+                "us_per_heartbeat": per * 1e6,
+                "background_us_per_heartbeat": background * 1e6,
+                "gc_us_per_heartbeat": gc_time[0] / (rounds * nodes) * 1e6,
+                "gc_collections": counts,  # type: ignore[dict-item]
+                "objects": len(gc.get_objects()),
+            }
         finally:
             await server.stop(0)
 
@@ -175,7 +201,13 @@ def main() -> int:
         for name, before, loop in versions:
             res = _run_child(args, before, loop)
             results[name].append(res["us_per_heartbeat"])
-            print(f"round {r} {name}: {res['us_per_heartbeat']:.1f} us/heartbeat", flush=True)
+            print(
+                f"round {r} {name}: {res['us_per_heartbeat']:.1f} us/heartbeat; between rounds "
+                f"the loop's own work is {res['background_us_per_heartbeat']:.1f} us per "
+                f"heartbeat at 0.6 s; GC {res['gc_us_per_heartbeat']:.1f} us per heartbeat "
+                f"(collections by generation {res['gc_collections']}, {res['objects']} objects)",
+                flush=True,
+            )
     print()
     print(f"replica shell CPU per heartbeat, {args.nodes} nodes, median of {args.repeat}:")
     base = statistics.median(results[versions[0][0]])

@@ -126,7 +126,7 @@ class HeartbeatChecks:
             validate_incarnation(req.incarnation)
         labels = req.labels
         known = self._labels
-        if known is None or len(labels) != len(known) or labels != known:
+        if known is None or len(labels) != len(known) or dict(labels) != known:
             validate_labels(labels)
             self._labels = dict(labels)
         status = req.status
