@@ -50,6 +50,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -336,6 +337,8 @@ def main() -> int:
     p.add_argument("--native", action="store_true", help="py-spy --native: C frames too")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
+    # SIGTERM ends the run as Ctrl-C does: every child process is removed on the way out.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     loops = [x for x in args.loops.split(",") if x]
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-hbpath-") as tmp_s:

@@ -110,9 +110,11 @@ class Standings:
             interval=self.interval(),
             instance=replica.state.instance,
         )
-        if st != self._current:
-            self._current = st
-        return self._current  # type: ignore[return-value]  # set just above when None
+        current = self._current
+        if current is not None and current == st:
+            return current  # equal: the same object, so acks keep their template
+        self._current = st
+        return st
 
     def interval(self) -> float:
         """Seconds between heartbeats to suggest now (the core's; rule 3 logs a change)."""
