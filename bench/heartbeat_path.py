@@ -343,6 +343,9 @@ def main() -> int:
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-hbpath-") as tmp_s:
         tmp = Path(tmp_s)
+        # Children run ``python -m membership``, which puts their working directory
+        # first on sys.path: outside any source tree, PYTHONPATH (--before) decides.
+        os.chdir(tmp)
         for rnd in range(args.rounds):
             for system, loop in _columns(args, loops):
                 r = measure(args, system, loop, tmp / f"{system}-{loop}-{rnd}")

@@ -164,7 +164,9 @@ def _run_child(args: argparse.Namespace, before: Path | None, loop: str) -> dict
         env["PYTHONPATH"] = str(before)
     argv = [sys.executable, str(HERE), "--child", "--nodes", str(args.nodes)]
     argv += ["--rounds", str(args.rounds), "--loop", loop]
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    # Outside any source tree, so that PYTHONPATH (--before) decides what is imported.
+    cwd = tempfile.gettempdir()
+    out = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(f"child failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
