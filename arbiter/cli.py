@@ -40,6 +40,9 @@ Rules:
    (arbiter/server/joining.py); a data dir that already holds state just
    restarts from its stored configuration. A replica removed from the group
    logs it at WARNING and exits 0.
+9. ``--event-loop auto|asyncio|uvloop`` (arbiter/server/eventloop.py):
+   uvloop when installed (auto), or the loop chosen; ``uvloop`` without it
+   installed is a usage error (exit 2).
 """
 
 from __future__ import annotations
@@ -231,6 +234,13 @@ def register(sub: Any) -> None:
         "grpc probe, which cannot do mutual TLS; see arbiter/server/health_port.py)",
     )
     p.add_argument(
+        "--event-loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="the asyncio event loop: uvloop when installed (auto, the default), or the one "
+        "chosen (arbiter/server/eventloop.py)",
+    )
+    p.add_argument(
         "--restore",
         type=Path,
         metavar="FILE",
@@ -273,7 +283,11 @@ def _config(args: argparse.Namespace) -> ArbiterConfig:
 
 
 def run(args: argparse.Namespace, interrupt: Interrupt) -> Any:
-    """The command: checks (rule 1), then serves until SIGINT or SIGTERM (a coroutine)."""
+    """The command: checks (rule 1), then serves until SIGINT or SIGTERM (a coroutine,
+    run on the event loop of ``--event-loop``: rule 9)."""
+    from arbiter.server.eventloop import loop_factory
+
+    args.loop_factory = loop_factory(args.event_loop)
     return _run(args, interrupt)
 
 
