@@ -98,6 +98,9 @@ class ArbiterConfig:
     restart_grace: float = 3.0
     # Observations not committed after this long are proposed again (seconds).
     observation_retry: float = 0.5
+    # Seconds between the Raft leader's batches of joins (arbiter/core/batching.py;
+    # a SUSPECT is never held, so D is unchanged); 0: every observation at once.
+    observation_batch_interval: float = 0.2
 
     # --- Raft ----------------------------------------------------------------
     # Leader heartbeat interval (seconds).
@@ -315,6 +318,7 @@ class ArbiterConfig:
             snapshot_every=self.snapshot_every,
             heartbeat_budget=self.heartbeat_budget,
             max_heartbeat_interval=self.max_heartbeat_interval,
+            observation_batch_interval=self.observation_batch_interval,
             retention=RetentionPolicy(
                 retention=self.tombstone_retention,
                 max_tombstones=self.max_tombstones,
@@ -435,6 +439,8 @@ class ArbiterConfig:
             raise InvalidArgument(
                 f"detector_kind must be 'missed' or 'phi', got {self.detector_kind!r}"
             )
+        if (v := self.observation_batch_interval) < 0:
+            raise InvalidArgument(f"observation_batch_interval must be >= 0, got {v}")
         if self.snapshot_every < 1:
             raise InvalidArgument(f"snapshot_every must be >= 1, got {self.snapshot_every}")
         if not self.tombstone_retention >= 0 or self.max_tombstones < 0:

@@ -11,9 +11,15 @@ Rules:
    hears at an incarnation, and SUSPECT once its failure detector suspects the
    node; a later heartbeat makes it ALIVE again. Each change of opinion gets a
    new, higher sequence number and becomes an observation owed to the log.
-2. Delivery. An owed observation is proposed at once and again every
+2. Delivery. An owed observation is proposed when it is ready (new, or
+   ``retry_after`` seconds after it was last proposed) and again every
    ``retry_after`` seconds until the committed state holds it (the state
-   machine ignores duplicates, so retries are harmless).
+   machine ignores duplicates, so retries are harmless). A ready SUSPECT
+   observation, and an ALIVE one that follows another voter's committed
+   ALIVE observation, are proposed at once; any other ready ALIVE one is
+   held until the pacer releases it (:mod:`arbiter.core.batching`, rules 1
+   to 3), then proposed with every other held one, so a join storm commits
+   in a few entries.
 3. Incarnations. A heartbeat at an incarnation below the cluster's record, or
    at a DEAD or LEFT incarnation, or at one retired by a leave before it joined
    (the state machine's rule 5: answered LEFT), or at or below the floor of a
@@ -41,6 +47,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from arbiter.core.batching import BatchPacer
 from arbiter.core.commands import Observation, Opinion
 from arbiter.core.detection import FailureDetector
 from arbiter.core.tally import MembershipState
@@ -85,6 +92,10 @@ class _Opinion:
     # When it was last proposed (None: never); None once committed.
     proposed_at: float | None = None
     committed: bool = False
+    # When it was made (monotonic seconds): ready to be proposed from then.
+    since: float = 0.0
+    # Ready but held back by the pacer at the last observations() (rule 2).
+    held: bool = False
 
 
 class Observer:
@@ -101,6 +112,12 @@ class Observer:
             boot-time value, e.g. wall-clock nanoseconds).
         now: monotonic seconds at start.
         restart_grace: seconds after ``now`` during which no suspicion is cast.
+        batch_interval: seconds between the leader's batches of held ALIVE
+            observations (rule 2, :mod:`arbiter.core.batching`); 0 proposes
+            everything at once.
+
+    Raises:
+        ValueError: a negative lease, grace or batch interval, or retry_after <= 0.
     """
 
     def __init__(
@@ -113,6 +130,7 @@ class Observer:
         seq_base: int,
         now: float,
         restart_grace: float,
+        batch_interval: float = 0.0,
     ) -> None:
         if lease < 0 or retry_after <= 0 or restart_grace < 0:
             raise ValueError("lease and restart_grace must be >= 0, retry_after > 0")
@@ -125,6 +143,13 @@ class Observer:
         self._opinions: dict[str, _Opinion] = {}
         self._owed: set[str] = set()
         self._seen_epoch = -1
+        self._pacer = BatchPacer(batch_interval)
+        # Set by observations(): when the oldest held observation became ready
+        # (None: none held), and the applied index it judged them against.
+        self._held_since: float | None = None
+        self._held_applied = -1
+        # An opinion was made since the last observations(): it may be due now.
+        self._fresh = False
 
     @property
     def detector(self) -> FailureDetector:
@@ -156,17 +181,30 @@ class Observer:
         """How many observations are not yet committed."""
         return len(self._owed)
 
+    @property
+    def pacer(self) -> BatchPacer:
+        """The pacer of held observations (the replica tells it whether it leads)."""
+        return self._pacer
+
+    def held(self) -> int:
+        """How many ready observations the pacer held back at the last :meth:`observations`."""
+        return sum(1 for n in self._owed if self._opinions[n].held)
+
     def _new_opinion(
         self,
         node_id: str,
         incarnation: int,
         opinion: Opinion,
         labels: tuple[tuple[str, str], ...],
+        now: float,
         evidence: tuple[float, float] | None = None,
     ) -> None:
         self._seq += 1
-        self._opinions[node_id] = _Opinion(incarnation, opinion, self._seq, labels, evidence)
+        self._opinions[node_id] = _Opinion(
+            incarnation, opinion, self._seq, labels, evidence, since=now
+        )
         self._owed.add(node_id)
+        self._fresh = True
 
     def heartbeat(
         self,
@@ -226,7 +264,9 @@ class Observer:
             current = None
         self._detector.heartbeat(node_id, now, interval)
         if current is None or current.opinion is not Opinion.ALIVE or current.assumed:
-            self._new_opinion(node_id, incarnation, Opinion.ALIVE, tuple(sorted(labels.items())))
+            self._new_opinion(
+                node_id, incarnation, Opinion.ALIVE, tuple(sorted(labels.items())), now
+            )
             current = self._opinions[node_id]
         self._check_committed(node_id, current, state)
         granted = 0.0
@@ -265,7 +305,12 @@ class Observer:
             if op is None or op.opinion is Opinion.SUSPECT:
                 continue
             self._new_opinion(
-                node_id, op.incarnation, Opinion.SUSPECT, op.labels, self._evidence(node_id, now)
+                node_id,
+                op.incarnation,
+                Opinion.SUSPECT,
+                op.labels,
+                now,
+                self._evidence(node_id, now),
             )
 
     def _evidence(self, node_id: str, now: float) -> tuple[float, float]:
@@ -309,6 +354,11 @@ class Observer:
     def observations(self, now: float, state: MembershipState) -> tuple[Observation, ...]:
         """The observations to propose now: new ones and those due for a retry (rule 2).
 
+        Ready SUSPECT observations and ALIVE ones that follow another
+        voter's committed ALIVE observation are always returned; the other
+        ready ALIVE ones only once the pacer releases them, all together
+        (:mod:`arbiter.core.batching`).
+
         Args:
             now: monotonic seconds.
             state: the committed state machine, to drop what is committed.
@@ -317,21 +367,46 @@ class Observer:
             Observations sorted by node id; each returned one is counted as
             proposed at ``now``.
         """
-        out: list[Observation] = []
+        chosen: list[_Opinion] = []
+        held: list[_Opinion] = []
+        ids: dict[int, str] = {}
+        voters = [r for r in state.arbiters if r != self._replica_id]
+        pacing = self._pacer.interval > 0
         for node_id in sorted(self._owed):
             if self._forget_retired(node_id, state):
                 continue
             op = self._opinions[node_id]
             self._check_committed(node_id, op, state)
+            op.held = False
             if op.committed:
                 continue
             if op.proposed_at is not None and now < op.proposed_at + self._retry_after:
                 continue
+            ids[id(op)] = node_id
+            if not pacing or op.opinion is Opinion.SUSPECT or _follows(op, node_id, voters, state):
+                chosen.append(op)
+            else:
+                held.append(op)
+        self._fresh = False
+        self._held_since = None
+        self._held_applied = state.applied_index
+        if held:
+            oldest = min(_ready_at(op, self._retry_after) for op in held)
+            if now >= self._pacer.release_at(oldest):
+                self._pacer.released(now)
+                chosen += held
+                chosen.sort(key=lambda op: ids[id(op)])
+            else:
+                for op in held:
+                    op.held = True
+                self._held_since = oldest
+        out: list[Observation] = []
+        for op in chosen:
             op.proposed_at = now
             ev = op.evidence if op.opinion is Opinion.SUSPECT else None
             out.append(
                 Observation(
-                    node_id=node_id,
+                    node_id=ids[id(op)],
                     incarnation=op.incarnation,
                     opinion=op.opinion,
                     seq=op.seq,
@@ -343,6 +418,11 @@ class Observer:
             )
         return tuple(out)
 
+    def follow_due(self, state: MembershipState) -> bool:
+        """True when observations are held and entries were applied since they were
+        judged: some may follow now (:mod:`arbiter.core.batching`, rule 3)."""
+        return self._held_since is not None and state.applied_index != self._held_applied
+
     def needs_sync(self, state: MembershipState) -> bool:
         """True when the committed view moved since the last :meth:`tick` (rule 5 work is due)."""
         return state.epoch != self._seen_epoch
@@ -351,13 +431,36 @@ class Observer:
         """Earliest monotonic time at which :meth:`tick` or :meth:`observations` has work.
 
         A view that moved since the last tick is not counted here (the observer
-        does not hold the state): callers check :meth:`needs_sync` too.
+        does not hold the state): callers check :meth:`needs_sync` too, and
+        :meth:`follow_due` after an apply.
         """
         times: list[float] = []
         d = self._detector.next_deadline()
         if d is not None:
             times.append(max(d, self._grace_until))
+        if self._fresh:
+            times.append(0.0)  # a new opinion may be due at once
+        elif self._held_since is not None:
+            times.append(self._pacer.release_at(self._held_since))
         for node_id in self._owed:
             op = self._opinions[node_id]
-            times.append(op.proposed_at + self._retry_after if op.proposed_at is not None else 0.0)
+            if not op.held:
+                times.append(_ready_at(op, self._retry_after))
         return min(times) if times else None
+
+
+def _ready_at(op: _Opinion, retry_after: float) -> float:
+    """When ``op`` is (or was) ready to be proposed: made, or due for a retry (rule 2)."""
+    return op.since if op.proposed_at is None else op.proposed_at + retry_after
+
+
+def _follows(op: _Opinion, node_id: str, voters: list[str], state: MembershipState) -> bool:
+    """True when ``op`` is ALIVE and another voter's committed observation of the node
+    is ALIVE at its incarnation (:mod:`arbiter.core.batching`, rule 1)."""
+    if op.opinion is not Opinion.ALIVE:
+        return False
+    for r in voters:
+        rec = state.observation(r, node_id)
+        if rec is not None and rec.opinion is Opinion.ALIVE and rec.incarnation == op.incarnation:
+            return True
+    return False

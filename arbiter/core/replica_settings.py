@@ -34,6 +34,11 @@ class ReplicaSettings:
             from a node, seconds (>= heartbeat_interval).
         retention: when DEAD and LEFT records are forgotten (replica rule 8); the
             default forgets nothing.
+        observation_batch_interval: seconds between two batches of held
+            (joining) ALIVE observations on the leader; the other replicas
+            follow its commits and wait at most twice this
+            (:mod:`arbiter.core.batching`); 0 proposes every owed
+            observation on every tick.
     """
 
     lease: float
@@ -44,6 +49,7 @@ class ReplicaSettings:
     heartbeat_budget: float = math.inf
     max_heartbeat_interval: float = math.inf
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    observation_batch_interval: float = 0.0
 
     def lease_for(self, interval: float) -> float:
         """Seconds of lease for a node heartbeating every ``interval`` seconds.
