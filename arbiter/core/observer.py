@@ -94,8 +94,6 @@ class _Opinion:
     committed: bool = False
     # When it was made (monotonic seconds): ready to be proposed from then.
     since: float = 0.0
-    # Ready but held back by the pacer at the last observations() (rule 2).
-    held: bool = False
 
 
 class Observer:
@@ -144,11 +142,17 @@ class Observer:
         self._owed: set[str] = set()
         self._seen_epoch = -1
         self._pacer = BatchPacer(batch_interval)
-        # Set by observations(): when the oldest held observation became ready
-        # (None: none held), and the applied index it judged them against.
+        # Set by each scan of observations(): when the oldest held observation
+        # became ready (None: none held), how many are held, the applied index
+        # and leadership they were judged under, and when the next owed one is
+        # due (a retry, or the pacer's release). Until one of these moves, or a
+        # new opinion is made (_fresh), a scan would find nothing: it is skipped,
+        # and next_deadline() is O(1) (a storm holds many observations).
         self._held_since: float | None = None
-        self._held_applied = -1
-        # An opinion was made since the last observations(): it may be due now.
+        self._held_count = 0
+        self._scan_applied = -1
+        self._scan_leading = False
+        self._due_at = math.inf
         self._fresh = False
 
     @property
@@ -188,7 +192,7 @@ class Observer:
 
     def held(self) -> int:
         """How many ready observations the pacer held back at the last :meth:`observations`."""
-        return sum(1 for n in self._owed if self._opinions[n].held)
+        return self._held_count
 
     def _new_opinion(
         self,
@@ -367,20 +371,28 @@ class Observer:
             Observations sorted by node id; each returned one is counted as
             proposed at ``now``.
         """
+        if (
+            not self._fresh
+            and now < self._due_at
+            and state.applied_index == self._scan_applied
+            and self._pacer.leading == self._scan_leading
+        ):
+            return ()  # nothing new, committed, due or released since the last scan
         chosen: list[_Opinion] = []
         held: list[_Opinion] = []
         ids: dict[int, str] = {}
         voters = [r for r in state.arbiters if r != self._replica_id]
         pacing = self._pacer.interval > 0
+        due = math.inf
         for node_id in sorted(self._owed):
             if self._forget_retired(node_id, state):
                 continue
             op = self._opinions[node_id]
             self._check_committed(node_id, op, state)
-            op.held = False
             if op.committed:
                 continue
             if op.proposed_at is not None and now < op.proposed_at + self._retry_after:
+                due = min(due, op.proposed_at + self._retry_after)
                 continue
             ids[id(op)] = node_id
             if not pacing or op.opinion is Opinion.SUSPECT or _follows(op, node_id, voters, state):
@@ -388,18 +400,21 @@ class Observer:
             else:
                 held.append(op)
         self._fresh = False
-        self._held_since = None
-        self._held_applied = state.applied_index
+        self._held_since, self._held_count = None, 0
+        self._scan_applied, self._scan_leading = state.applied_index, self._pacer.leading
         if held:
             oldest = min(_ready_at(op, self._retry_after) for op in held)
-            if now >= self._pacer.release_at(oldest):
+            release = self._pacer.release_at(oldest)
+            if now >= release:
                 self._pacer.released(now)
                 chosen += held
                 chosen.sort(key=lambda op: ids[id(op)])
             else:
-                for op in held:
-                    op.held = True
-                self._held_since = oldest
+                self._held_since, self._held_count = oldest, len(held)
+                due = min(due, release)
+        if chosen:
+            due = min(due, now + self._retry_after)
+        self._due_at = due
         out: list[Observation] = []
         for op in chosen:
             op.proposed_at = now
@@ -421,7 +436,7 @@ class Observer:
     def follow_due(self, state: MembershipState) -> bool:
         """True when observations are held and entries were applied since they were
         judged: some may follow now (:mod:`arbiter.core.batching`, rule 3)."""
-        return self._held_since is not None and state.applied_index != self._held_applied
+        return self._held_since is not None and state.applied_index != self._scan_applied
 
     def needs_sync(self, state: MembershipState) -> bool:
         """True when the committed view moved since the last :meth:`tick` (rule 5 work is due)."""
@@ -440,12 +455,8 @@ class Observer:
             times.append(max(d, self._grace_until))
         if self._fresh:
             times.append(0.0)  # a new opinion may be due at once
-        elif self._held_since is not None:
-            times.append(self._pacer.release_at(self._held_since))
-        for node_id in self._owed:
-            op = self._opinions[node_id]
-            if not op.held:
-                times.append(_ready_at(op, self._retry_after))
+        elif self._owed and math.isfinite(self._due_at):
+            times.append(self._due_at)  # a retry, or the pacer's release (last scan)
         return min(times) if times else None
 
 
