@@ -187,3 +187,14 @@ def test_batching_committed_observations_are_not_proposed_again() -> None:
     obs.heartbeat("n1", 1, {}, 0.1, log.state)
     assert obs.observations(1.0, log.state) == ()
     assert obs.owed() == 0 and obs.next_deadline() is not None  # the detector's only
+
+
+def test_batching_config_carries_the_interval_and_refuses_a_negative_one() -> None:
+    from arbiter.config import ArbiterConfig
+    from membership.errors import InvalidArgument
+
+    assert ArbiterConfig.lan().replica_settings().observation_batch_interval == BATCH
+    off = ArbiterConfig.lan(observation_batch_interval=0.0).validate()
+    assert off.replica_settings().observation_batch_interval == 0.0
+    with pytest.raises(InvalidArgument, match="observation_batch_interval must be >= 0"):
+        ArbiterConfig.lan(observation_batch_interval=-0.1).validate()
