@@ -15,7 +15,9 @@ Issue 12, item 5 (arbiter/core/batching.py). For each ``--intervals`` value
    returned, on a stream that gRPC had to open first), so that a slow
    load generator is never mistaken for a slow replica;
 3. measures, from the first scheduled send: the time until the watcher's
-   view holds every node ALIVE, the epochs it moved through, and, read from
+   view holds every node ALIVE (and, as ``last join+``, from the load's last
+   first heartbeat written: the replicas' share when the load ran late), the
+   epochs it moved through, and, read from
    a1's log (SQLite, read-only), the ObserveBatch entries committed during
    the storm, per proposing replica.
 
@@ -87,6 +89,7 @@ async def _load(arbiters: list[str], nodes: int, spread: float, seed: int, t0: f
     rng = random.Random(f"{seed}/storm")
     starts = sorted(rng.uniform(0, spread) for _ in range(nodes))
     late: list[float] = []
+    written: list[float] = []  # monotonic time of each stream's first write
     sent = [0]
     stop = asyncio.Event()
 
@@ -113,7 +116,8 @@ async def _load(arbiters: list[str], nodes: int, spread: float, seed: int, t0: f
                 )
                 sent[0] += 1
                 if seq == 1:  # written: the stream is open and the heartbeat on its way
-                    late.append(time.monotonic() - due)
+                    written.append(time.monotonic())
+                    late.append(written[-1] - due)
                 ack = await call.read()
                 if ack is grpc.aio.EOF:
                     return
@@ -132,6 +136,7 @@ async def _load(arbiters: list[str], nodes: int, spread: float, seed: int, t0: f
             {
                 "first_sends": len(late),
                 "first_sends_done_after": round(first_sends, 3),
+                "last_first_send": round(max(written, default=t0) - t0, 3),
                 "first_send_late_p50": round(_percentile(late, 50), 4),
                 "first_send_late_p99": round(_percentile(late, 99), 4),
                 "first_send_late_max": round(max(late, default=0.0), 4),
@@ -276,6 +281,7 @@ async def _storm(args: argparse.Namespace, interval: float) -> dict[str, Any]:
         "nodes": args.nodes,
         "spread": args.spread,
         "alive_after": round(alive_after, 3),
+        "alive_after_last_join": round(alive_after - stats.get("last_first_send", 0.0), 3),
         "half_alive_after": round(half, 3),
         "epochs": epochs,
         "timeline": [(round(t - t0, 3), e, n) for t, e, n in timeline if e > epoch0],
@@ -296,6 +302,7 @@ def _sim(args: argparse.Namespace, interval: float) -> dict[str, Any]:
         "nodes": args.nodes,
         "spread": args.spread,
         "alive_after": round(r.alive_after, 3),
+        "alive_after_last_join": None,
         "epochs": r.epochs,
         "entries": r.total_entries,
         "entries_per_replica": r.entries,
@@ -306,8 +313,8 @@ def _sim(args: argparse.Namespace, interval: float) -> dict[str, Any]:
 
 def _table(rows: list[dict[str, Any]]) -> str:
     head = (
-        f"{'where':<10} {'interval':>8} {'nodes':>6} {'ALIVE after':>11} {'epochs':>6} "
-        f"{'entries':>7}  per replica            load: first sends late p50/p99/max"
+        f"{'where':<10} {'interval':>8} {'nodes':>6} {'ALIVE after':>11} {'last join+':>10} "
+        f"{'epochs':>6} {'entries':>7}  per replica            load: first sends late p50/p99/max"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -319,9 +326,11 @@ def _table(rows: list[dict[str, Any]]) -> str:
             if ld
             else "(virtual time)"
         )
+        after_last = r["alive_after_last_join"]
+        last = "-" if after_last is None else f"{after_last:.3f}s"
         lines.append(
             f"{r['where']:<10} {r['interval']:>8g} {r['nodes']:>6} {r['alive_after']:>10.3f}s "
-            f"{r['epochs']:>6} {r['entries']:>7}  {per:<22} {late}"
+            f"{last:>10} {r['epochs']:>6} {r['entries']:>7}  {per:<22} {late}"
         )
     return "\n".join(lines)
 
