@@ -378,9 +378,8 @@ class Observer:
             and self._pacer.leading == self._scan_leading
         ):
             return ()  # nothing new, committed, due or released since the last scan
-        chosen: list[_Opinion] = []
-        held: list[_Opinion] = []
-        ids: dict[int, str] = {}
+        chosen: list[tuple[str, _Opinion]] = []
+        held: list[tuple[str, _Opinion]] = []
         voters = [r for r in state.arbiters if r != self._replica_id]
         pacing = self._pacer.interval > 0
         due = math.inf
@@ -394,21 +393,19 @@ class Observer:
             if op.proposed_at is not None and now < op.proposed_at + self._retry_after:
                 due = min(due, op.proposed_at + self._retry_after)
                 continue
-            ids[id(op)] = node_id
             if not pacing or op.opinion is Opinion.SUSPECT or _follows(op, node_id, voters, state):
-                chosen.append(op)
+                chosen.append((node_id, op))
             else:
-                held.append(op)
+                held.append((node_id, op))
         self._fresh = False
         self._held_since, self._held_count = None, 0
         self._scan_applied, self._scan_leading = state.applied_index, self._pacer.leading
         if held:
-            oldest = min(_ready_at(op, self._retry_after) for op in held)
+            oldest = min(_ready_at(op, self._retry_after) for _, op in held)
             release = self._pacer.release_at(oldest)
             if now >= release:
                 self._pacer.released(now)
-                chosen += held
-                chosen.sort(key=lambda op: ids[id(op)])
+                chosen = sorted(chosen + held, key=lambda pair: pair[0])
             else:
                 self._held_since, self._held_count = oldest, len(held)
                 due = min(due, release)
@@ -416,12 +413,12 @@ class Observer:
             due = min(due, now + self._retry_after)
         self._due_at = due
         out: list[Observation] = []
-        for op in chosen:
+        for node_id, op in chosen:
             op.proposed_at = now
             ev = op.evidence if op.opinion is Opinion.SUSPECT else None
             out.append(
                 Observation(
-                    node_id=ids[id(op)],
+                    node_id=node_id,
                     incarnation=op.incarnation,
                     opinion=op.opinion,
                     seq=op.seq,
