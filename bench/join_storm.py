@@ -90,6 +90,7 @@ async def _load(arbiters: list[str], nodes: int, spread: float, seed: int, t0: f
     starts = sorted(rng.uniform(0, spread) for _ in range(nodes))
     late: list[float] = []
     written: list[float] = []  # monotonic time of each stream's first write
+    first_ack: dict[int, float] = {}  # replica -> latest first ack of its streams
     sent = [0]
     stop = asyncio.Event()
 
@@ -121,6 +122,8 @@ async def _load(arbiters: list[str], nodes: int, spread: float, seed: int, t0: f
                 ack = await call.read()
                 if ack is grpc.aio.EOF:
                     return
+                if seq == 1:
+                    first_ack[r] = max(first_ack.get(r, 0.0), time.monotonic() - t0)
                 interval = ack.next_interval_seconds or HEARTBEAT_INTERVAL
                 due += interval
 
@@ -149,7 +152,9 @@ async def _load(arbiters: list[str], nodes: int, spread: float, seed: int, t0: f
         async with asyncio.timeout(3.0):
             await stop.wait()
     rate = (sent[0] - mark) / (time.monotonic() - t_mark)
-    print(json.dumps({"steady_heartbeats_per_s": round(rate, 1)}), flush=True)
+    acks = {arbiters[r]: round(t, 3) for r, t in sorted(first_ack.items())}
+    line = {"steady_heartbeats_per_s": round(rate, 1), "last_first_ack": acks}
+    print(json.dumps(line), flush=True)
     await stop.wait()
     for t in tasks:
         t.cancel()
