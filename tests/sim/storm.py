@@ -78,6 +78,7 @@ def join_storm(
     kill: str | None = None,
     kill_at: float = 3.0,
     limit: float = 20.0,
+    profile: NetProfile | None = None,
 ) -> StormResult:
     """Runs one join storm and returns its figures.
 
@@ -92,11 +93,12 @@ def join_storm(
             compare one death on one schedule).
         kill_at: see ``kill``; after every node is ALIVE.
         limit: seconds of virtual time the storm (and then the death) may take.
+        profile: the network (None: a clean LAN).
 
     Raises:
         AssertionError: a bound of ``limit`` was passed, or an invariant broke.
     """
-    w = World(seed, replicas=3, nodes=nodes, subscribers=1, profile=NetProfile())
+    w = World(seed, replicas=3, nodes=nodes, subscribers=1, profile=profile or NetProfile())
     if interval is not None:
         w.settings = dataclasses.replace(w.settings, observation_batch_interval=interval)
     for r in w.replicas.values():
