@@ -40,6 +40,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import signal
@@ -62,6 +63,10 @@ from membership.localcluster import LocalCluster, ViewFollower, wait_leader  # n
 
 HEARTBEAT_INTERVAL = 2.0
 STREAMS_PER_CONNECTION = 50
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _percentile(xs: list[float], p: float) -> float:
@@ -257,12 +262,17 @@ async def _storm(args: argparse.Namespace, interval: float) -> dict[str, Any]:
                     text=True,
                     start_new_session=True,
                 )
-                await follower.wait_for(
-                    lambda: len(follower.alive) >= args.nodes, args.nodes / 50 + 30, "all ALIVE"
-                )
-                alive_after = time.monotonic() - t0
+                try:
+                    await follower.wait_for(
+                        lambda: len(follower.alive) >= args.nodes, args.timeout, "all ALIVE"
+                    )
+                    alive_after = time.monotonic() - t0
+                except TimeoutError:  # a row that says so, not a crash
+                    alive_after = float("nan")
+                    n = len(follower.alive)
+                    say(f"interval {interval:g}: {n} ALIVE after {args.timeout:g}s")
                 epochs = follower.epoch - epoch0
-                half = next(t for t, _, n in timeline if n >= args.nodes / 2) - t0
+                half = next((t for t, _, n in timeline if n >= args.nodes / 2), math.nan) - t0
                 await asyncio.sleep(1.0)  # the last replica's batches commit
                 batches = _observe_batches(db, before)
                 load.send_signal(signal.SIGTERM)
@@ -333,8 +343,11 @@ def _table(rows: list[dict[str, Any]]) -> str:
         )
         after_last = r["alive_after_last_join"]
         last = "-" if after_last is None else f"{after_last:.3f}s"
+        alive = "timeout" if math.isnan(r["alive_after"]) else f"{r['alive_after']:.3f}s"
+        if last == "nans":
+            last = "timeout"
         lines.append(
-            f"{r['where']:<10} {r['interval']:>8g} {r['nodes']:>6} {r['alive_after']:>10.3f}s "
+            f"{r['where']:<10} {r['interval']:>8g} {r['nodes']:>6} {alive:>11} "
             f"{last:>10} {r['epochs']:>6} {r['entries']:>7}  {per:<22} {late}"
         )
     return "\n".join(lines)
@@ -378,6 +391,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--sim", action="store_true", help="also run the storm in the simulator")
     p.add_argument("--json", help="write the rows as JSON here")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for all ALIVE")
     p.add_argument("--keep-logs", metavar="DIR", help="keep each cluster's logs and data in DIR")
     asyncio.run(_main(p.parse_args()))
 

@@ -43,10 +43,15 @@ Rules:
    batch that was not committed becomes ready again at one moment and goes
    out again as one batch, never one entry per node.
 
-Costs: a join heard first by a follower waits for the leader's batch plus a
-commit (milliseconds on a LAN); a join in a storm waits at most ``interval``
-on the leader, plus a commit on the others; a node the leader does not hear
-joins up to ``2 x interval`` later. A SUSPECT is never delayed.
+Costs: the followers propose a join only once the leader's observation is
+committed, so a join is ALIVE one Raft round later than if every replica
+proposed at once (a commit and an append: milliseconds on a LAN, more on a
+starved machine); a join in a storm also waits up to ``interval`` for the
+leader's cut; a node the leader does not hear joins up to ``2 x interval``
+later. A SUSPECT is never delayed. Measured in the simulator
+(``tests/sim/storm.py``): 1,000 joins within 1 s are ALIVE after 1.02 s in 6
+epochs and 18 entries (1.01 s, 1,000 epochs, 3,000 entries at ``interval =
+0``); with 3 % of messages lost, 13 to 15 epochs (retries) against 1,000.
 """
 
 from __future__ import annotations
