@@ -82,10 +82,18 @@ _TUNABLES = (
     (
         "--max-heartbeat-interval",
         "max_heartbeat_interval",
-        "longest interval suggested to nodes, seconds",
+        "cap of the suggested interval up to budget x cap nodes, seconds (grows beyond)",
     ),
+    ("--load-target", "load_target", "utilisation the adaptive interval aims at, 0 to 1"),
+    ("--shed-utilisation", "shed_utilisation", "utilisation from which new nodes are refused"),
+    ("--shed-lateness", "shed_lateness", "ingest backlog (s) from which new nodes are refused"),
+    ("--shed-retry-after", "shed_retry_after", "retry hint to refused nodes, seconds (x1-x2)"),
     ("--lease-fraction", "lease_fraction", "lease granted per ack, as a fraction of D"),
-    ("--restart-grace", "restart_grace", "seconds without suspicion after a restart"),
+    (
+        "--restart-grace",
+        "restart_grace",
+        "seconds without suspicion after a restart, at least (raised to the longest lease)",
+    ),
     (
         "--observation-batch-interval",
         "observation_batch_interval",
@@ -122,7 +130,7 @@ _LIMITS = (
         "heartbeat_rate_margin",
         "seconds a stream may stay throttled before it is cut",
     ),
-    ("--max-nodes", "max_nodes", "node ids one replica tracks"),
+    ("--max-nodes", "max_nodes", "node ids one replica tracks; sets the longest interval"),
     ("--max-heartbeat-streams", "max_heartbeat_streams", "heartbeat streams open at once"),
     ("--max-subscribers", "max_subscribers", "subscriptions open at once"),
     ("--max-concurrent-streams", "max_concurrent_streams", "streams per client connection"),
@@ -140,7 +148,8 @@ def _defaults_help() -> str:
         f"defaults: heartbeat interval {cfg.heartbeat_interval}s, suspect after "
         f"{cfg.missed_heartbeats:g} missed (D = {cfg.suspect_after:.2f}s), lease {cfg.lease:.2f}s, "
         f"interval grows past {cfg.heartbeat_budget * cfg.heartbeat_interval:.0f} nodes up to "
-        f"{cfg.max_heartbeat_interval}s, election timeout {cfg.election_timeout}s"
+        f"{cfg.interval_ceiling:.2f}s at {cfg.max_nodes} nodes (restart grace "
+        f"{cfg.grace:.1f}s), election timeout {cfg.election_timeout}s"
     )
 
 

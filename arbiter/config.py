@@ -14,26 +14,16 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from arbiter.core.detection import (
-    FailureDetector,
-    MissedHeartbeatDetector,
-    PhiAccrualDetector,
-    threshold_sigmas,
-)
+from arbiter.core.detection import FailureDetector, LoadPolicy
 from arbiter.core.raft import RaftConfig
 from arbiter.core.replica import ReplicaSettings
 from arbiter.core.retention import RetentionPolicy
+from arbiter.detectors import make_detector
 from membership.config import MIN_KEEPALIVE_TIME, MIN_KEEPALIVE_TIMEOUT
 from membership.errors import InvalidArgument
 from membership.validation import parse_address, validate_cluster_name
 
 __all__ = ["ArbiterConfig"]
-
-# Phi accrual parameters, fixed (not tunables): Akka's threshold and window,
-# and a deviation floor of a quarter interval (the cold-start deviation).
-_PHI_THRESHOLD = 8.0
-_PHI_MAX_SAMPLES = 200
-_PHI_MIN_STD_FRACTION = 0.25
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,18 +46,35 @@ class ArbiterConfig:
     # D = heartbeat_interval * missed_heartbeats (0.75 s by default). Must
     # exceed the longest pause a node may take without being suspected.
     missed_heartbeats: float = 5.0
-    # Heartbeats per second one replica should handle at most. Beyond
-    # heartbeat_budget * heartbeat_interval nodes (750 by default) the
-    # interval suggested in acks grows (25 % steps) so that nodes / interval
-    # stays within the budget; D and the leases grow with it. The formula and
-    # a table per cluster size: arbiter/core/detection/interval.py.
+    # Heartbeats per second one replica should handle: the prior of the
+    # adaptive interval. Beyond heartbeat_budget * heartbeat_interval nodes
+    # (750 by default) the interval suggested in acks grows (25 % steps) so
+    # that nodes / interval stays within the budget; D and the leases grow
+    # with it. The replica's measured load then moves it off this by whole
+    # steps (load_target). The rules and a table per cluster size:
+    # arbiter/core/detection/interval.py; README "Heartbeat budget".
     heartbeat_budget: float = 5000.0
-    # The longest interval ever suggested or accepted (seconds). Past
-    # heartbeat_budget * max_heartbeat_interval nodes (3,000) the budget is
-    # exceeded rather than detection slowed further. The lease at this
-    # interval (missed_heartbeats * max_heartbeat_interval * lease_fraction)
-    # must not exceed restart_grace.
+    # The cap of the suggested interval up to heartbeat_budget *
+    # max_heartbeat_interval nodes (3,000) (seconds); beyond, the cap grows
+    # with the node count so the budget holds (interval rule 3). The longest
+    # interval ever suggested or accepted is the load cap at max_nodes
+    # (interval_ceiling: 3.58 s at 10,000 nodes), and the restart grace is
+    # raised to the lease at it (grace).
     max_heartbeat_interval: float = 0.6
+    # Utilisation (the fraction of the time the replica's event loop is busy,
+    # on a CPU or waiting for one: arbiter/server/load.py) the adaptive
+    # interval aims at: above target x 1.25 it grows at once by enough steps,
+    # below target / 1.5 for 10 s it comes down one step (interval rule 4).
+    load_target: float = 0.6
+    # New nodes' heartbeat streams are refused with RESOURCE_EXHAUSTED and the
+    # trailing metadata grpc-retry-pushback-ms (gRFC A6) while its loop is on a
+    # CPU > shed_utilisation of the time (1.0: never) or its ingest backlog is
+    # >= shed_lateness seconds (load.py rule 4): before it falls behind. Known
+    # nodes' streams always go on (refusing them would suspect live nodes).
+    # The hint: shed_retry_after seconds, x1 to x2 at random (no herd).
+    shed_utilisation: float = 0.9
+    shed_lateness: float = 0.3
+    shed_retry_after: float = 1.0
     # Which failure detector a replica runs: "missed" (suspect after
     # missed_heartbeats silent intervals) or "phi" (phi accrual, Hayashibara
     # et al. 2004 as in Akka: adapts to the jitter each node shows). Both are
@@ -89,7 +96,9 @@ class ArbiterConfig:
     # margin of one late replica.
     lease_fraction: float = 1.0
     # After a restart with durable state a replica casts no suspicion for this
-    # long (seconds); a first start (empty data dir) has none.
+    # long (seconds) at least; a first start (empty data dir) has none. It is
+    # raised to the longest lease (grace: the lease at interval_ceiling, 17.9 s
+    # with max_nodes 10,000; 3 s with the local preset's 1,500).
     # It must cover one maximum lease (a lease granted before a crash is a
     # promise: arbiter/core/observer.py, rule 5) plus the time nodes need to reconnect after
     # an outage (their backoff is at most 1 s by default): otherwise restarting
@@ -98,8 +107,7 @@ class ArbiterConfig:
     restart_grace: float = 3.0
     # Observations not committed after this long are proposed again (seconds).
     observation_retry: float = 0.5
-    # Seconds between the Raft leader's batches of joins (arbiter/core/batching.py;
-    # a SUSPECT is never held, so D is unchanged); 0: every observation at once.
+    # Seconds between the leader's batches of joins (core/batching.py); 0: all at once.
     observation_batch_interval: float = 0.2
 
     # --- Raft ----------------------------------------------------------------
@@ -193,20 +201,20 @@ class ArbiterConfig:
     # of). A heartbeat stream for a new id beyond it gets RESOURCE_EXHAUSTED;
     # ids it already tracks, or that the view records, keep working. Past
     # heartbeat_budget * max_heartbeat_interval nodes (3,000) a replica
-    # cannot keep the heartbeat budget anyway; 5,000 leaves a real cluster
-    # room above that and bounds what a client spraying ids can make a
-    # replica hold: about 5 KiB per id (detector, opinion, status; measured
-    # by bench/limits_memory.py), 26 MiB at the limit.
-    max_nodes: int = 5_000
+    # keeps the budget only with a longer interval (interval rule 3); 10,000
+    # bounds what a client spraying ids can make a replica hold: ~5 KiB per id
+    # (bench/limits_memory.py), 52 MiB. It sets the longest interval and so the
+    # restart grace (grace): raise it for larger clusters, lower it for small.
+    max_nodes: int = 10_000
     # Heartbeat streams open on one replica at once. Two per node at
     # max_nodes: a node opens a second stream beside a late one (hedging,
     # membership/heartbeats.py), and after a network blip the server keeps a
     # node's old stream until keepalive ends it (15 s) while the node's new
     # one is open. A stream costs about 28 KiB here (gRPC's call and HTTP/2
     # stream, the handler: bench/limits_memory.py), so the limit bounds them
-    # to some 270 MiB. Beyond it RESOURCE_EXHAUSTED (the node tries again
+    # to some 540 MiB. Beyond it RESOURCE_EXHAUSTED (the node tries again
     # after its backoff; its other replicas are unaffected).
-    max_heartbeat_streams: int = 10_000
+    max_heartbeat_streams: int = 20_000
     # Subscribe calls open on one replica at once. Each costs about 44 KiB
     # (bench/limits_memory.py), plus its queue (at most subscriber_queue
     # events, or one snapshot), and a share of every change's fan-out; a
@@ -283,7 +291,10 @@ class ArbiterConfig:
     @classmethod
     def local(cls, **overrides: object) -> ArbiterConfig:
         """Defaults for a cluster on one machine (demo, tests): same timings, smaller buffers."""
-        base = cls(history_size=256, subscriber_queue=128)
+        # 1,500 nodes: longest interval 0.6 s, grace 3 s. Shared cores (the busy
+        # fraction counts the wait for one): shed only on a 2 s backlog.
+        local = {"max_nodes": 1_500, "shed_utilisation": 1.0, "shed_lateness": 2.0}
+        base = cls(history_size=256, subscriber_queue=128, **local)  # type: ignore[arg-type]
         return dataclasses.replace(base, **overrides)  # type: ignore[arg-type]
 
     @property
@@ -297,9 +308,26 @@ class ArbiterConfig:
         return self.suspect_after * self.lease_fraction
 
     @property
+    def interval_ceiling(self) -> float:
+        """The longest interval ever suggested or accepted, seconds (interval rule 5)."""
+        return self.replica_settings().ceiling
+
+    @property
     def max_lease(self) -> float:
-        """Seconds of lease granted to a node heartbeating at ``max_heartbeat_interval``."""
-        return self.lease * self.max_heartbeat_interval / self.heartbeat_interval
+        """Seconds of lease granted to a node heartbeating at :attr:`interval_ceiling`."""
+        return self.lease * self.interval_ceiling / self.heartbeat_interval
+
+    @property
+    def grace(self) -> float:
+        """The restart grace in force, seconds: ``restart_grace`` raised to the longest
+        lease, so that a lease granted before a crash is honoured after it at any
+        cluster size (observer rule 5; interval rule 6)."""
+        return max(self.restart_grace, self.max_lease)
+
+    def load_policy(self) -> LoadPolicy:
+        """The load rule's thresholds around :attr:`load_target` (interval rule 4)."""
+        t = self.load_target
+        return LoadPolicy(target=t, high=min(1.0, t * 1.25), low=t / 1.5)
 
     def raft(self) -> RaftConfig:
         """The Raft core's share of this configuration."""
@@ -318,6 +346,8 @@ class ArbiterConfig:
             snapshot_every=self.snapshot_every,
             heartbeat_budget=self.heartbeat_budget,
             max_heartbeat_interval=self.max_heartbeat_interval,
+            max_nodes=self.max_nodes,
+            load_policy=self.load_policy(),
             observation_batch_interval=self.observation_batch_interval,
             retention=RetentionPolicy(
                 retention=self.tombstone_retention,
@@ -327,41 +357,9 @@ class ArbiterConfig:
         )
 
     def detector(self) -> FailureDetector:
-        """A new failure detector of kind :attr:`detector_kind` with this configuration's timings.
-
-        ``"missed"``: :class:`MissedHeartbeatDetector` suspecting after
-        ``missed_heartbeats`` intervals, i.e. at D.
-
-        ``"phi"``: :class:`PhiAccrualDetector` with threshold 8, a window of
-        200 samples, ``min_std_deviation = H / 4`` and a first-heartbeat
-        estimate of H (H = heartbeat_interval). Its acceptable pause is chosen
-        so that a clean silence after perfectly regular heartbeats (fitted
-        deviation below the floor) is suspected at D, like the missed-count
-        detector: the phi deadline is ``H + pause + y8 * H / 4`` where
-        ``y8 ~ 5.23`` is the number of deviations at which phi reaches 8, so
-        ``pause = D - H - y8 * H / 4`` (about 2.69 H, 0.40 s, by default).
-        Jittery heartbeats raise the deviation and so delay suspicion beyond
-        D; a node killed after its first heartbeat (window seeded with
-        deviation H / 4) is suspected at D too. If D < H * (1 + y8 / 4)
-        (missed_heartbeats below ~2.31) the pause is 0 and suspicion comes at
-        ``H * (1 + y8 / 4)``, a little after D; a hold (lease) is honoured
-        either way.
-        """
-        if self.detector_kind == "phi":
-            h = self.heartbeat_interval
-            min_std = h * _PHI_MIN_STD_FRACTION
-            y = threshold_sigmas(_PHI_THRESHOLD)
-            return PhiAccrualDetector(
-                interval=h,
-                threshold=_PHI_THRESHOLD,
-                max_sample_size=_PHI_MAX_SAMPLES,
-                min_std_deviation=min_std,
-                acceptable_heartbeat_pause=max(0.0, self.suspect_after - h - y * min_std),
-                first_heartbeat_estimate=h,
-            )
-        return MissedHeartbeatDetector(
-            interval=self.heartbeat_interval, missed_limit=self.missed_heartbeats
-        )
+        """A new failure detector of kind :attr:`detector_kind` with this configuration's
+        timings (:func:`arbiter.detectors.make_detector` says how each is tuned to D)."""
+        return make_detector(self.detector_kind, self.heartbeat_interval, self.missed_heartbeats)
 
     def validate(self) -> ArbiterConfig:
         """Checks every value and the relations between them.
@@ -387,6 +385,8 @@ class ArbiterConfig:
             "keepalive_timeout",
             "min_ping_interval",
             "loop_lag_warning",
+            "shed_lateness",
+            "shed_retry_after",
         )
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -412,13 +412,16 @@ class ArbiterConfig:
                 f"max_heartbeat_interval ({self.max_heartbeat_interval}s) must be >= "
                 f"heartbeat_interval ({self.heartbeat_interval}s)"
             )
-        if self.max_lease > self.restart_grace + 1e-9:
+        if not 0 < self.load_target < 1:
+            raise InvalidArgument(f"load_target must be in (0, 1), got {self.load_target}")
+        if not self.load_target < self.shed_utilisation <= 1:
             raise InvalidArgument(
-                f"restart_grace ({self.restart_grace}s) must be >= the longest lease "
-                f"({self.max_lease:.3f}s, granted at max_heartbeat_interval): a lease granted "
-                "before a crash must still be honoured after it; raise restart_grace or lower "
-                "max_heartbeat_interval"
+                f"shed_utilisation must be in (load_target, 1] (the interval reacts first, "
+                f"shedding after), got {self.shed_utilisation} with load_target {self.load_target}"
             )
+        for name in ("restart_grace", "observation_batch_interval", "max_ping_strikes"):
+            if getattr(self, name) < 0:
+                raise InvalidArgument(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 < self.lease_fraction <= 1:
             raise InvalidArgument(
                 f"lease_fraction must be in (0, 1]: a lease longer than D would promise "
@@ -439,8 +442,6 @@ class ArbiterConfig:
             raise InvalidArgument(
                 f"detector_kind must be 'missed' or 'phi', got {self.detector_kind!r}"
             )
-        if (v := self.observation_batch_interval) < 0:
-            raise InvalidArgument(f"observation_batch_interval must be >= 0, got {v}")
         if self.snapshot_every < 1:
             raise InvalidArgument(f"snapshot_every must be >= 1, got {self.snapshot_every}")
         if not self.tombstone_retention >= 0 or self.max_tombstones < 0:
@@ -494,7 +495,5 @@ class ArbiterConfig:
                 f"{MIN_KEEPALIVE_TIMEOUT}s: it is also the sockets' TCP_USER_TIMEOUT, and a "
                 "shorter one aborts healthy connections on a few retransmissions"
             )
-        if self.max_ping_strikes < 0:
-            raise InvalidArgument(f"max_ping_strikes must be >= 0, got {self.max_ping_strikes}")
         self.raft().validate()
         return self

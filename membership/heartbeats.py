@@ -29,7 +29,11 @@ Rules:
    abandoned, even while its writes are stuck.
 5. After a stream that never acked, the next one waits a jittered
    exponential backoff (:class:`membership.backoff.Backoff`); after one that
-   was healthy, a short jitter only.
+   was healthy, a short jitter only. A refusal that carries a retry hint
+   (RESOURCE_EXHAUSTED with ``grpc-retry-pushback-ms``, gRFC A6: an arbiter
+   shedding new nodes) is honoured: the next stream waits at least that
+   long, logged at INFO, not as an error (the node heartbeats the other
+   arbiters meanwhile).
 6. A stream speaks for one incarnation (the replica refuses another on it):
    when the node moves to a new incarnation, its streams are closed and a
    new one is opened at once for the new life.
@@ -54,7 +58,7 @@ from typing import Any, Protocol
 import grpc
 
 from membership.aiotools import reap
-from membership.backoff import Backoff
+from membership.backoff import Backoff, retry_pushback
 from membership.errors import ClusterMismatch, PermissionDenied
 from membership.transport import Channels
 from membership.v1 import membership_pb2 as pb
@@ -228,6 +232,7 @@ class HeartbeatLink:
         self.up = False
         self.last_error = ""
         self._failures = 0
+        self._pushback_until = 0.0  # monotonic; no new stream before it (rule 5)
         self._closing: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
@@ -258,7 +263,8 @@ class HeartbeatLink:
         while not self._owner.finished():
             if not self._streams:
                 if self._failures:
-                    await asyncio.sleep(self._backoff.delay(self._failures))
+                    wait = self._backoff.delay(self._failures)
+                    await asyncio.sleep(max(wait, self._pushback_until - time.monotonic()))
                     if self._owner.finished():
                         return
                 self._open()
@@ -352,7 +358,12 @@ class HeartbeatLink:
             await self._drop(st)
             raise PermissionDenied(f"{self.address}: {err.code().name}: {err.details()}")
         reason = st.outcome()
-        if err is not None and err.code() in (
+        pushback = retry_pushback(err.trailing_metadata()) if err is not None else None
+        if pushback is not None and err is not None:
+            # Rule 5: the arbiter sheds load and says when to come back.
+            self._pushback_until = time.monotonic() + pushback
+            log.info("arbiter %s asks us to retry in %.2fs: %s", self.address, pushback, reason)
+        elif err is not None and err.code() in (
             grpc.StatusCode.INVALID_ARGUMENT,
             grpc.StatusCode.RESOURCE_EXHAUSTED,
             grpc.StatusCode.FAILED_PRECONDITION,

@@ -39,6 +39,20 @@ Rules:
    Nodes ALIVE in the committed view that this replica has not heard since
    its start are tracked as if heard at start, so a node that died while the
    replica was down is still suspected (after the grace).
+6. Local health (Dadgar, Phillips, Currey, "Lifeguard: Local Health
+   Awareness for More Accurate Failure Detection", DSN Workshops 2018,
+   arXiv:1707.00788: a member that is itself slow must not blame others).
+   ``tick(now, state, lateness)`` is told how many seconds of the recent past
+   this replica could not hear (its event loop ran late, its ingest has a
+   backlog: heartbeats sent meanwhile are still queued). Silence is measured
+   only up to ``heard_until = now - lateness``: the detector is ticked at
+   ``heard_until``, so a node is suspected once ``heard_until`` passes its
+   deadline, never for a silence the replica could not observe. A node that
+   is really dead is still suspected, ``lateness`` later; the replica bounds
+   ``lateness`` (``ReplicaSettings.max_lateness``, the longest lease), so the
+   delay is bounded even if the replica stays late. Leases only gain: the
+   detector's clock goes slower, never faster, than the one they were
+   promised on. The evidence's silence is measured to ``heard_until`` too.
 """
 
 from __future__ import annotations
@@ -293,29 +307,35 @@ class Observer:
             op.proposed_at = None
             self._owed.discard(node_id)
 
-    def tick(self, now: float, state: MembershipState) -> None:
-        """Turns the detector's suspicions into SUSPECT opinions (rules 1, 5).
+    def tick(self, now: float, state: MembershipState, lateness: float = 0.0) -> None:
+        """Turns the detector's suspicions into SUSPECT opinions (rules 1, 5, 6).
 
         Also starts tracking members ALIVE in the committed view that this
         replica has never heard (rule 5) and forgets nodes whose tracked
         incarnation is final.
+
+        Args:
+            now: monotonic seconds.
+            state: the committed state machine.
+            lateness: seconds of the recent past this replica could not hear
+                (rule 6; >= 0, bounded by the caller).
+
+        Raises:
+            ValueError: ``lateness`` is negative or NaN.
         """
+        if not lateness >= 0:
+            raise ValueError(f"lateness must be >= 0, got {lateness!r}")
         if state.epoch != self._seen_epoch:
             self._sync_view(now, state)
         if now < self._grace_until:
             return
-        for node_id in self._detector.tick(now):
+        heard_until = now - lateness
+        for node_id in self._detector.tick(heard_until):
             op = self._opinions.get(node_id)
             if op is None or op.opinion is Opinion.SUSPECT:
                 continue
-            self._new_opinion(
-                node_id,
-                op.incarnation,
-                Opinion.SUSPECT,
-                op.labels,
-                now,
-                self._evidence(node_id, now),
-            )
+            evidence = self._evidence(node_id, heard_until)
+            self._new_opinion(node_id, op.incarnation, Opinion.SUSPECT, op.labels, now, evidence)
 
     def _evidence(self, node_id: str, now: float) -> tuple[float, float]:
         """(silence, suspicion level) of a node just suspected, rounded for the log."""
@@ -439,17 +459,18 @@ class Observer:
         """True when the committed view moved since the last :meth:`tick` (rule 5 work is due)."""
         return state.epoch != self._seen_epoch
 
-    def next_deadline(self) -> float | None:
+    def next_deadline(self, lateness: float = 0.0) -> float | None:
         """Earliest monotonic time at which :meth:`tick` or :meth:`observations` has work.
 
-        A view that moved since the last tick is not counted here (the observer
-        does not hold the state): callers check :meth:`needs_sync` too, and
-        :meth:`follow_due` after an apply.
+        ``lateness``: as in :meth:`tick` (rule 6); a detector deadline is due
+        that much later. A view that moved since the last tick is not counted
+        here (the observer does not hold the state): callers check
+        :meth:`needs_sync` too, and :meth:`follow_due` after an apply.
         """
         times: list[float] = []
         d = self._detector.next_deadline()
         if d is not None:
-            times.append(max(d, self._grace_until))
+            times.append(max(d + lateness, self._grace_until))
         if self._fresh:
             times.append(0.0)  # a new opinion may be due at once
         elif self._owed and math.isfinite(self._due_at):

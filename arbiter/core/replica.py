@@ -57,12 +57,11 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping, Sequence
 
 from arbiter.core.commands import Bootstrap, Leave, ObserveBatch, Remove, encode
 from arbiter.core.delivery import Delivered, must_persist
-from arbiter.core.detection import FailureDetector, suggest_interval
+from arbiter.core.detection import FailureDetector
 from arbiter.core.observer import HeartbeatVerdict, Observer
 from arbiter.core.raft import (
     ArbiterConfiguration,
@@ -201,6 +200,7 @@ class Replica:
             batch_interval=settings.observation_batch_interval,
         )
         self.retention = Retention(settings.retention)
+        self.interval = settings.governor()  # the suggested interval (detection/interval.py)
         self.proposals_dropped = 0
         # Observations proposed (retries included), for the replica's metrics.
         self.observations_proposed = 0
@@ -227,15 +227,14 @@ class Replica:
                 detector expects this cadence and the lease scales with it.
 
         Raises:
-            ValueError: ``interval`` is not in (0, max_heartbeat_interval].
+            ValueError: ``interval`` is not in (0, settings.ceiling].
         """
         s = self.settings
         if interval is None:
             interval = s.heartbeat_interval
-        elif not 0 < interval <= s.max_heartbeat_interval:
+        elif not 0 < interval <= s.ceiling:
             raise ValueError(
-                f"heartbeat interval must be in (0, {s.max_heartbeat_interval:g}] seconds, "
-                f"got {interval!r}"
+                f"heartbeat interval must be in (0, {s.ceiling:g}] seconds, got {interval!r}"
             )
         verdict = self.observer.heartbeat(
             node_id,
@@ -252,16 +251,13 @@ class Replica:
         return verdict
 
     def suggested_interval(self) -> float:
-        """The heartbeat interval to suggest in acks now, seconds (adaptive: module interval)."""
-        s = self.settings
-        if math.isinf(s.heartbeat_budget):
-            return s.heartbeat_interval
-        return suggest_interval(
-            self.observer.tracked(),
-            base=s.heartbeat_interval,
-            budget=s.heartbeat_budget,
-            maximum=s.max_heartbeat_interval,
-        )
+        """The heartbeat interval to suggest in acks now, seconds (``detection/interval.py``)."""
+        return self.interval.suggest(self.observer.tracked())
+
+    def observe_load(self, utilisation: float, now: float) -> bool:
+        """Takes the replica's measured utilisation (0 to 1) at ``now``; True when the
+        suggested interval moved (interval rule 4). Raises ValueError: negative or NaN."""
+        return self.interval.observe(utilisation, self.observer.tracked(), now)
 
     def step(self, msg: Message, now: float) -> None:
         """Steps one Raft message from a peer (a forwarded proposal with no leader is dropped)."""
@@ -270,10 +266,12 @@ class Replica:
         except ProposalDropped:
             self.proposals_dropped += 1
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float, lateness: float = 0.0) -> None:
         """Lets time pass: Raft timers, detector suspicions, owed observations (rule 2),
         and, on a leader of a cluster without an instance id, its Bootstrap (rule 6),
-        and on a leader the Forget of records past their retention (rule 8)."""
+        and on a leader the Forget of records past their retention (rule 8).
+        ``lateness``: seconds of the recent past this replica could not hear
+        (observer rule 6, bounded by ``settings.max_lateness``)."""
         self.raft.tick(now)
         self._bootstrap(now)
         self.observer.pacer.leading = leader = self.raft.status().role is Role.LEADER
@@ -283,7 +281,7 @@ class Replica:
                 self.raft.propose(encode(forget), now)
             except ProposalDropped:
                 self.proposals_dropped += 1
-        self.observer.tick(now, self.state)
+        self.observer.tick(now, self.state, min(lateness, self.settings.max_lateness))
         owed = self.observer.observations(now, self.state)
         if owed and not self._joining and self.replica_id in self.state.configuration:
             self.observations_proposed += len(owed)
@@ -476,8 +474,9 @@ class Replica:
         assert self.state.applied_index == st.applied, "state machine and raft disagree"
         return self.raft.compact(st.applied, self.state.to_bytes())
 
-    def next_deadline(self) -> float:
-        """The earliest monotonic time at which :meth:`tick` has work.
+    def next_deadline(self, lateness: float = 0.0) -> float:
+        """The earliest monotonic time at which :meth:`tick` has work (given the
+        ``lateness`` the next tick will be passed: observer rule 6).
 
         ``-inf`` (due at once) after an apply moved the view: the observer must
         start tracking members it has not heard (found by the simulator), or
@@ -485,7 +484,7 @@ class Replica:
         """
         if self.observer.needs_sync(self.state) or self.observer.follow_due(self.state):
             return float("-inf")
-        d = self.observer.next_deadline()
+        d = self.observer.next_deadline(min(lateness, self.settings.max_lateness))
         r = self.raft.next_deadline()
         f = self.retention.next_deadline(leader=self.raft.status().role is Role.LEADER)
         return min(t for t in (r, d, f) if t is not None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from arbiter.core.detection.interval import IntervalGovernor, LoadPolicy, load_cap
 from arbiter.core.retention import RetentionPolicy
 
 __all__ = ["ReplicaSettings"]
@@ -30,8 +31,13 @@ class ReplicaSettings:
             at most; the suggested interval grows with the number of nodes
             to stay within it (:func:`arbiter.core.detection.interval.suggest_interval`);
             ``inf`` always suggests ``heartbeat_interval``.
-        max_heartbeat_interval: the longest interval suggested or accepted
-            from a node, seconds (>= heartbeat_interval).
+        max_heartbeat_interval: H_max, the cap of the suggested interval up to
+            ``heartbeat_budget * max_heartbeat_interval`` nodes, seconds (>=
+            heartbeat_interval); it grows beyond (interval rule 3).
+        max_nodes: the most nodes a replica tracks; the longest interval ever
+            suggested or accepted is the load cap at this many
+            (:attr:`ceiling`, interval rule 5); 0: ``max_heartbeat_interval``.
+        load_policy: how the measured load moves the interval (interval rule 4).
         retention: when DEAD and LEFT records are forgotten (replica rule 8); the
             default forgets nothing.
         observation_batch_interval: seconds between two batches of held
@@ -48,8 +54,41 @@ class ReplicaSettings:
     snapshot_every: int = 0
     heartbeat_budget: float = math.inf
     max_heartbeat_interval: float = math.inf
+    max_nodes: int = 0
+    load_policy: LoadPolicy = field(default_factory=LoadPolicy)
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     observation_batch_interval: float = 0.0
+
+    @property
+    def ceiling(self) -> float:
+        """The longest interval suggested or accepted from a node, seconds (interval rule 5)."""
+        if self.max_nodes <= 0 or math.isinf(self.heartbeat_budget):
+            return self.max_heartbeat_interval
+        if math.isinf(self.max_heartbeat_interval):
+            return math.inf
+        return max(
+            self.max_heartbeat_interval,
+            load_cap(
+                self.max_nodes, budget=self.heartbeat_budget, maximum=self.max_heartbeat_interval
+            ),
+        )
+
+    def governor(self) -> IntervalGovernor:
+        """A new :class:`IntervalGovernor` with these settings (the suggested interval)."""
+        return IntervalGovernor(
+            base=self.heartbeat_interval,
+            budget=self.heartbeat_budget,
+            maximum=max(self.heartbeat_interval, self.max_heartbeat_interval),
+            ceiling=max(self.heartbeat_interval, self.ceiling),
+            policy=self.load_policy,
+        )
+
+    @property
+    def max_lateness(self) -> float:
+        """The most lateness the detectors are shifted by (replica rule 9), seconds:
+        the longest lease (the lease at :attr:`ceiling`), or 4 leases without a ceiling."""
+        ceiling = self.ceiling
+        return self.lease_for(ceiling) if math.isfinite(ceiling) else 4 * self.lease
 
     def lease_for(self, interval: float) -> float:
         """Seconds of lease for a node heartbeating every ``interval`` seconds.

@@ -10,7 +10,9 @@ and Raft messages stepped while the disk is slow; the Ready's messages leave
 only once it is done. The replica starts from what the storage recovered and
 replays the committed log before it serves anything; it snapshots its state
 machine every ``config.snapshot_every`` applied entries. The loop's own lag
-is watched by :mod:`arbiter.server.looplag`. What it decides is logged as
+is watched by :mod:`arbiter.server.looplag`; its load and lateness by
+:mod:`arbiter.server.load` (the adaptive interval, shedding, and local
+health: each tick tells the core how late the replica is). What it decides is logged as
 structured events (:mod:`arbiter.server.events`: one line per view change
 and per change of its Raft standing), and counted on ``counters``
 (:class:`arbiter.server.metrics.Counters`, plain integers) for the metrics.
@@ -34,6 +36,7 @@ from arbiter.core.replica import Replica, must_persist
 from arbiter.core.tally import LeaveOutcome, MembershipState, ViewChange
 from arbiter.server.counters import Counters
 from arbiter.server.events import RaftStanding, log_raft_standing, log_view_change
+from arbiter.server.load import LoadMonitor, LocalHealth, log_interval
 from arbiter.server.looplag import LoopLagMonitor
 from arbiter.server.storage import DurableState, Storage
 from arbiter.server.writer import DiskWriter
@@ -125,7 +128,7 @@ class Driver:
                 # A replica with no durable state never granted a lease and
                 # tracks no member: it has no promise to keep and nobody to
                 # wait for, so a first start needs no grace.
-                restart_grace=config.restart_grace if _has_state(durable) else 0.0,
+                restart_grace=config.grace if _has_state(durable) else 0.0,
             ),
             detector=config.detector(),
             rng=random.Random(),
@@ -146,6 +149,8 @@ class Driver:
         self.counters = Counters()
         self.lag_monitor = LoopLagMonitor(name=replica_id, warn_after=config.loop_lag_warning)
         self.lag_monitor.observe = self.counters.loop_lag.observe
+        self.load = LoadMonitor(name=replica_id, on_sample=self.replica.observe_load)
+        self.health = LocalHealth(self.lag_monitor, listen_after=config.heartbeat_interval)
         self._last_interval = config.heartbeat_interval
         self.persist_seconds, self.persists = 0.0, 0  # fsync seconds, Readies written
         self._replaying = False
@@ -320,20 +325,21 @@ class Driver:
         )
 
     def suggested_interval(self) -> float:
-        """Seconds between heartbeats to suggest in acks (grows with the node count)."""
+        """Seconds between heartbeats to suggest in acks (node count and load; logged
+        when it moves: :func:`arbiter.server.load.log_interval`)."""
         interval = self.replica.suggested_interval()
         if interval != self._last_interval:
-            log.info(
-                "arbiter %s suggests a heartbeat interval of %.3fs to its %d nodes "
-                "(budget %g heartbeats/s; suspicion after %.2fs)",
-                self.replica_id,
-                interval,
-                self.observer.tracked(),
-                self.config.heartbeat_budget,
-                interval * self.config.missed_heartbeats,
-            )
-            self._last_interval = interval
+            self._last_interval = log_interval(self, interval)
         return interval
+
+    def add_lateness_source(self, fn: Callable[[float], float]) -> None:
+        """Adds ``fn(now) -> seconds`` this replica is late (an ingest backlog): no
+        node is suspected for that silence (observer rule 6; load.py rule 3)."""
+        self.health.add_source(fn)
+
+    def lateness(self, now: float) -> float:
+        """Seconds of the recent past this replica could not hear (load.py rule 3)."""
+        return self.health.lateness(now, self.loop_lag)
 
     def local_suspects(self) -> list[str]:
         """Node ids this replica's own latest opinion is SUSPECT of (sorted)."""
@@ -345,6 +351,7 @@ class Driver:
         """Starts the loop task, and the loop-lag monitor, on the running event loop."""
         self._task = asyncio.get_running_loop().create_task(self._run(), name="arbiter-driver")
         self.lag_monitor.start()
+        self.load.start()
 
     async def stop(self) -> None:
         """Stops the loop task, waits for it and for the write in flight; logs the loop lag."""
@@ -362,6 +369,7 @@ class Driver:
                 st.gc_max,
             )
         await self.lag_monitor.stop()
+        await self.load.stop()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -375,27 +383,18 @@ class Driver:
         self._writer.close()
 
     async def _run(self) -> None:
-        interval = self.config.heartbeat_interval
-        listened = float("-inf")  # when this replica last listened after being deaf
         while True:
             # Cleared before the turn: an input that arrives while a Ready is
             # being written wakes the next wait at once.
             self._wake.clear()
             now = time.monotonic()
-            since = max(now - interval, listened)
-            if max(self.loop_lag, self.lag_monitor.recent_lag(now, since)) > interval:
-                # This replica was deaf (its loop ran late, or the process did
-                # not run): heartbeats sent meanwhile are still queued in the
-                # sockets and in gRPC. Ticking the detectors now would blame
-                # the nodes for our own silence; one more interval of listening
-                # is all it takes to hear them (Lifeguard's local health,
-                # Dadgar et al. 2018: a member that is itself late slows its
-                # suspicions). A node that is really dead is suspected that
-                # much later.
-                await asyncio.sleep(interval)
-                now = listened = time.monotonic()
             try:
-                await self._turn(now)
+                # Lateness: this replica was deaf (its loop ran late, the
+                # process did not run, its ingest has a backlog): heartbeats
+                # sent meanwhile are still queued. The core measures silence
+                # only up to now - lateness (observer rule 6, Lifeguard's local
+                # health): a really dead node is suspected that much later.
+                await self._turn(now, self.lateness(now))
             except Exception:
                 # A bug in one turn must not stop detection for everyone (failure
                 # class "death never declared", docs/architecture.md): log it
@@ -403,7 +402,8 @@ class Driver:
                 log.exception("driver turn failed; continuing")
                 self.counters.turn_failures += 1
             t = time.monotonic()
-            timeout = max(0.0, min(self.replica.next_deadline(), now + 0.05) - t)
+            due = self.replica.next_deadline(self.lateness(t))
+            timeout = max(0.0, min(due, now + 0.05) - t)
             if timeout > 0 and not self._wake.is_set():
                 try:
                     async with asyncio.timeout(timeout):
@@ -413,8 +413,8 @@ class Driver:
             # How much later than asked the loop came back (0 when woken early).
             self.loop_lag = max(0.0, time.monotonic() - (t + timeout))
 
-    async def _turn(self, now: float) -> None:
-        self.replica.tick(now)
+    async def _turn(self, now: float, lateness: float = 0.0) -> None:
+        self.replica.tick(now, lateness)
         while self.replica.has_ready():
             rd = self.replica.ready()
             if must_persist(rd):

@@ -58,9 +58,11 @@ __all__ = [
 
 
 class LimitExceeded(Exception):
-    """A call went past a limit: end it with RESOURCE_EXHAUSTED and this message."""
+    """A call went past a limit: end it with RESOURCE_EXHAUSTED and this message
+    (and ``trailing``, the trailing metadata: a retry hint, arbiter/server/load.py)."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    trailing: tuple[tuple[str, str], ...] = ()
 
 
 class Throttle:

@@ -185,6 +185,12 @@ class LoopLagMonitor:
         lag, at = self._late
         return max(ongoing, lag if at > since else 0.0)
 
+    @property
+    def latest_late(self) -> tuple[float, float]:
+        """(lag, monotonic time) of the latest wake-up later than one interval
+        (``(0.0, -inf)`` before any): arbiter/server/load.py's lateness."""
+        return self._late
+
     def statistics(self) -> LoopLagStatistics:
         """Lags measured so far (see :class:`LoopLagStatistics`)."""
         lags = sorted(self._lags)

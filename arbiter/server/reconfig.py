@@ -30,8 +30,8 @@ Rules:
    shows the change, or raises TimeoutError.
 4. Promotion (on the leader, after every turn): a learner is promoted once
    its replicated log has reached the leader's commit index and stayed
-   caught up for ``config.restart_grace`` (one maximum lease plus the nodes'
-   reconnect time). The Raft core's own promotion (on log catch-up alone) is
+   caught up for ``config.grace`` (the restart grace in force: one maximum
+   lease, plus the nodes' reconnect time). The Raft core's own promotion (on log catch-up alone) is
    off: a learner promoted the moment it caught up has granted no lease yet,
    and every node would count one voter more without its lease, fenced (a
    group of 3 with one replica gone needs 3 of 4 leases once a fourth votes).
@@ -176,7 +176,7 @@ class Reconfiguration:
                 self._caught_up.pop(rid, None)
                 continue
             since = self._caught_up.setdefault(rid, now)
-            if now - since < self._driver.config.restart_grace:
+            if now - since < self._driver.config.grace:
                 continue
             try:
                 self._driver.replica.propose_config_change("promote", rid, None, now)

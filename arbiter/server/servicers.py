@@ -40,6 +40,7 @@ from arbiter.server.driver import Driver
 from arbiter.server.encoding import ViewEncoder
 from arbiter.server.hub import Hub, HubStatus
 from arbiter.server.limits import HeartbeatStreamRules, LimitExceeded, Throttle
+from arbiter.server.load import Shed, check_shedding
 from arbiter.server.replies import cluster_mismatch, committed, deny, refusal_status
 from arbiter.server.statusboard import StatusBoard
 from membership import convert
@@ -99,6 +100,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         self._hub = hub
         self.cluster = cluster
         self._config = driver.config
+        self._max_interval = driver.replica.settings.ceiling  # interval rule 5
         self._closing = asyncio.Event()
         self.heartbeat_streams = 0
         self.subscriptions = 0
@@ -173,16 +175,19 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
                 try:
                     wait = throttle.admit(time.monotonic())
-                    _check_heartbeat(req, cfg.heartbeat_interval, cfg.max_heartbeat_interval)
+                    _check_heartbeat(req, cfg.heartbeat_interval, self._max_interval)
                     first = rules.check(req.node_id, req.incarnation, req.seq)
                     if first:
                         limits.check_new_node(self._driver, cfg.max_nodes, req.node_id)
+                        check_shedding(self._driver, req.node_id, time.monotonic())
                 except InvalidArgument as e:
                     log.info("heartbeat refused from %s: %s", context.peer(), e)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-                except LimitExceeded as e:
-                    log.info("heartbeat stream cut from %s: %s", context.peer(), e)
-                    await context.abort(e.code, str(e))
+                except LimitExceeded as e:  # a Shed carries its retry hint (load.py rule 4)
+                    (log.debug if isinstance(e, Shed) else log.info)(
+                        "heartbeat stream cut from %s: %s", context.peer(), e
+                    )
+                    await context.abort(e.code, str(e), trailing_metadata=e.trailing)
                 refusal = self._cluster_mismatch(req.cluster, f"node {req.node_id}")
                 if refusal is not None:
                     log.info("heartbeat refused from %s: %s", context.peer(), refusal)

@@ -11,8 +11,9 @@ Sans-I/O like the rest of :mod:`arbiter.core`: ``now`` is an argument.
   as in Akka), which suspects when a silence this long becomes unlikely.
 * ``wheel.py``: ``TimingWheel``, a hashed timing wheel (Varghese and Lauck
   1987). A heartbeat costs O(1) and a tick O(expired), not O(nodes).
-* ``interval.py``: ``suggest_interval``, the heartbeat interval the replica
-  suggests in its acks, which keeps its load within a budget.
+* ``interval.py``: ``IntervalGovernor``, the heartbeat interval the replica
+  suggests in its acks: a budget per node count, a cap that grows with it,
+  moved by the replica's measured load (``suggest_interval`` is the count rule).
 
 Data flow: a heartbeat reaches ``FailureDetector.heartbeat`` through
 ``arbiter/core/observer.py`` (``Observer.heartbeat``). It moves the node's
@@ -25,7 +26,13 @@ death: the tally in ``arbiter/core/tally.py`` needs a quorum.
 """
 
 from arbiter.core.detection.base import DetectorState, FailureDetector
-from arbiter.core.detection.interval import suggest_interval
+from arbiter.core.detection.interval import (
+    IntervalGovernor,
+    LoadPolicy,
+    interval_cap,
+    load_cap,
+    suggest_interval,
+)
 from arbiter.core.detection.missed import MissedHeartbeatDetector
 from arbiter.core.detection.phi import PhiAccrualDetector, threshold_sigmas
 from arbiter.core.detection.wheel import TimingWheel
@@ -33,9 +40,13 @@ from arbiter.core.detection.wheel import TimingWheel
 __all__ = [
     "DetectorState",
     "FailureDetector",
+    "IntervalGovernor",
+    "LoadPolicy",
     "MissedHeartbeatDetector",
     "PhiAccrualDetector",
     "TimingWheel",
+    "interval_cap",
+    "load_cap",
     "suggest_interval",
     "threshold_sigmas",
 ]

@@ -1,0 +1,299 @@
+"""A replica's own load and lateness: what the adaptive interval, shedding and local health read.
+
+The shell side of ``arbiter/core/detection/interval.py`` (rule 4) and of
+observer rule 6; the decisions stay in the cores, this module only measures.
+
+Rules:
+
+1. Utilisation. Every ``period`` seconds (1 s) :class:`LoadMonitor` reads
+   the loop thread's scheduler accounting (Linux
+   ``/proc/thread-self/schedstat``: seconds on a CPU, and seconds runnable
+   but waiting for one) and divides its growth by the wall time: the
+   fraction of the time the event loop was busy or wanted to be. Why this
+   measure: it is cheap (one read of a 30-byte file per second, from the
+   loop thread itself), it reaches 1.0 exactly when the loop cannot keep up,
+   and it is robust on a shared machine: it counts the time a neighbour takes
+   from the replica while the replica has work (which is what makes it late)
+   and nothing while the replica idles. Process CPU misses the first (a
+   replica starved by a CPU hog shows little CPU while it falls behind); the
+   loop lag is a symptom after the fact, and noisy. Without ``/proc`` it falls
+   back to ``time.thread_time()`` (CPU only). The value used is the mean of
+   the last ``window`` periods, and the maximum with every load source
+   (:meth:`LoadMonitor.add_source`: a worker process reporting its own).
+2. Interval. Each sample goes to ``on_sample`` (the driver passes it to
+   ``Replica.observe_load``: interval rule 4).
+3. Lateness (:class:`LocalHealth`, for observer rule 6: Lifeguard's local
+   health, Dadgar et al., DSN Workshops 2018, arXiv:1707.00788). How many
+   seconds of the recent past this replica could not hear: the maximum of a
+   loop stall in progress, a stall of ``L`` seconds that ended less than
+   ``max(listen_after, L)`` ago (the heartbeats it left queued take up to
+   that long to be read), the driver's own wake-up lag, and every lateness
+   source (``fn(now) -> seconds``: an ingest backlog). The core bounds it.
+4. Shedding (:func:`check_shedding`). A heartbeat stream whose first
+   heartbeat names a node the replica does not know (no opinion, no record
+   in the view) is refused while the loop thread's time *on a CPU* (rule 1
+   without the wait for one: the replica's own work, not its neighbours')
+   is above ``shed_utilisation`` of the time (1.0: never), or the backlog the
+   lateness sources report is at least
+   ``shed_lateness`` (a loop stall is not counted: it is over by the time it
+   is measured, and the utilisation's 2 s average covers a loop that stays
+   busy):
+   RESOURCE_EXHAUSTED with a message that starts ``shedding:`` and names the
+   load, and the trailing metadata ``grpc-retry-pushback-ms`` (gRFC A6) of
+   ``shed_retry_after`` seconds times a random factor in [1, 2), so that
+   refused nodes do not come back in step. Streams of known nodes are never
+   shed: refusing them would make the replica suspect live nodes, and a node
+   that reconnects is load the replica already carries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from arbiter.server.limits import LimitExceeded
+from arbiter.server.looplag import LoopLagMonitor
+
+if TYPE_CHECKING:
+    from arbiter.server.driver import Driver
+
+__all__ = [
+    "PUSHBACK_KEY",
+    "LoadMonitor",
+    "LocalHealth",
+    "Shed",
+    "busy_seconds",
+    "check_shedding",
+    "log_interval",
+]
+
+log = logging.getLogger("arbiter.load")
+
+PUSHBACK_KEY = "grpc-retry-pushback-ms"
+"""The trailing metadata key of a retry hint (gRFC A6), in milliseconds."""
+
+
+def busy_seconds() -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable waiting for one) of the calling thread (rule 1).
+
+    Reads ``/proc/thread-self/schedstat``; without it, ``(time.thread_time(), 0.0)``.
+    """
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            on_cpu, waiting, _ = f.read().split()
+    except (OSError, ValueError):
+        return time.thread_time(), 0.0
+    return int(on_cpu) / 1e9, int(waiting) / 1e9
+
+
+class LoadMonitor:
+    """The replica's utilisation, sampled on its event loop (rules 1 and 2).
+
+    Args:
+        name: who is measured (the replica id), for log lines.
+        period: seconds between samples (> 0).
+        window: samples averaged (>= 1).
+        on_sample: called with (utilisation, monotonic now) after each sample.
+        reader: (seconds on a CPU, seconds waiting for one) so far of the loop
+            thread (default :func:`busy_seconds`; called on the loop thread).
+        clock: monotonic seconds.
+
+    Attributes:
+        utilisation: the latest value (0 before the first sample).
+        cpu: the same on a CPU only, the wait for one left out (shedding's, rule 4).
+        cost: seconds spent sampling so far (the measurement's own price).
+        shed: new nodes' streams refused so far (rule 4).
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        period: float = 1.0,
+        window: int = 2,
+        on_sample: Callable[[float, float], object] = lambda u, now: None,
+        reader: Callable[[], tuple[float, float]] = busy_seconds,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not period > 0 or window < 1:
+            raise ValueError(f"need period > 0 and window >= 1, got {period}, {window}")
+        self.name, self.period = name, period
+        self._on_sample, self._reader, self._clock = on_sample, reader, clock
+        self._sources: list[Callable[[float], float]] = []
+        self._recent: deque[tuple[float, float]] = deque(maxlen=window)  # (busy, cpu)
+        self._last: tuple[float, float, float] | None = None  # (wall, cpu, wait) at the last
+        self._task: asyncio.Task[None] | None = None
+        self.utilisation = 0.0
+        self.cpu = 0.0
+        self.cost = 0.0
+        self.samples = 0
+        self.shed = 0  # new streams refused (rule 4)
+
+    def add_source(self, fn: Callable[[float], float]) -> None:
+        """Adds a load source: ``fn(now)`` -> utilisation (0 to 1) of a part of the
+        replica that this loop does not see (a worker process); the maximum counts."""
+        self._sources.append(fn)
+
+    def start(self) -> None:
+        """Starts sampling on the running loop (idempotent)."""
+        if self._task is None:
+            self._last = (self._clock(), *self._reader())
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="load-monitor")
+
+    async def stop(self) -> None:
+        """Stops sampling (idempotent)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.period)
+            try:
+                self.sample()
+            except Exception:  # a bad source must not stop the measuring
+                log.exception("%s: load sample failed", self.name)
+
+    def sample(self) -> float:
+        """Takes one sample now (on the loop thread) and reports it (rule 2).
+
+        Returns:
+            The utilisation used, 0 to 1.
+        """
+        t0 = time.perf_counter()
+        now, (cpu, wait) = self._clock(), self._reader()
+        if self._last is not None and now > self._last[0]:
+            wall, cpu0, wait0 = self._last
+            on = max(0.0, cpu - cpu0) / (now - wall)
+            self._recent.append((on + max(0.0, wait - wait0) / (now - wall), on))
+        self._last = (now, cpu, wait)
+        n = len(self._recent) or 1
+        u = sum(b for b, _ in self._recent) / n
+        c = sum(c for _, c in self._recent) / n
+        for fn in self._sources:
+            source = float(fn(now))
+            u, c = max(u, source), max(c, source)
+        self.utilisation = min(1.0, max(0.0, u))
+        self.cpu = min(1.0, max(0.0, c))
+        self.samples += 1
+        self.cost += time.perf_counter() - t0
+        self._on_sample(self.utilisation, now)
+        return self.utilisation
+
+
+class LocalHealth:
+    """How late this replica is (rule 3).
+
+    Args:
+        monitor: the loop's lag monitor.
+        listen_after: seconds of listening after a short stall before its
+            silence counts again (the configured heartbeat interval).
+    """
+
+    def __init__(self, monitor: LoopLagMonitor, listen_after: float) -> None:
+        self._monitor = monitor
+        self._listen_after = listen_after
+        self._sources: list[Callable[[float], float]] = []
+
+    def add_source(self, fn: Callable[[float], float]) -> None:
+        """Adds a lateness source: ``fn(now)`` -> seconds of the recent past the
+        replica could not hear (>= 0; e.g. the age of the oldest heartbeat not yet
+        handed to the detector)."""
+        self._sources.append(fn)
+
+    def lateness(self, now: float, own_lag: float = 0.0) -> float:
+        """Seconds of the recent past this replica could not hear, at ``now`` (rule 3).
+
+        Args:
+            now: monotonic seconds.
+            own_lag: how late the driver's own last wake-up was (seconds).
+        """
+        late = max(own_lag, self._monitor.recent_lag(now, now))  # a stall in progress
+        lag, at = self._monitor.latest_late
+        if now - at < max(self._listen_after, lag):
+            late = max(late, lag)
+        return max(late, self.backlog(now))
+
+    def backlog(self, now: float) -> float:
+        """The lateness the sources report (an ingest backlog), seconds; 0 without any.
+
+        Unlike a loop stall, which is over by the time it is measured, a backlog
+        lasts: it is what shedding reads (rule 4)."""
+        late = 0.0
+        for fn in self._sources:
+            try:
+                late = max(late, float(fn(now)))
+            except Exception:  # a broken source must not stop detection
+                log.exception("lateness source failed")
+        return late if late >= 0 else 0.0
+
+
+class Shed(LimitExceeded):
+    """A new node's stream refused while the replica is loaded (rule 4).
+
+    Attributes:
+        pushback_ms: the retry hint, milliseconds.
+        trailing: the trailing metadata to end the call with.
+    """
+
+    def __init__(self, message: str, pushback_ms: int) -> None:
+        super().__init__(message)
+        self.pushback_ms = pushback_ms
+        self.trailing = ((PUSHBACK_KEY, str(pushback_ms)),)
+
+
+def check_shedding(
+    driver: Driver, node_id: str, now: float, rng: random.Random | None = None
+) -> None:
+    """Refuses the first heartbeat of an unknown node while the replica is loaded (rule 4).
+
+    Args:
+        driver: the replica's driver (its load monitor, lateness, observer, view).
+        node_id: the node of the stream's first heartbeat.
+        now: monotonic seconds.
+        rng: for the hint's jitter (default: the module's random).
+
+    Raises:
+        Shed: the replica sheds; its message names the load and the hint.
+    """
+    cfg = driver.config
+    u = driver.load.cpu
+    late = driver.health.backlog(now)
+    if u <= cfg.shed_utilisation and late < cfg.shed_lateness:  # 1.0: never on utilisation
+        return
+    if driver.observer.opinion(node_id) is not None or driver.state.member(node_id) is not None:
+        return
+    pushback = int(cfg.shed_retry_after * 1000 * (1.0 + (rng or random).random()))
+    driver.load.shed += 1
+    raise Shed(
+        f"shedding: arbiter {driver.replica_id} is loaded (cpu {u:.2f}, "
+        f"shed_utilisation {cfg.shed_utilisation:g}; backlog {late:.3f}s, shed_lateness "
+        f"{cfg.shed_lateness:g}s) and takes no new node now; retry {node_id!r} after "
+        f"{pushback} ms ({PUSHBACK_KEY})",
+        pushback,
+    )
+
+
+def log_interval(driver: Driver, interval: float) -> float:
+    """Logs that ``driver`` now suggests ``interval`` seconds, with the node count,
+    budget, utilisation and D; returns ``interval``."""
+    cfg = driver.config
+    log.info(
+        "arbiter %s suggests a heartbeat interval of %.3fs to its %d nodes "
+        "(budget %g heartbeats/s, utilisation %.2f; suspicion after %.2fs)",
+        driver.replica_id,
+        interval,
+        driver.observer.tracked(),
+        cfg.heartbeat_budget,
+        driver.load.utilisation,
+        interval * cfg.missed_heartbeats,
+    )
+    return interval

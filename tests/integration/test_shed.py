@@ -1,0 +1,113 @@
+"""A loaded replica sheds new nodes with RESOURCE_EXHAUSTED and a retry hint; the SDK waits
+that long and joins once the load is gone (arbiter/server/load.py rule 4, heartbeats rule 5).
+
+One replica that is its own quorum runs in this process; the test plays its load with a
+load source (``LoadMonitor.add_source``), so nothing here depends on the machine's speed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from arbiter.config import ArbiterConfig
+from arbiter.server.app import ArbiterServer
+from arbiter.server.driver import Driver
+from arbiter.server.load import PUSHBACK_KEY, Shed, check_shedding
+from membership import MembershipClient
+from membership.localcluster import free_ports
+from membership.v1 import membership_pb2 as pb
+from membership.v1 import membership_pb2_grpc as pb_grpc
+from membership.view import MemberState
+from tests.integration.harness import wait_async
+
+pytestmark = pytest.mark.integration
+
+RETRY_AFTER = 0.5  # seconds: hints of 500 to 999 ms
+
+
+@pytest.fixture
+async def lone_replica() -> AsyncIterator[ArbiterServer]:
+    addr = f"127.0.0.1:{free_ports(1)[0]}"
+    config = ArbiterConfig.local(shed_retry_after=RETRY_AFTER, shed_utilisation=0.9)
+    server = ArbiterServer(replica_id="a1", peers={"a1": addr}, listen=addr, config=config)
+    await server.start()
+    try:
+        await wait_async(lambda: server.driver.is_leader, 15, "a leader")
+        yield server
+    finally:
+        await server.stop(grace=0)
+
+
+async def _first_ack(
+    stub: pb_grpc.MembershipStub, node_id: str
+) -> tuple[grpc.aio.StreamStreamCall, pb.HeartbeatAck]:
+    """A new stream for ``node_id`` with its first heartbeat, and that heartbeat's ack."""
+    call = stub.Heartbeat()
+    await call.write(pb.HeartbeatRequest(node_id=node_id, incarnation=1, seq=1))
+    return call, await call.read()
+
+
+def _member(server: ArbiterServer, node_id: str) -> MemberState | None:
+    return {m.node_id: m.state for m in server.driver.state.view().members}.get(node_id)
+
+
+async def test_shed_new_nodes_get_the_status_and_hint_known_ones_go_on_sdk_waits(
+    lone_replica: ArbiterServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    driver = lone_replica.driver
+    addr = f"127.0.0.1:{lone_replica.port}"
+    busy = [0.0]
+    driver.load.add_source(lambda now: busy[0])
+    sheds: list[tuple[str, float, int]] = []  # (node, when, hint ms) of every refusal
+
+    def recording(drv: Driver, node_id: str, now: float) -> None:
+        try:
+            check_shedding(drv, node_id, now)
+        except Shed as e:
+            sheds.append((node_id, time.monotonic(), e.pushback_ms))
+            raise
+
+    monkeypatch.setattr("arbiter.server.servicers.check_shedding", recording)
+
+    async with grpc.aio.insecure_channel(addr) as channel:
+        stub = pb_grpc.MembershipStub(channel)
+        known, ack = await _first_ack(stub, "n0")  # a node the replica knows
+        assert ack.seq == 1
+        await wait_async(lambda: _member(lone_replica, "n0") is MemberState.ALIVE, 10, "n0")
+
+        busy[0] = 1.0
+        driver.load.sample()  # the next sample would say so within a second
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await _first_ack(stub, "n1")
+        assert e.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert (e.value.details() or "").startswith("shedding: arbiter a1 is loaded")
+        hints = dict(e.value.trailing_metadata() or ())
+        assert 500 <= int(hints[PUSHBACK_KEY]) < 1000
+        # Streams of known nodes are served on: a new one of n0's, and the old one.
+        again, ack = await _first_ack(stub, "n0")
+        assert ack.state == pb.MEMBER_STATE_ALIVE
+        await known.write(pb.HeartbeatRequest(node_id="n0", incarnation=1, seq=2))
+        assert (await known.read()).seq == 2
+        for call in (known, again):
+            await call.done_writing()
+
+    # The SDK: refused, it waits at least the hint each time, then joins once load is gone.
+    sheds.clear()
+    client = MembershipClient([addr], node_id="n2", leave_on_exit=False)
+    await client.start()
+    try:
+        await wait_async(lambda: len([s for s in sheds if s[0] == "n2"]) >= 3, 15, "3 refusals")
+        mine = [s for s in sheds if s[0] == "n2"]
+        for (_, t0, hint), (_, t1, _) in itertools.pairwise(mine):
+            assert t1 - t0 >= hint / 1000 - 0.02, (t1 - t0, hint)
+        assert _member(lone_replica, "n2") is None
+        busy[0] = 0.0
+        driver.load.sample()
+        await wait_async(lambda: _member(lone_replica, "n2") is MemberState.ALIVE, 15, "n2 joins")
+    finally:
+        await client.close()
