@@ -156,12 +156,9 @@ class Observer:
         self._owed: set[str] = set()
         self._seen_epoch = -1
         self._pacer = BatchPacer(batch_interval)
-        # Set by each scan of observations(): when the oldest held observation
-        # became ready (None: none held), how many are held, the applied index
-        # and leadership they were judged under, and when the next owed one is
-        # due (a retry, or the pacer's release). Until one of these moves, or a
-        # new opinion is made (_fresh), a scan would find nothing: it is skipped,
-        # and next_deadline() is O(1) (a storm holds many observations).
+        # The last scan of observations(): oldest held, how many, the applied index and
+        # leadership it judged under, the next due time. Until one moves or an opinion
+        # is made (_fresh) a scan finds nothing: skipped; next_deadline() is O(1).
         self._held_since: float | None = None
         self._held_count = 0
         self._scan_applied = -1
@@ -413,7 +410,8 @@ class Observer:
             if op.proposed_at is not None and now < op.proposed_at + self._retry_after:
                 due = min(due, op.proposed_at + self._retry_after)
                 continue
-            if not pacing or op.opinion is Opinion.SUSPECT or _follows(op, node_id, voters, state):
+            urgent = not pacing or op.opinion is Opinion.SUSPECT
+            if urgent or _follows(op, node_id, self._replica_id, voters, state):
                 chosen.append((node_id, op))
             else:
                 held.append((node_id, op))
@@ -483,11 +481,18 @@ def _ready_at(op: _Opinion, retry_after: float) -> float:
     return op.since if op.proposed_at is None else op.proposed_at + retry_after
 
 
-def _follows(op: _Opinion, node_id: str, voters: list[str], state: MembershipState) -> bool:
-    """True when ``op`` is ALIVE and another voter's committed observation of the node
-    is ALIVE at its incarnation (:mod:`arbiter.core.batching`, rule 1)."""
+def _follows(
+    op: _Opinion, node_id: str, me: str, voters: list[str], state: MembershipState
+) -> bool:
+    """True when ``op`` is ALIVE, another voter's committed observation is ALIVE at its
+    incarnation, and the node is not ALIVE at it already without this replica having
+    reported it (a late echo: held; :mod:`arbiter.core.batching`, rule 1)."""
     if op.opinion is not Opinion.ALIVE:
         return False
+    m, mine = state.member(node_id), state.observation(me, node_id)
+    late = mine is None or mine.incarnation < op.incarnation  # never reported this life
+    if late and m is not None and (m.incarnation, m.state) == (op.incarnation, MemberState.ALIVE):
+        return False  # ALIVE without this replica: a late echo, held
     for r in voters:
         rec = state.observation(r, node_id)
         if rec is not None and rec.opinion is Opinion.ALIVE and rec.incarnation == op.incarnation:

@@ -198,3 +198,18 @@ def test_batching_config_carries_the_interval_and_refuses_a_negative_one() -> No
     assert off.replica_settings().observation_batch_interval == 0.0
     with pytest.raises(InvalidArgument, match="observation_batch_interval must be >= 0"):
         ArbiterConfig.lan(observation_batch_interval=-0.1).validate()
+
+
+def test_batching_a_late_echo_is_held_not_proposed_per_turn() -> None:
+    # a3 hears n1 only after a1 and a2 made it ALIVE: its observation adds
+    # nothing to the view, so it waits for the follow wait (one batch), not
+    # one entry per driver turn.
+    log, obs = Log(), _observer(leading=False, replica="a3")
+    for r in ("a1", "a2"):
+        log.commit(r, (Observation(node_id="n1", incarnation=1, opinion=Opinion.ALIVE, seq=1),))
+    assert log.state.member("n1").state is MemberState.ALIVE  # type: ignore[union-attr]
+    obs.heartbeat("n1", 1, {}, 5.0, log.state)
+    obs.heartbeat("n2", 1, {}, 5.05, log.state)
+    assert obs.observations(5.05, log.state) == ()
+    assert obs.held() == 2
+    assert _ids(obs.observations(5.0 + 2 * BATCH, log.state)) == ["n1", "n2"]
