@@ -97,6 +97,11 @@ _TUNABLES = (
         "restart_grace",
         "seconds without suspicion after a restart, at least (raised to the longest lease)",
     ),
+    (
+        "--observation-batch-interval",
+        "observation_batch_interval",
+        "seconds between the leader's batches of joins; 0: every observation at once",
+    ),
     ("--election-timeout", "election_timeout", "Raft election timeout, seconds"),
     ("--raft-heartbeat-interval", "raft_heartbeat_interval", "Raft leader heartbeat, seconds"),
     ("--snapshot-every", "snapshot_every", "applied log entries between two snapshots"),
