@@ -40,10 +40,13 @@ Rules:
    (arbiter/server/joining.py); a data dir that already holds state just
    restarts from its stored configuration. A replica removed from the group
    logs it at WARNING and exits 0.
-9. ``--ingest-workers auto|K`` (or ``MEMBERSHIP_INGEST_WORKERS``; the flag
-   wins): heartbeat ingest in K worker processes (arbiter/server/ingest);
-   ``auto``, the lan preset's default, is one per usable core (at most 64),
-   the local preset's is 0. A value that is neither is a usage error (exit 2).
+9. ``--event-loop auto|asyncio|uvloop`` (arbiter/server/eventloop.py):
+   uvloop when installed (auto), or the loop chosen; ``uvloop`` without it
+   installed is a usage error (exit 2).
+10. ``--ingest-workers auto|K`` (or ``MEMBERSHIP_INGEST_WORKERS``; the flag
+    wins): heartbeat ingest in K worker processes (arbiter/server/ingest);
+    ``auto``, the lan preset's default, is one per usable core (at most 64),
+    the local preset's is 0. A value that is neither is a usage error (exit 2).
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ T = TypeVar("T")
 
 # --metrics-listen's environment variable (rule 5).
 ENV_METRICS_LISTEN = "MEMBERSHIP_METRICS_LISTEN"
-# --ingest-workers's environment variable (rule 9; the tests set it to 0).
+# --ingest-workers's environment variable (rule 10; the tests set it to 0).
 ENV_INGEST_WORKERS = "MEMBERSHIP_INGEST_WORKERS"
 
 
@@ -100,6 +103,11 @@ _TUNABLES = (
         "--restart-grace",
         "restart_grace",
         "seconds without suspicion after a restart, at least (raised to the longest lease)",
+    ),
+    (
+        "--observation-batch-interval",
+        "observation_batch_interval",
+        "seconds between the leader's batches of joins; 0: every observation at once",
     ),
     ("--election-timeout", "election_timeout", "Raft election timeout, seconds"),
     ("--raft-heartbeat-interval", "raft_heartbeat_interval", "Raft leader heartbeat, seconds"),
@@ -243,6 +251,13 @@ def register(sub: Any) -> None:
         "grpc probe, which cannot do mutual TLS; see arbiter/server/health_port.py)",
     )
     p.add_argument(
+        "--event-loop",
+        choices=("auto", "asyncio", "uvloop"),
+        default="auto",
+        help="the asyncio event loop: uvloop when installed (auto, the default), or the one "
+        "chosen (arbiter/server/eventloop.py)",
+    )
+    p.add_argument(
         "--restore",
         type=Path,
         metavar="FILE",
@@ -291,7 +306,7 @@ def _config(args: argparse.Namespace) -> ArbiterConfig:
         if value is not None:
             overrides[name] = value
     env_workers = os.environ.get(ENV_INGEST_WORKERS, "").strip()
-    if args.ingest_workers is None and env_workers:  # rule 9: the flag wins
+    if args.ingest_workers is None and env_workers:  # rule 10: the flag wins
         try:
             overrides["ingest_workers"] = parse_ingest_workers(env_workers)
         except ValueError:
@@ -302,7 +317,11 @@ def _config(args: argparse.Namespace) -> ArbiterConfig:
 
 
 def run(args: argparse.Namespace, interrupt: Interrupt) -> Any:
-    """The command: checks (rule 1), then serves until SIGINT or SIGTERM (a coroutine)."""
+    """The command: checks (rule 1), then serves until SIGINT or SIGTERM (a coroutine,
+    run on the event loop of ``--event-loop``: rule 9)."""
+    from arbiter.server.eventloop import loop_factory
+
+    args.loop_factory = loop_factory(args.event_loop)
     return _run(args, interrupt)
 
 

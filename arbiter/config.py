@@ -100,14 +100,14 @@ class ArbiterConfig:
     # long (seconds) at least; a first start (empty data dir) has none. It is
     # raised to the longest lease (grace: the lease at interval_ceiling, 17.9 s
     # with max_nodes 10,000; 3 s with the local preset's 1,500).
-    # It must cover one maximum lease (a lease granted before a crash is a
-    # promise: arbiter/core/observer.py, rule 5) plus the time nodes need to reconnect after
-    # an outage (their backoff is at most 1 s by default): otherwise restarting
-    # every replica would declare slow-to-reconnect nodes DEAD. Trade-off: a
+    # It must cover one maximum lease (a promise: core/observer.py rule 5) plus the
+    # nodes' reconnect after an outage (backoff <= 1 s by default). Trade-off: a
     # node that died during the outage is declared DEAD up to this much later.
     restart_grace: float = 3.0
     # Observations not committed after this long are proposed again (seconds).
     observation_retry: float = 0.5
+    # Seconds between the leader's batches of joins (core/batching.py); 0: all at once.
+    observation_batch_interval: float = 0.2
 
     # --- Raft ----------------------------------------------------------------
     # Leader heartbeat interval (seconds).
@@ -348,6 +348,7 @@ class ArbiterConfig:
             max_heartbeat_interval=self.max_heartbeat_interval,
             max_nodes=self.max_nodes,
             load_policy=self.load_policy(),
+            observation_batch_interval=self.observation_batch_interval,
             retention=RetentionPolicy(
                 retention=self.tombstone_retention,
                 max_tombstones=self.max_tombstones,
@@ -418,8 +419,9 @@ class ArbiterConfig:
                 f"shed_utilisation must be in (load_target, 1] (the interval reacts first, "
                 f"shedding after), got {self.shed_utilisation} with load_target {self.load_target}"
             )
-        if self.restart_grace < 0:
-            raise InvalidArgument(f"restart_grace must be >= 0, got {self.restart_grace}")
+        for name in ("restart_grace", "observation_batch_interval", "max_ping_strikes"):
+            if getattr(self, name) < 0:
+                raise InvalidArgument(f"{name} must be >= 0, got {getattr(self, name)}")
         if not 0 < self.lease_fraction <= 1:
             raise InvalidArgument(
                 f"lease_fraction must be in (0, 1]: a lease longer than D would promise "
@@ -494,7 +496,5 @@ class ArbiterConfig:
                 f"{MIN_KEEPALIVE_TIMEOUT}s: it is also the sockets' TCP_USER_TIMEOUT, and a "
                 "shorter one aborts healthy connections on a few retransmissions"
             )
-        if self.max_ping_strikes < 0:
-            raise InvalidArgument(f"max_ping_strikes must be >= 0, got {self.max_ping_strikes}")
         self.raft().validate()
         return self

@@ -393,7 +393,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         result = args.func(args, interrupt)
         if asyncio.iscoroutine(result):
-            result = asyncio.run(interrupt.run(result))
+            # A command may choose its event loop (``membership arbiter --event-loop``).
+            factory = getattr(args, "loop_factory", None)
+            with asyncio.Runner(loop_factory=factory) as runner:
+                result = runner.run(interrupt.run(result))
         return int(result or 0)
     except Interrupted as e:
         clean = getattr(args, "signal_exit", None)

@@ -21,7 +21,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 os.environ["MEMBERSHIP_INSECURE"] = "1"
 # Heartbeat ingest in the replica's process for every arbiter a test starts
 # (the lan default, auto, adds a worker process per core to each): tests of the
-# workers give --ingest-workers, which wins (arbiter/cli.py rule 9).
+# workers give --ingest-workers, which wins (arbiter/cli.py rule 10).
 os.environ.setdefault("MEMBERSHIP_INGEST_WORKERS", "0")
 
 

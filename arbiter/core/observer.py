@@ -11,9 +11,15 @@ Rules:
    hears at an incarnation, and SUSPECT once its failure detector suspects the
    node; a later heartbeat makes it ALIVE again. Each change of opinion gets a
    new, higher sequence number and becomes an observation owed to the log.
-2. Delivery. An owed observation is proposed at once and again every
+2. Delivery. An owed observation is proposed when it is ready (new, or
+   ``retry_after`` seconds after it was last proposed) and again every
    ``retry_after`` seconds until the committed state holds it (the state
-   machine ignores duplicates, so retries are harmless).
+   machine ignores duplicates, so retries are harmless). A ready SUSPECT
+   observation, and an ALIVE one that follows another voter's committed
+   ALIVE observation, are proposed at once; any other ready ALIVE one is
+   held until the pacer releases it (:mod:`arbiter.core.batching`, rules 1
+   to 3), then proposed with every other held one, so a join storm commits
+   in a few entries.
 3. Incarnations. A heartbeat at an incarnation below the cluster's record, or
    at a DEAD or LEFT incarnation, or at one retired by a leave before it joined
    (the state machine's rule 5: answered LEFT), or at or below the floor of a
@@ -55,6 +61,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from arbiter.core.batching import BatchPacer
 from arbiter.core.commands import Observation, Opinion
 from arbiter.core.detection import FailureDetector
 from arbiter.core.tally import MembershipState
@@ -99,6 +106,8 @@ class _Opinion:
     # When it was last proposed (None: never); None once committed.
     proposed_at: float | None = None
     committed: bool = False
+    # When it was made (monotonic seconds): ready to be proposed from then.
+    since: float = 0.0
 
 
 class Observer:
@@ -115,6 +124,12 @@ class Observer:
             boot-time value, e.g. wall-clock nanoseconds).
         now: monotonic seconds at start.
         restart_grace: seconds after ``now`` during which no suspicion is cast.
+        batch_interval: seconds between the leader's batches of held ALIVE
+            observations (rule 2, :mod:`arbiter.core.batching`); 0 proposes
+            everything at once.
+
+    Raises:
+        ValueError: a negative lease, grace or batch interval, or retry_after <= 0.
     """
 
     def __init__(
@@ -127,6 +142,7 @@ class Observer:
         seq_base: int,
         now: float,
         restart_grace: float,
+        batch_interval: float = 0.0,
     ) -> None:
         if lease < 0 or retry_after <= 0 or restart_grace < 0:
             raise ValueError("lease and restart_grace must be >= 0, retry_after > 0")
@@ -139,6 +155,16 @@ class Observer:
         self._opinions: dict[str, _Opinion] = {}
         self._owed: set[str] = set()
         self._seen_epoch = -1
+        self._pacer = BatchPacer(batch_interval)
+        # The last scan of observations(): oldest held, how many, the applied index and
+        # leadership it judged under, the next due time. Until one moves or an opinion
+        # is made (_fresh) a scan finds nothing: skipped; next_deadline() is O(1).
+        self._held_since: float | None = None
+        self._held_count = 0
+        self._scan_applied = -1
+        self._scan_leading = False
+        self._due_at = math.inf
+        self._fresh = False
 
     @property
     def detector(self) -> FailureDetector:
@@ -170,17 +196,30 @@ class Observer:
         """How many observations are not yet committed."""
         return len(self._owed)
 
+    @property
+    def pacer(self) -> BatchPacer:
+        """The pacer of held observations (the replica tells it whether it leads)."""
+        return self._pacer
+
+    def held(self) -> int:
+        """How many ready observations the pacer held back at the last :meth:`observations`."""
+        return self._held_count
+
     def _new_opinion(
         self,
         node_id: str,
         incarnation: int,
         opinion: Opinion,
         labels: tuple[tuple[str, str], ...],
+        now: float,
         evidence: tuple[float, float] | None = None,
     ) -> None:
         self._seq += 1
-        self._opinions[node_id] = _Opinion(incarnation, opinion, self._seq, labels, evidence)
+        self._opinions[node_id] = _Opinion(
+            incarnation, opinion, self._seq, labels, evidence, since=now
+        )
         self._owed.add(node_id)
+        self._fresh = True
 
     def heartbeat(
         self,
@@ -240,7 +279,9 @@ class Observer:
             current = None
         self._detector.heartbeat(node_id, now, interval)
         if current is None or current.opinion is not Opinion.ALIVE or current.assumed:
-            self._new_opinion(node_id, incarnation, Opinion.ALIVE, tuple(sorted(labels.items())))
+            self._new_opinion(
+                node_id, incarnation, Opinion.ALIVE, tuple(sorted(labels.items())), now
+            )
             current = self._opinions[node_id]
         self._check_committed(node_id, current, state)
         granted = 0.0
@@ -291,7 +332,7 @@ class Observer:
             if op is None or op.opinion is Opinion.SUSPECT:
                 continue
             evidence = self._evidence(node_id, heard_until)
-            self._new_opinion(node_id, op.incarnation, Opinion.SUSPECT, op.labels, evidence)
+            self._new_opinion(node_id, op.incarnation, Opinion.SUSPECT, op.labels, now, evidence)
 
     def _evidence(self, node_id: str, now: float) -> tuple[float, float]:
         """(silence, suspicion level) of a node just suspected, rounded for the log."""
@@ -334,6 +375,11 @@ class Observer:
     def observations(self, now: float, state: MembershipState) -> tuple[Observation, ...]:
         """The observations to propose now: new ones and those due for a retry (rule 2).
 
+        Ready SUSPECT observations and ALIVE ones that follow another
+        voter's committed ALIVE observation are always returned; the other
+        ready ALIVE ones only once the pacer releases them, all together
+        (:mod:`arbiter.core.batching`).
+
         Args:
             now: monotonic seconds.
             state: the committed state machine, to drop what is committed.
@@ -342,7 +388,18 @@ class Observer:
             Observations sorted by node id; each returned one is counted as
             proposed at ``now``.
         """
-        out: list[Observation] = []
+        if (
+            not self._fresh
+            and now < self._due_at
+            and state.applied_index == self._scan_applied
+            and self._pacer.leading == self._scan_leading
+        ):
+            return ()  # nothing new, committed, due or released since the last scan
+        chosen: list[tuple[str, _Opinion]] = []
+        held: list[tuple[str, _Opinion]] = []
+        voters = [r for r in state.arbiters if r != self._replica_id]
+        pacing = self._pacer.interval > 0
+        due = math.inf
         for node_id in sorted(self._owed):
             if self._forget_retired(node_id, state):
                 continue
@@ -351,7 +408,30 @@ class Observer:
             if op.committed:
                 continue
             if op.proposed_at is not None and now < op.proposed_at + self._retry_after:
+                due = min(due, op.proposed_at + self._retry_after)
                 continue
+            urgent = not pacing or op.opinion is Opinion.SUSPECT
+            if urgent or _follows(op, node_id, self._replica_id, voters, state):
+                chosen.append((node_id, op))
+            else:
+                held.append((node_id, op))
+        self._fresh = False
+        self._held_since, self._held_count = None, 0
+        self._scan_applied, self._scan_leading = state.applied_index, self._pacer.leading
+        if held:
+            oldest = min(_ready_at(op, self._retry_after) for _, op in held)
+            release = self._pacer.release_at(oldest)
+            if now >= release:
+                self._pacer.released(now)
+                chosen = sorted(chosen + held, key=lambda pair: pair[0])
+            else:
+                self._held_since, self._held_count = oldest, len(held)
+                due = min(due, release)
+        if chosen:
+            due = min(due, now + self._retry_after)
+        self._due_at = due
+        out: list[Observation] = []
+        for node_id, op in chosen:
             op.proposed_at = now
             ev = op.evidence if op.opinion is Opinion.SUSPECT else None
             out.append(
@@ -368,6 +448,11 @@ class Observer:
             )
         return tuple(out)
 
+    def follow_due(self, state: MembershipState) -> bool:
+        """True when observations are held and entries were applied since they were
+        judged: some may follow now (:mod:`arbiter.core.batching`, rule 3)."""
+        return self._held_since is not None and state.applied_index != self._scan_applied
+
     def needs_sync(self, state: MembershipState) -> bool:
         """True when the committed view moved since the last :meth:`tick` (rule 5 work is due)."""
         return state.epoch != self._seen_epoch
@@ -378,13 +463,38 @@ class Observer:
         ``lateness``: as in :meth:`tick` (rule 6); a detector deadline is due
         that much later. A view that moved since the last tick is not counted
         here (the observer does not hold the state): callers check
-        :meth:`needs_sync` too.
+        :meth:`needs_sync` too, and :meth:`follow_due` after an apply.
         """
         times: list[float] = []
         d = self._detector.next_deadline()
         if d is not None:
             times.append(max(d + lateness, self._grace_until))
-        for node_id in self._owed:
-            op = self._opinions[node_id]
-            times.append(op.proposed_at + self._retry_after if op.proposed_at is not None else 0.0)
+        if self._fresh:
+            times.append(0.0)  # a new opinion may be due at once
+        elif self._owed and math.isfinite(self._due_at):
+            times.append(self._due_at)  # a retry, or the pacer's release (last scan)
         return min(times) if times else None
+
+
+def _ready_at(op: _Opinion, retry_after: float) -> float:
+    """When ``op`` is (or was) ready to be proposed: made, or due for a retry (rule 2)."""
+    return op.since if op.proposed_at is None else op.proposed_at + retry_after
+
+
+def _follows(
+    op: _Opinion, node_id: str, me: str, voters: list[str], state: MembershipState
+) -> bool:
+    """True when ``op`` is ALIVE, another voter's committed observation is ALIVE at its
+    incarnation, and the node is not ALIVE at it already without this replica having
+    reported it (a late echo: held; :mod:`arbiter.core.batching`, rule 1)."""
+    if op.opinion is not Opinion.ALIVE:
+        return False
+    m, mine = state.member(node_id), state.observation(me, node_id)
+    late = mine is None or mine.incarnation < op.incarnation  # never reported this life
+    if late and m is not None and (m.incarnation, m.state) == (op.incarnation, MemberState.ALIVE):
+        return False  # ALIVE without this replica: a late echo, held
+    for r in voters:
+        rec = state.observation(r, node_id)
+        if rec is not None and rec.opinion is Opinion.ALIVE and rec.incarnation == op.incarnation:
+            return True
+    return False

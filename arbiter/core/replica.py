@@ -8,15 +8,16 @@ Rules:
 1. Inputs: ``heartbeat`` (a node's heartbeat received at ``now``), ``step`` (a
    Raft message from a peer), ``tick`` (time passes), ``propose_leave``,
    ``propose_remove`` and ``propose_config_change``.
-2. ``tick`` ticks Raft and the observer, then proposes every owed observation
-   as one batch (the observer's rules 1 and 2). Without a leader the batch is
-   dropped; the observer proposes it again after its retry interval. A
-   replica that is not a member of the applied configuration (a joining or
-   removed replica) proposes none. A learner does: the tally stores its
-   observations without counting them (its rule 9), so its opinions are
-   committed and it grants leases (observer rule 4) before it is promoted,
-   so no node loses its quorum of leases when it starts to vote (session
-   rule 9). A replica that is no member of the configuration in force (its
+2. ``tick`` ticks Raft and the observer, then proposes the owed observations due
+   now as one batch (observer rules 1, 2; :mod:`arbiter.core.batching`: the
+   leader cuts a join storm into few batches, the others follow its commits).
+   Without a leader the batch is dropped; the observer proposes it again after
+   its retry interval. A replica that is not a member of the applied
+   configuration (a joining or removed replica) proposes none. A learner does:
+   the tally stores its observations without counting them (its rule 9), so
+   its opinions are committed and it grants leases (observer rule 4) before
+   it is promoted, so no node loses its quorum of leases when it starts to
+   vote (session rule 9). A replica that is no member of the configuration in force (its
    removal appended, not yet committed) grants no lease: a node must not
    count on a replica that is leaving.
 3. Output follows etcd's Ready: the caller takes ``ready()``, persists its
@@ -196,6 +197,7 @@ class Replica:
             seq_base=seq_base,
             now=now,
             restart_grace=settings.restart_grace,
+            batch_interval=settings.observation_batch_interval,
         )
         self.retention = Retention(settings.retention)
         self.interval = settings.governor()  # the suggested interval (detection/interval.py)
@@ -272,7 +274,8 @@ class Replica:
         (observer rule 6, bounded by ``settings.max_lateness``)."""
         self.raft.tick(now)
         self._bootstrap(now)
-        forget = self.retention.due(self.state, now, leader=self.raft.status().role is Role.LEADER)
+        self.observer.pacer.leading = leader = self.raft.status().role is Role.LEADER
+        forget = self.retention.due(self.state, now, leader=leader)
         if forget is not None:
             try:
                 self.raft.propose(encode(forget), now)
@@ -296,8 +299,7 @@ class Replica:
         if st.role is not Role.LEADER or self.state.instance or self._bootstrap_term == st.term:
             return
         self._bootstrap_term = st.term
-        # 104 random bits from the injected source, as hex (the simulator's
-        # runs stay reproducible).
+        # 104 random bits from the injected source, as hex (reproducible in the simulator).
         instance = "".join(f"{int(self._rng.random() * 2**52):013x}" for _ in range(2))
         try:
             self.raft.propose(encode(Bootstrap(instance=instance)), now)
@@ -477,9 +479,10 @@ class Replica:
         ``lateness`` the next tick will be passed: observer rule 6).
 
         ``-inf`` (due at once) after an apply moved the view: the observer must
-        start tracking members it has not heard (found by the simulator).
+        start tracking members it has not heard (found by the simulator), or
+        while observations are held: some may follow now (batching rule 3).
         """
-        if self.observer.needs_sync(self.state):
+        if self.observer.needs_sync(self.state) or self.observer.follow_due(self.state):
             return float("-inf")
         d = self.observer.next_deadline(min(lateness, self.settings.max_lateness))
         r = self.raft.next_deadline()

@@ -40,6 +40,11 @@ class ReplicaSettings:
         load_policy: how the measured load moves the interval (interval rule 4).
         retention: when DEAD and LEFT records are forgotten (replica rule 8); the
             default forgets nothing.
+        observation_batch_interval: seconds between two batches of held
+            (joining) ALIVE observations on the leader; the other replicas
+            follow its commits and wait at most twice this
+            (:mod:`arbiter.core.batching`); 0 proposes every owed
+            observation on every tick.
     """
 
     lease: float
@@ -52,6 +57,7 @@ class ReplicaSettings:
     max_nodes: int = 0
     load_policy: LoadPolicy = field(default_factory=LoadPolicy)
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    observation_batch_interval: float = 0.0
 
     @property
     def ceiling(self) -> float:

@@ -148,14 +148,22 @@ class TallyRecords:
     def highest_incarnation(self, node_id: str) -> int | None:
         """The highest incarnation known for the node (record, retired incarnation or
         any observation), or None."""
-        known = [o.incarnation for o in self._obs.get(node_id, {}).values()]
-        if node_id in self._members:
-            known.append(self._members[node_id].incarnation)
-        if node_id in self._retired:
-            known.append(self._retired[node_id])
+        # Read on every heartbeat: no list built (the same maximum as of a list).
+        best: int | None = None
+        obs = self._obs.get(node_id)
+        if obs:
+            best = max(o.incarnation for o in obs.values())
+        member = self._members.get(node_id)
+        if member is not None and (best is None or member.incarnation > best):
+            best = member.incarnation
+        retired = self._retired.get(node_id)
+        if retired is not None and (best is None or retired > best):
+            best = retired
         if self._floors.has(node_id):
-            known.append(self._floors.incarnation(node_id))
-        return max(known, default=None)
+            floor = self._floors.incarnation(node_id)
+            if best is None or floor > best:
+                best = floor
+        return best
 
     # -- snapshots --------------------------------------------------------------
 

@@ -36,14 +36,16 @@ from arbiter.core.replica import Replica, must_persist
 from arbiter.core.tally import LeaveOutcome, MembershipState, ViewChange
 from arbiter.server.counters import Counters
 from arbiter.server.events import RaftStanding, log_raft_standing, log_view_change
-from arbiter.server.load import LoadMonitor, LocalHealth, log_interval
+from arbiter.server.load import LoadMonitor, LocalHealth
 from arbiter.server.looplag import LoopLagMonitor
+from arbiter.server.standing import Standing, Standings
 from arbiter.server.storage import DurableState, Storage
 from arbiter.server.writer import DiskWriter
 
 __all__ = ["Driver", "ReplicaStatus"]
 
 log = logging.getLogger("arbiter.driver")
+Interval = float | None  # seconds a node heartbeats at; None: the configured interval
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,12 +153,13 @@ class Driver:
         self.lag_monitor.observe = self.counters.loop_lag.observe
         self.load = LoadMonitor(name=replica_id, on_sample=self.replica.observe_load)
         self.health = LocalHealth(self.lag_monitor, listen_after=config.heartbeat_interval)
-        self._last_interval = config.heartbeat_interval
         self.persist_seconds, self.persists = 0.0, 0  # fsync seconds, Readies written
         self._replaying = False
         # Term of the entry at raft.status().applied (a backup's term; arbiter/server/backup.py).
         self.applied_term = self.raft.snapshot().term
         self.after_turn: Callable[[], None] = lambda: None
+        # What every ack shares (arbiter/server/standing.py).
+        self.standings = Standings(self.replica, config, lambda: self.fatal is None)
         self._recover(t0, durable)
 
     @property
@@ -198,31 +201,39 @@ class Driver:
             end.applied - st.snapshot_index,
         )
 
-    # --- inputs -------------------------------------------------------------------
-
-    def on_heartbeat(
+    def heartbeat(
         self,
         node_id: str,
         incarnation: int,
         labels: Mapping[str, str],
-        interval: float | None = None,
-    ) -> HeartbeatVerdict:
-        """Takes a validated heartbeat received now; returns the verdict for the ack.
+        interval: Interval,
+        now: float,
+    ) -> tuple[HeartbeatVerdict, Standing]:
+        """Takes a validated heartbeat received at ``now``: everything its ack needs, in
+        one call (arbiter/server/heartbeat_path.py).
 
         Args:
-            node_id: the node.
-            incarnation: its incarnation.
-            labels: its static labels.
+            node_id, incarnation, labels: the node's, validated.
             interval: seconds the node heartbeats at (None: the configured one).
+            now: monotonic seconds at receipt (the caller's one clock reading).
 
-        Raises:
-            ValueError: ``interval`` is outside (0, max_heartbeat_interval].
+        Returns:
+            The core's verdict, and the :class:`Standing` now (arbiter/server/standing.py).
+
+        Raises ValueError when ``interval`` is outside (0, max_heartbeat_interval].
         """
-        owed = self.observer.owed()
-        verdict = self.replica.heartbeat(node_id, incarnation, labels, time.monotonic(), interval)
-        if self.observer.owed() != owed:
+        observer = self.observer
+        owed = observer.owed()
+        verdict = self.replica.heartbeat(node_id, incarnation, labels, now, interval)
+        if observer.owed() != owed:
             self._wake.set()
-        return verdict
+        return verdict, self.standings.now(now)
+
+    def on_heartbeat(
+        self, node_id: str, incarnation: int, labels: Mapping[str, str], interval: Interval = None
+    ) -> HeartbeatVerdict:
+        """:meth:`heartbeat` received now, its verdict only (ValueError as there)."""
+        return self.heartbeat(node_id, incarnation, labels, interval, time.monotonic())[0]
 
     def on_raft_message(self, msg: Message) -> None:
         """Steps one Raft message from a peer into the core."""
@@ -310,8 +321,6 @@ class Driver:
         finally:
             self._leaves.pop(request_id, None)
 
-    # --- status -------------------------------------------------------------------
-
     def status(self) -> ReplicaStatus:
         """This replica's leader, quorum, term, role and applied epoch."""
         st = self.raft.status()
@@ -325,12 +334,9 @@ class Driver:
         )
 
     def suggested_interval(self) -> float:
-        """Seconds between heartbeats to suggest in acks (node count and load; logged
-        when it moves: :func:`arbiter.server.load.log_interval`)."""
-        interval = self.replica.suggested_interval()
-        if interval != self._last_interval:
-            self._last_interval = log_interval(self, interval)
-        return interval
+        """Seconds between heartbeats to suggest in acks (grows with the node count;
+        a change is logged: arbiter/server/standing.py)."""
+        return self.standings.interval()
 
     def add_lateness_source(self, fn: Callable[[float], float]) -> None:
         """Adds ``fn(now) -> seconds`` this replica is late (an ingest backlog): no
@@ -344,8 +350,6 @@ class Driver:
     def local_suspects(self) -> list[str]:
         """Node ids this replica's own latest opinion is SUSPECT of (sorted)."""
         return self.observer.suspects()
-
-    # --- the loop -------------------------------------------------------------------
 
     def start(self) -> None:
         """Starts the loop task, and the loop-lag monitor, on the running event loop."""
@@ -416,7 +420,9 @@ class Driver:
                 self._persisted(rd, await self._writer.save(rd))
             self._send_and_apply(rd)
         await self._maybe_compact()
-        self._check_quorum(time.monotonic())  # the writes above may have taken a while
+        now = time.monotonic()  # the writes above may have taken a while
+        self._check_quorum(now)
+        self.standings.refresh(now)
         self.after_turn()
 
     def _persisted(self, rd: Ready, took: float) -> None:

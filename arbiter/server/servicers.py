@@ -38,8 +38,9 @@ from arbiter.server.arbiterset import ArbiterSet, to_protos
 from arbiter.server.authz import AllowAll, Authorizer, Refusal
 from arbiter.server.driver import Driver
 from arbiter.server.encoding import ViewEncoder
+from arbiter.server.heartbeat_path import AckBuilder, ClusterMismatch, HeartbeatChecks
 from arbiter.server.hub import Hub, HubStatus
-from arbiter.server.limits import HeartbeatStreamRules, LimitExceeded, Throttle
+from arbiter.server.limits import LimitExceeded
 from arbiter.server.load import Shed, check_shedding
 from arbiter.server.replies import cluster_mismatch, committed, deny, refusal_status
 from arbiter.server.statusboard import StatusBoard
@@ -47,12 +48,7 @@ from membership import convert
 from membership.errors import InvalidArgument
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
-from membership.validation import (
-    validate_incarnation,
-    validate_labels,
-    validate_node_id,
-    validate_status,
-)
+from membership.validation import validate_incarnation, validate_node_id
 from membership.view import MemberState, View
 
 __all__ = ["MembershipServicer"]
@@ -65,19 +61,6 @@ log = logging.getLogger("arbiter.api")
 # commit index every Raft heartbeat (0.1 s by default) and applies at once, so
 # a real epoch arrives well within this; an epoch from before a reset never does.
 FUTURE_EPOCH_WAIT = 1.0
-
-
-def _check_heartbeat(req: pb.HeartbeatRequest, min_interval: float, max_interval: float) -> None:
-    validate_node_id(req.node_id)
-    validate_incarnation(req.incarnation)
-    validate_labels(req.labels)
-    validate_status(req.status.phase, req.status.gauges, convert.status_numbers(req.status))
-    if not (req.interval_seconds == 0 or min_interval <= req.interval_seconds <= max_interval):
-        raise InvalidArgument(
-            f"interval_seconds must be 0 (the arbiter's default) or in "
-            f"[{min_interval:g}, {max_interval:g}] (an interval the arbiters suggest), "
-            f"got {req.interval_seconds}"
-        )
 
 
 class MembershipServicer(pb_grpc.MembershipServicer):
@@ -100,12 +83,12 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         self._hub = hub
         self.cluster = cluster
         self._config = driver.config
-        self._max_interval = driver.replica.settings.ceiling  # interval rule 5
         self._closing = asyncio.Event()
         self.heartbeat_streams = 0
         self.subscriptions = 0
         self.board = StatusBoard()
         self._views = ViewEncoder(driver, self.board)
+        self._acks = AckBuilder(driver.replica_id, cluster)
         self._pruned_at = time.monotonic()
         # The configuration in force (set by the server: arbiter/server/arbiterset.py).
         self.arbiters: Callable[[], ArbiterSet] = lambda: ArbiterSet(voters={})
@@ -154,32 +137,33 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         request_iterator: AsyncIterator[pb.HeartbeatRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.HeartbeatAck]:
-        """One node's heartbeat stream: an ack for every heartbeat (the stream rules of
-        :mod:`arbiter.server.limits`, then the driver's verdict)."""
+        """One node's heartbeat stream: an ack for every heartbeat (the stream's checks of
+        :mod:`arbiter.server.heartbeat_path` and :mod:`arbiter.server.limits`, then the
+        driver's verdict, in one call; the ack copied from the builder's template)."""
         cfg = self._config
+        driver = self._driver
         refusal = limits.stream_slot(
-            "max_heartbeat_streams", self.heartbeat_streams, cfg, self._driver.replica_id
+            "max_heartbeat_streams", self.heartbeat_streams, cfg, driver.replica_id
         )
         if refusal is not None:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
-        rules = HeartbeatStreamRules()
-        throttle = Throttle(cfg.max_heartbeat_rate, cfg.heartbeat_rate_margin)
+        checks = HeartbeatChecks(cfg, self.cluster, driver.replica_id)
         if not isinstance(self.authz, AllowAll):  # --insecure: no hop per heartbeat
             request_iterator = self._as_node(request_iterator, context)
         self.heartbeat_streams += 1
-        counters, last_at = self._driver.counters, None  # metrics: plain ints, no calls
+        counters, last_at = driver.counters, None  # metrics: plain ints, no calls
+        board, acks, closing, monotonic = self.board, self._acks, self._closing, time.monotonic
         try:
             async for req in request_iterator:
                 counters.heartbeats += 1
-                if self._closing.is_set():
+                if closing.is_set():
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
+                now = monotonic()
                 try:
-                    wait = throttle.admit(time.monotonic())
-                    _check_heartbeat(req, cfg.heartbeat_interval, self._max_interval)
-                    first = rules.check(req.node_id, req.incarnation, req.seq)
+                    wait, first = checks.check(req, now)
                     if first:
-                        limits.check_new_node(self._driver, cfg.max_nodes, req.node_id)
-                        check_shedding(self._driver, req.node_id, time.monotonic())
+                        limits.check_new_node(driver, cfg.max_nodes, req.node_id)
+                        check_shedding(driver, req.node_id, now)
                 except InvalidArgument as e:
                     log.info("heartbeat refused from %s: %s", context.peer(), e)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -188,44 +172,26 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                         "heartbeat stream cut from %s: %s", context.peer(), e
                     )
                     await context.abort(e.code, str(e), trailing_metadata=e.trailing)
-                refusal = self._cluster_mismatch(req.cluster, f"node {req.node_id}")
-                if refusal is not None:
-                    log.info("heartbeat refused from %s: %s", context.peer(), refusal)
-                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
+                except ClusterMismatch as e:
+                    log.info("heartbeat refused from %s: %s", context.peer(), e)
+                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
                 if wait > 0:
                     # Throttled (limits rule 3): handled, and acked, once its token is there.
                     await asyncio.sleep(wait)
-                verdict = self._driver.on_heartbeat(
-                    req.node_id, req.incarnation, req.labels, req.interval_seconds or None
+                    now = monotonic()
+                verdict, standing = driver.heartbeat(
+                    req.node_id, req.incarnation, req.labels, req.interval_seconds or None, now
                 )
-                now = time.monotonic()
                 if last_at is not None:
                     counters.interarrival.observe(now - last_at)
                 last_at = now
                 if verdict.accepted:
-                    self.board.update(req.node_id, req.incarnation, req.status, now)
+                    board.update(req.node_id, req.incarnation, req.status, now)
                     if now - self._pruned_at > 10.0:
                         self._pruned_at = now
-                        self.board.prune(now)
-                status = self._driver.status()
+                        board.prune(now)
                 counters.acks += 1
-                arbiters, config_index = self._arbiter_set()
-                yield pb.HeartbeatAck(
-                    seq=req.seq,
-                    epoch=status.epoch,
-                    lease_seconds=verdict.lease,
-                    next_interval_seconds=self._driver.suggested_interval(),
-                    state=convert.state_to_pb(verdict.state),
-                    in_quorum=status.in_quorum,
-                    arbiter_id=status.arbiter_id,
-                    incarnation=verdict.incarnation,
-                    leader_id=status.leader_id or "",
-                    cluster_size=sum(a.voter for a in arbiters),
-                    cluster=self.cluster,
-                    instance=self._driver.state.instance,
-                    arbiters=arbiters,
-                    config_index=config_index,
-                )
+                yield acks.ack(req.seq, verdict, standing, self.arbiters())
         finally:
             self.heartbeat_streams -= 1
 

@@ -157,14 +157,14 @@ async def test_status_probe_that_hangs_does_not_delay_heartbeats(
     node = MembershipClient(_addrs(servers), node_id="n1", status=collector, on_event=on_event)
     received: list[float] = []
     leader = servers[0]
-    original = leader.driver.on_heartbeat
+    original = leader.driver.heartbeat
 
     def counting(node_id: str, *args: object, **kw: object) -> object:
         if node_id == "n1":
             received.append(time.monotonic())
         return original(node_id, *args, **kw)  # type: ignore[arg-type]
 
-    leader.driver.on_heartbeat = counting  # type: ignore[method-assign]
+    leader.driver.heartbeat = counting  # type: ignore[method-assign]
     try:
         await node.start()
         await node.wait_alive(timeout=10)
@@ -182,7 +182,7 @@ async def test_status_probe_that_hangs_does_not_delay_heartbeats(
             assert "n1" not in s.driver.local_suspects()
         assert collector.statistics().probes[0].skipped > 0  # it really stayed hung
     finally:
-        leader.driver.on_heartbeat = original  # type: ignore[method-assign]
+        leader.driver.heartbeat = original  # type: ignore[method-assign]
         release.set()
         await node.close()
         collector.close()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from arbiter.server.statusboard import FRACTION_DEADBAND, LOAD_DEADBAND, StatusBoard, changed
 from membership.v1 import membership_pb2 as pb
@@ -112,3 +114,48 @@ def test_statusboard_custom_deadband() -> None:
     v = board.version
     board.update("n1", 7, _with(cpu_utilization=0.415), now=1.0)
     assert board.version == v + 1
+
+
+def _changed_field_by_field(old: pb.NodeStatus, new: pb.NodeStatus) -> bool:
+    """Rule 1 as it was first written: every field of both asked whether it is set."""
+    for name in ("phase", "step", "progress"):
+        if old.HasField(name) != new.HasField(name) or getattr(old, name) != getattr(new, name):
+            return True
+    if dict(old.gauges) != dict(new.gauges):
+        return True
+    fractions = ("cpu_utilization", "memory_utilization", "gpu_utilization")
+    probed = [("load", LOAD_DEADBAND)]
+    probed += [(n, FRACTION_DEADBAND) for n in (*fractions, "gpu_memory_utilization")]
+    for probe, band in probed:
+        if old.HasField(probe) != new.HasField(probe):
+            return True
+        if old.HasField(probe) and abs(getattr(new, probe) - getattr(old, probe)) >= band:
+            return True
+    return False
+
+
+_statuses = st.builds(
+    lambda fields, gauges: pb.NodeStatus(**fields, gauges=gauges),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "load": st.sampled_from([0.0, 0.05, 0.1, 0.15, 1.0]),
+            "cpu_utilization": st.sampled_from([0.0, 0.03, 0.05, 0.5]),
+            "memory_utilization": st.sampled_from([0.2, 0.24, 0.26]),
+            "gpu_utilization": st.sampled_from([0.0, 0.05, 0.9]),
+            "gpu_memory_utilization": st.sampled_from([0.0, 0.01]),
+            "phase": st.sampled_from(["", "train", "eval"]),
+            "step": st.sampled_from([0, 1, 7]),
+            "progress": st.sampled_from([0.0, 0.001, 0.5]),
+        },
+    ),
+    st.dictionaries(st.sampled_from(["a", "b"]), st.sampled_from([0.0, 1.0]), max_size=2),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_statuses, _statuses)
+def test_statusboard_changed_agrees_with_asking_every_field(
+    old: pb.NodeStatus, new: pb.NodeStatus
+) -> None:
+    assert changed(old, new) == _changed_field_by_field(old, new)

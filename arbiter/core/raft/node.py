@@ -268,6 +268,12 @@ class RaftNode(RaftProtocol):
         return self._log.configuration
 
     @property
+    def leader(self) -> str | None:
+        """The leader this replica knows of, or None: ``status().leader`` without
+        building a status (read on every heartbeat ack)."""
+        return self._lead
+
+    @property
     def configuration(self) -> ArbiterConfiguration:
         """The configuration in force: the latest in the log, committed or not (§4.1)."""
         return self._log.configuration
@@ -395,6 +401,16 @@ class RaftNode(RaftProtocol):
         if self._role is Role.LEADER:
             return now < self._leader().lease_expiry()
         return self._role is Role.FOLLOWER and self._heard_from_leader(now)
+
+    def quorum_until(self) -> float:
+        """Monotonic seconds before which :meth:`in_quorum` holds with no further input:
+        ``in_quorum(now)`` is ``now < quorum_until()`` (-inf when it does not hold at all).
+        A message or a tick may move it; read it again after one."""
+        if self._role is Role.LEADER:
+            return self._leader().lease_expiry()
+        if self._role is Role.FOLLOWER and self._lead is not None:
+            return self._leader_contact + self._config.election_timeout
+        return -math.inf
 
     def _auto_promote(self, now: float) -> None:
         """Membership rule 4: proposes PROMOTE for the first caught-up learner."""

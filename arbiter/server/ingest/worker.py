@@ -62,18 +62,17 @@ from arbiter.config import ArbiterConfig
 from arbiter.server import limits
 from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
 from arbiter.server.decoding import DecodeRefusal
+from arbiter.server.heartbeat_path import ClusterMismatch, HeartbeatChecks
 from arbiter.server.ingest import frames
 from arbiter.server.ingest.batcher import Batcher, ChannelClosed, ReplicaStatus
 from arbiter.server.ingest.lifetime import die_with_parent
 from arbiter.server.ingest.proxy import Forwarder
-from arbiter.server.limits import HeartbeatStreamRules, LimitExceeded, Throttle
+from arbiter.server.limits import LimitExceeded
 from arbiter.server.load import PUSHBACK_KEY, LoadMonitor
-from arbiter.server.replies import cluster_mismatch, deny
+from arbiter.server.replies import deny
 from arbiter.server.statusboard import changed
-from membership.convert import status_numbers
 from membership.errors import InvalidArgument
 from membership.v1 import membership_pb2 as pb
-from membership.validation import validate_labels, validate_status
 
 __all__ = ["HEARTBEAT_METHOD", "STATUS_REFRESH", "HeartbeatService", "main", "serve"]
 
@@ -127,13 +126,6 @@ class HeartbeatService:
             config_index=st.config_index,
         ).SerializeToString()
 
-    def _check(self, req: pb.HeartbeatRequest, cfg: ArbiterConfig) -> None:
-        """The checks of the in-process servicer (servicers.py), on a stream's first
-        heartbeat (rule 4: later ones are checked for what changed)."""
-        from arbiter.server.servicers import _check_heartbeat
-
-        _check_heartbeat(req, cfg.heartbeat_interval, cfg.max_heartbeat_interval)
-
     async def _as_node(
         self, requests: AsyncIterator[pb.HeartbeatRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.HeartbeatRequest]:
@@ -163,8 +155,7 @@ class HeartbeatService:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal or "")
         if not isinstance(self.authz, AllowAll):
             requests = self._as_node(requests, context)
-        rules = HeartbeatStreamRules()
-        throttle = Throttle(cfg.max_heartbeat_rate, cfg.heartbeat_rate_margin)
+        checks = HeartbeatChecks(cfg, self.cluster, self.replica_id)  # the servicer's (rule 4)
         self._tokens += 1
         token = self._tokens
         batcher.streams += 1
@@ -175,9 +166,7 @@ class HeartbeatService:
                 self.index,
                 os.getpid(),
             )
-        lo, hi = cfg.heartbeat_interval, cfg.max_heartbeat_interval
-        labels_of: Any = None  # the labels last checked and sent (a protobuf map)
-        checked: pb.NodeStatus | None = None  # the status last checked
+        labels_of: Any = None  # the labels last sent (a protobuf map)
         status_of: pb.NodeStatus | None = None  # the status last sent
         status_at = 0.0
         ack = pb.HeartbeatAck()
@@ -192,35 +181,16 @@ class HeartbeatService:
                     batcher.interarrival.observe(now - last_at)
                 last_at = now
                 try:
-                    wait = throttle.admit(now)
-                    if labels_of is None:
-                        self._check(req, cfg)
-                        checked = req.status
-                    else:  # rule 4: what the first heartbeat passed, only what changed
-                        if req.labels != labels_of:
-                            validate_labels(req.labels)
-                        if req.status != checked:
-                            new = req.status
-                            validate_status(new.phase, new.gauges, status_numbers(new))
-                            checked = new
-                        interval = req.interval_seconds
-                        if not (interval == 0 or lo <= interval <= hi):
-                            self._check(req, cfg)  # raises, with the servicer's message
-                    first = rules.check(req.node_id, req.incarnation, req.seq)
+                    wait, first = checks.check(req, now)
                 except InvalidArgument as e:
                     log.info("heartbeat refused from %s: %s", context.peer(), e)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
                 except LimitExceeded as e:
                     log.info("heartbeat stream cut from %s: %s", context.peer(), e)
                     await context.abort(e.code, str(e))
-                refusal = None
-                if req.cluster and req.cluster != self.cluster:  # sent on a stream's first
-                    refusal = cluster_mismatch(
-                        self.cluster, self.replica_id, req.cluster, f"node {req.node_id}"
-                    )
-                if refusal is not None:
-                    log.info("heartbeat refused from %s: %s", context.peer(), refusal)
-                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, refusal)
+                except ClusterMismatch as e:
+                    log.info("heartbeat refused from %s: %s", context.peer(), e)
+                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
                 if wait > 0:
                     await asyncio.sleep(wait)  # throttled (limits rule 3)
                 labels = None

@@ -1,0 +1,196 @@
+"""The per-heartbeat path of a replica: check a request, build its ack from a verdict.
+
+Split from the servicer so that anything serving heartbeat streams (the
+in-process ``MembershipServicer.Heartbeat``, or an ingest worker given its
+verdicts by the consensus process) runs the same checks and builds the same
+acks. The verdict itself comes from elsewhere: :meth:`arbiter.server.driver.
+Driver.heartbeat` (one call per heartbeat, returning the core's
+:class:`~arbiter.core.observer.HeartbeatVerdict` and the replica's
+:class:`arbiter.server.standing.Standing`).
+
+Rules:
+
+1. Every rule of a heartbeat stream holds on every heartbeat, in this order
+   (so a refusal names the same rule as before): the rate
+   (:class:`arbiter.server.limits.Throttle`), the node id and incarnation,
+   the labels, the status, the declared interval, then seq and the stream's
+   identity (:class:`arbiter.server.limits.HeartbeatStreamRules`).
+2. A field is validated when it differs from the same stream's previous
+   heartbeat: the node id and incarnation on the first heartbeat (rule 1's
+   stream rules refuse any change after it), the labels when their content
+   changed, the status when it is not equal (protobuf ``==``) to the last
+   one validated on the stream, the interval when it is another number.
+   What was checked once is not checked again while it stays the same; what
+   changed is checked by the same functions as ever
+   (:mod:`membership.validation`), with the same messages.
+3. The cluster a heartbeat names is compared with this replica's when it is
+   not empty (the SDK sets it on the first heartbeat of a stream):
+   :class:`ClusterMismatch` (FAILED_PRECONDITION) otherwise.
+4. An ack is a copy of a template holding what every ack of the replica
+   shares at the time (its id, cluster, instance, epoch, quorum, leader,
+   interval, the arbiter set and its index); the template is rebuilt when
+   the :class:`Standing` or the arbiter set is another object. Only ``seq``,
+   ``lease_seconds``, ``state`` and ``incarnation`` are set per heartbeat.
+   Copying a template costs a quarter of constructing the 14-field message
+   (docs/heartbeat-path.md).
+"""
+
+from __future__ import annotations
+
+from arbiter.config import ArbiterConfig
+from arbiter.core.observer import HeartbeatVerdict
+from arbiter.server.arbiterset import ArbiterSet, to_protos
+from arbiter.server.limits import HeartbeatStreamRules, Throttle
+from arbiter.server.replies import cluster_mismatch
+from arbiter.server.standing import Standing
+from membership import convert
+from membership.errors import InvalidArgument
+from membership.v1 import membership_pb2 as pb
+from membership.validation import (
+    validate_incarnation,
+    validate_labels,
+    validate_node_id,
+    validate_status,
+)
+
+__all__ = ["AckBuilder", "ClusterMismatch", "HeartbeatChecks", "check_interval"]
+
+
+class ClusterMismatch(Exception):
+    """A heartbeat names another cluster: FAILED_PRECONDITION with this message (rule 3)."""
+
+
+def check_interval(interval: float, min_interval: float, max_interval: float) -> None:
+    """Checks a declared ``interval_seconds``: 0 (the arbiter's default) or in
+    ``[min_interval, max_interval]`` seconds.
+
+    Raises:
+        InvalidArgument: naming the range.
+    """
+    if not (interval == 0 or min_interval <= interval <= max_interval):
+        raise InvalidArgument(
+            f"interval_seconds must be 0 (the arbiter's default) or in "
+            f"[{min_interval:g}, {max_interval:g}] (an interval the arbiters suggest), "
+            f"got {interval}"
+        )
+
+
+class HeartbeatChecks:
+    """The checks of one heartbeat stream (module rules 1 to 3). Time is an argument.
+
+    Args:
+        config: the replica's configuration (rate, interval bounds).
+        cluster: this replica's cluster identity ("" checks nothing).
+        replica_id: this replica's id, for messages.
+    """
+
+    __slots__ = (
+        "_cluster",
+        "_interval",
+        "_labels",
+        "_max_interval",
+        "_min_interval",
+        "_replica_id",
+        "_status",
+        "rules",
+        "throttle",
+    )
+
+    def __init__(self, config: ArbiterConfig, cluster: str, replica_id: str) -> None:
+        self.rules = HeartbeatStreamRules()
+        self.throttle = Throttle(config.max_heartbeat_rate, config.heartbeat_rate_margin)
+        self._min_interval = config.heartbeat_interval
+        self._max_interval = config.interval_ceiling  # interval rule 5
+        self._cluster = cluster
+        self._replica_id = replica_id
+        self._labels: dict[str, str] | None = None
+        self._status: pb.NodeStatus | None = None
+        self._interval: float | None = None
+
+    def check(self, req: pb.HeartbeatRequest, now: float) -> tuple[float, bool]:
+        """Checks one heartbeat read at ``now`` (monotonic seconds).
+
+        Returns:
+            (seconds to wait before handling it, the throttle's; True for the
+            stream's first heartbeat).
+
+        Raises:
+            InvalidArgument: a field breaks a limit, or a stream rule is broken.
+            LimitExceeded: the stream was throttled for too long.
+            ClusterMismatch: the heartbeat names another cluster.
+        """
+        wait = self.throttle.admit(now)
+        rules = self.rules
+        if req.node_id != rules.node_id or req.incarnation != rules.incarnation:
+            validate_node_id(req.node_id)
+            validate_incarnation(req.incarnation)
+        labels = req.labels
+        known = self._labels
+        if known is None or len(labels) != len(known) or dict(labels) != known:
+            validate_labels(labels)
+            self._labels = dict(labels)
+        status = req.status
+        if self._status is None or status != self._status:
+            validate_status(status.phase, status.gauges, convert.status_numbers(status))
+            self._status = status
+        if req.interval_seconds != self._interval:
+            check_interval(req.interval_seconds, self._min_interval, self._max_interval)
+            self._interval = req.interval_seconds
+        first = rules.check(req.node_id, req.incarnation, req.seq)
+        if req.cluster:
+            refusal = cluster_mismatch(
+                self._cluster, self._replica_id, req.cluster, f"node {req.node_id}"
+            )
+            if refusal is not None:
+                raise ClusterMismatch(refusal)
+        return wait, first
+
+
+class AckBuilder:
+    """Heartbeat acks of one replica, built from cached parts (module rule 4).
+
+    Args:
+        arbiter_id: this replica's id.
+        cluster: this replica's cluster identity.
+    """
+
+    __slots__ = ("_arbiter_id", "_arbiters", "_cluster", "_standing", "_template")
+
+    def __init__(self, arbiter_id: str, cluster: str) -> None:
+        self._arbiter_id = arbiter_id
+        self._cluster = cluster
+        self._standing: Standing | None = None
+        self._arbiters: ArbiterSet | None = None
+        self._template = pb.HeartbeatAck()
+
+    def template(self, standing: Standing, arbiters: ArbiterSet) -> pb.HeartbeatAck:
+        """The shared part of every ack now (rebuilt when either argument is another object)."""
+        if standing is not self._standing or arbiters is not self._arbiters:
+            wire = to_protos(arbiters)
+            self._template = pb.HeartbeatAck(
+                epoch=standing.epoch,
+                next_interval_seconds=standing.interval,
+                in_quorum=standing.in_quorum,
+                arbiter_id=self._arbiter_id,
+                leader_id=standing.leader_id,
+                cluster_size=sum(a.voter for a in wire),
+                cluster=self._cluster,
+                instance=standing.instance,
+                arbiters=wire,
+                config_index=arbiters.index,
+            )
+            self._standing, self._arbiters = standing, arbiters
+        return self._template
+
+    def ack(
+        self, seq: int, verdict: HeartbeatVerdict, standing: Standing, arbiters: ArbiterSet
+    ) -> pb.HeartbeatAck:
+        """The ack of heartbeat ``seq`` given its verdict, the replica's standing and
+        the arbiter set in force."""
+        ack = pb.HeartbeatAck()
+        ack.CopyFrom(self.template(standing, arbiters))
+        ack.seq = seq
+        ack.lease_seconds = verdict.lease
+        ack.state = convert.state_to_pb(verdict.state)
+        ack.incarnation = verdict.incarnation
+        return ack

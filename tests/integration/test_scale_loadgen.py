@@ -1,0 +1,191 @@
+"""The scale benchmark's Go load generator (bench/loadgen/) speaks the real wire.
+
+A grpc.aio server in this process, built on the generated membership.v1
+classes, receives what ``loadgen hb`` and ``loadgen sub`` send: every
+hand-encoded HeartbeatRequest must decode with the fields the SDK sets, the
+interval must follow the acks, and a ``kill`` must end that node's stream
+(no Leave) while the others go on; the subscriber must decode a snapshot and
+a change. Skipped where Go and Debian's grpc-go are not installed (the
+benchmark installs them; the test does not). No speed is asserted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import sys
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from membership.localcluster import free_ports
+from membership.v1 import membership_pb2 as pb
+from membership.v1 import membership_pb2_grpc as pb_grpc
+from tests.integration.harness import wait_async
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.append(str(BENCH))  # bench/ is not a package: its scripts import each other by name
+import loadgen  # noqa: E402
+
+SUGGESTED = 0.25
+
+
+def _binary() -> Path:
+    if shutil.which("go") is None or not (loadgen.GOPATH / "src/google.golang.org/grpc").is_dir():
+        pytest.skip(
+            "Go and golang-google-grpc-dev are not installed (bench/scale.py installs them)"
+        )
+    return loadgen.binary()
+
+
+class Recorder(pb_grpc.MembershipServicer):
+    """Acks every heartbeat (ALIVE, next_interval SUGGESTED) and records the requests."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, list[pb.HeartbeatRequest]] = defaultdict(list)
+        self.ended: set[str] = set()
+
+    async def Heartbeat(
+        self, request_iterator: AsyncIterator[pb.HeartbeatRequest], context: Any
+    ) -> AsyncIterator[pb.HeartbeatAck]:
+        node = ""
+        try:
+            async for req in request_iterator:
+                node = req.node_id
+                self.requests[node].append(req)
+                yield pb.HeartbeatAck(
+                    seq=req.seq,
+                    epoch=7,
+                    next_interval_seconds=SUGGESTED,
+                    state=pb.MEMBER_STATE_ALIVE,
+                    incarnation=req.incarnation,
+                )
+        finally:
+            self.ended.add(node)
+
+    async def Subscribe(
+        self, request: pb.SubscribeRequest, context: Any
+    ) -> AsyncIterator[pb.MembershipEvent]:
+        alive = pb.Member(node_id="x1", incarnation=1, state=pb.MEMBER_STATE_ALIVE, epoch=5)
+        yield pb.MembershipEvent(snapshot=pb.ViewSnapshot(view=pb.View(epoch=5, members=[alive])))
+        dead = pb.MemberChange(node_id="x1", incarnation=1, state=pb.MEMBER_STATE_DEAD)
+        yield pb.MembershipEvent(change=pb.ViewChange(epoch=6, changes=[dead]))
+        await asyncio.Event().wait()  # held open until the client cancels
+
+
+class Lines:
+    """A child's JSON lines, read on the loop."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.lines: list[dict[str, Any]] = []
+        self.task = asyncio.get_running_loop().create_task(self._read())
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        async for raw in self.proc.stdout:
+            with contextlib.suppress(ValueError):
+                self.lines.append(json.loads(raw))
+
+    def last(self, ev: str) -> dict[str, Any] | None:
+        return next((x for x in reversed(self.lines) if x.get("ev") == ev), None)
+
+    async def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        await self.proc.stdin.drain()
+
+
+@contextlib.asynccontextmanager
+async def _child(*argv: str) -> AsyncIterator[Lines]:
+    proc = await asyncio.create_subprocess_exec(
+        str(_binary()), *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+    )
+    lines = Lines(proc)
+    try:
+        yield lines
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        lines.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await lines.task
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[tuple[str, Recorder]]:
+    rec = Recorder()
+    srv = grpc.aio.server()
+    pb_grpc.add_MembershipServicer_to_server(rec, srv)
+    addr = f"127.0.0.1:{free_ports(1)[0]}"
+    srv.add_insecure_port(addr)
+    await srv.start()
+    try:
+        yield addr, rec
+    finally:
+        await srv.stop(0)
+
+
+async def test_loadgen_heartbeats_decode_follow_the_interval_and_kill_ends_one_stream(
+    server: tuple[str, Recorder],
+) -> None:
+    addr, rec = server
+    async with _child("hb", "--arbiters", addr, "--prefix", "t", "--count", "3") as lg:
+        nodes = {"t0", "t1", "t2"}
+
+        def following() -> bool:
+            return set(rec.requests) == nodes and all(
+                any(r.interval_seconds == SUGGESTED for r in rec.requests[n]) for n in nodes
+            )
+
+        await wait_async(following, 10, "every node declaring the suggested interval")
+        for n in nodes:
+            reqs = rec.requests[n]
+            first = reqs[0]
+            assert first.interval_seconds == 0  # before any suggestion, as the SDK
+            assert first.incarnation > 0 and all(r.incarnation == first.incarnation for r in reqs)
+            assert [r.seq for r in reqs] == sorted({r.seq for r in reqs})  # strictly increasing
+            assert dict(first.labels) == {"role": "worker", "pool": "bench"}
+            assert first.status.phase == "allreduce" and first.status.HasField("load")
+            assert first.send_time_unix > 1e9
+        await wait_async(
+            lambda: (
+                (r := lg.last("report")) is not None
+                and r["arbiters"][0]["states"].get("ALIVE") == 3
+            ),
+            5,
+            "a report of 3 ALIVE",
+        )
+        await lg.send("kill t1")
+        await wait_async(lambda: "t1" in rec.ended, 5, "t1's stream to end")
+        killed = next(x for x in lg.lines if x.get("ev") == "killed")
+        assert killed["node"] == "t1" and killed["t"] > 0
+        before = len(rec.requests["t0"])
+        await wait_async(lambda: len(rec.requests["t0"]) > before + 1, 5, "t0 to go on")
+        assert "t0" not in rec.ended and "t2" not in rec.ended
+        await lg.send("quit")
+        await wait_async(lambda: lg.last("final") is not None, 5, "the final report")
+        final = lg.last("final")
+        assert final is not None and final["live"] == 2
+
+
+async def test_loadgen_subscribers_decode_the_snapshot_and_a_death(
+    server: tuple[str, Recorder],
+) -> None:
+    addr, _ = server
+    async with _child("sub", "--arbiters", addr, "--count", "2") as sub:
+
+        def seen() -> dict[str, Any] | None:
+            return next((x for x in sub.lines if x.get("ev") == "epoch"), None)
+
+        await wait_async(lambda: seen() is not None, 10, "epoch 6 at both subscribers")
+        ev = seen()
+        assert ev is not None
+        assert ev["epoch"] == 6 and ev["subs"] == 2 and ev["dead"] == ["x1"] and ev["alive"] == 0

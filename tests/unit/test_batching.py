@@ -1,0 +1,215 @@
+"""The batching of owed observations (arbiter/core/batching.py): time passed in, no Raft."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from arbiter.core.batching import BatchPacer
+from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
+from arbiter.core.detection import MissedHeartbeatDetector
+from arbiter.core.observer import Observer
+from arbiter.core.tally import MembershipState
+from membership.view import MemberState
+
+REPLICAS = ("a1", "a2", "a3")
+BATCH = 0.2
+RETRY = 0.5
+
+
+class Log:
+    """Commits observation batches straight into a state machine."""
+
+    def __init__(self) -> None:
+        self.state = MembershipState(REPLICAS)
+        self.index = 0
+
+    def commit(self, replica: str, observations: tuple[Observation, ...]) -> None:
+        self.index += 1
+        self.state.apply(
+            self.index, encode(ObserveBatch(replica_id=replica, observations=observations))
+        )
+
+
+def _observer(*, leading: bool, replica: str = "a1", batch: float = BATCH) -> Observer:
+    obs = Observer(
+        replica_id=replica,
+        detector=MissedHeartbeatDetector(interval=0.1, missed_limit=5),
+        lease=0.5,
+        retry_after=RETRY,
+        seq_base=1000,
+        now=0.0,
+        restart_grace=0.0,
+        batch_interval=batch,
+    )
+    obs.pacer.leading = leading
+    return obs
+
+
+def _ids(observations: tuple[Observation, ...]) -> list[str]:
+    return [o.node_id for o in observations]
+
+
+# --- the pacer alone (rules 2 to 4) ------------------------------------------------------
+
+
+def test_batching_pacer_leader_leading_edge_then_trailing_edge() -> None:
+    p = BatchPacer(BATCH)
+    p.leading = True
+    assert p.release_at(5.0) == 5.0  # nothing went out before: at once
+    p.released(5.0)
+    assert p.release_at(5.05) == pytest.approx(5.2)  # within the interval: at its end
+    assert p.release_at(5.3) == 5.3  # a quiet interval passed: at once again
+
+
+def test_batching_pacer_follower_waits_twice_the_interval_for_what_never_follows() -> None:
+    p = BatchPacer(BATCH)
+    assert p.follow_wait == pytest.approx(2 * BATCH)
+    assert p.release_at(5.0) == pytest.approx(5.0 + 2 * BATCH)
+
+
+def test_batching_pacer_interval_zero_releases_at_once() -> None:
+    p = BatchPacer(0.0)
+    p.leading = True
+    p.released(1.0)
+    assert p.release_at(1.01) == 1.01
+    p.leading = False
+    assert p.release_at(1.01) == 1.01
+
+
+@pytest.mark.parametrize("bad", [-0.1, math.inf, math.nan])
+def test_batching_pacer_refuses_a_bad_interval(bad: float) -> None:
+    with pytest.raises(ValueError, match="interval"):
+        BatchPacer(bad)
+
+
+# --- the observer with a pacer (rule 1 and the observer's rule 2) ------------------------
+
+
+def test_batching_leader_lone_join_goes_out_at_once() -> None:
+    log, obs = Log(), _observer(leading=True)
+    obs.heartbeat("n1", 1, {}, 10.0, log.state)
+    assert _ids(obs.observations(10.0, log.state)) == ["n1"]
+
+
+def test_batching_leader_storm_is_cut_into_one_batch_per_interval() -> None:
+    log, obs = Log(), _observer(leading=True)
+    obs.heartbeat("n0", 1, {}, 10.0, log.state)
+    assert _ids(obs.observations(10.0, log.state)) == ["n0"]  # leading edge
+    proposed: list[list[str]] = []
+    now = 10.0
+    for i in range(1, 40):  # one join every 10 ms for 0.39 s, a tick after each
+        now = round(10.0 + i * 0.01, 6)
+        obs.heartbeat(f"n{i:02d}", 1, {}, now, log.state)
+        out = obs.observations(now, log.state)
+        if out:
+            proposed.append(_ids(out))
+        due = obs.next_deadline()
+        assert due is not None and (out or due > now)  # held: no busy tick
+    # One trailing batch at 10.2 with every join since the leading edge.
+    assert [len(b) for b in proposed] == [20]
+    assert proposed[0] == [f"n{i:02d}" for i in range(1, 21)]
+    assert obs.held() == 19
+    assert obs.next_deadline() == pytest.approx(10.4)
+
+
+def test_batching_suspect_is_never_held() -> None:
+    log, obs = Log(), _observer(leading=True)
+    for r in ("a1", "a2", "a3"):  # n1 ALIVE, everyone's opinion committed
+        log.commit(r, (Observation(node_id="n1", incarnation=1, opinion=Opinion.ALIVE, seq=1),))
+    obs.heartbeat("n1", 1, {}, 0.0, log.state)
+    log.commit("a1", obs.observations(0.0, log.state))
+    obs.heartbeat("n9", 1, {}, 0.9, log.state)
+    assert _ids(obs.observations(0.9, log.state)) == ["n9"]  # leading edge: the pacer is busy
+    obs.heartbeat("n8", 1, {}, 0.95, log.state)
+    obs.tick(1.0, log.state)  # n1 silent since 0.0: suspected at D = 0.5 (ticked late)
+    out = obs.observations(1.0, log.state)
+    assert [(o.node_id, o.opinion) for o in out] == [("n1", Opinion.SUSPECT)]  # n8 waits
+    assert obs.held() == 1
+
+
+def test_batching_follower_holds_a_join_until_another_voter_commits_it() -> None:
+    log, obs = Log(), _observer(leading=False, replica="a2")
+    obs.heartbeat("n1", 1, {}, 10.0, log.state)
+    obs.heartbeat("n2", 1, {}, 10.0, log.state)
+    assert obs.observations(10.0, log.state) == ()
+    assert obs.next_deadline() == pytest.approx(10.0 + 2 * BATCH)  # the follow wait
+    assert not obs.follow_due(log.state)
+    log.commit("a1", (Observation(node_id="n1", incarnation=1, opinion=Opinion.ALIVE, seq=7),))
+    assert obs.follow_due(log.state)  # an apply: some may follow now
+    out = obs.observations(10.01, log.state)
+    assert _ids(out) == ["n1"]  # follows the leader's; n2 still held
+    assert not obs.follow_due(log.state)
+    assert _ids(obs.observations(10.0 + 2 * BATCH, log.state)) == ["n2"]  # never followed
+
+
+def test_batching_a_suspicion_refuted_follows_at_once() -> None:
+    # a2 suspected n1 while the others still hear it: its ALIVE again goes out at once.
+    log, obs = Log(), _observer(leading=False, replica="a2")
+    for r in ("a1", "a3"):
+        log.commit(r, (Observation(node_id="n1", incarnation=1, opinion=Opinion.ALIVE, seq=1),))
+    assert log.state.member("n1").state is MemberState.ALIVE  # type: ignore[union-attr]
+    obs.heartbeat("n1", 1, {}, 0.0, log.state)
+    log.commit("a2", obs.observations(0.0, log.state))  # follows
+    obs.tick(0.6, log.state)
+    log.commit("a2", obs.observations(0.6, log.state))  # SUSPECT
+    obs.heartbeat("n1", 1, {}, 0.7, log.state)
+    assert [(o.node_id, o.opinion) for o in obs.observations(0.7, log.state)] == [
+        ("n1", Opinion.ALIVE)
+    ]
+
+
+def test_batching_retries_of_a_lost_batch_go_out_as_one_batch() -> None:
+    # The leader's batches are lost (no commit): each comes back whole after
+    # the retry interval, as one batch, never one entry per node.
+    log, obs = Log(), _observer(leading=True)
+    obs.heartbeat("n0", 1, {}, 10.0, log.state)
+    obs.observations(10.0, log.state)
+    for i in range(1, 11):
+        obs.heartbeat(f"n{i:02d}", 1, {}, 10.0 + i * 0.01, log.state)
+    assert len(obs.observations(10.2, log.state)) == 10  # trailing edge; lost
+    batches = []
+    now = 10.2
+    while now < 11.3:
+        now = round(now + 0.01, 6)
+        out = obs.observations(now, log.state)
+        if out:
+            batches.append((now, _ids(out)))
+    ten = [f"n{i:02d}" for i in range(1, 11)]
+    assert batches == [(10.5, ["n0"]), (10.7, ten), (11.0, ["n0"]), (11.2, ten)]
+
+
+def test_batching_committed_observations_are_not_proposed_again() -> None:
+    log, obs = Log(), _observer(leading=True)
+    obs.heartbeat("n1", 1, {}, 0.0, log.state)
+    log.commit("a1", obs.observations(0.0, log.state))
+    obs.heartbeat("n1", 1, {}, 0.1, log.state)
+    assert obs.observations(1.0, log.state) == ()
+    assert obs.owed() == 0 and obs.next_deadline() is not None  # the detector's only
+
+
+def test_batching_config_carries_the_interval_and_refuses_a_negative_one() -> None:
+    from arbiter.config import ArbiterConfig
+    from membership.errors import InvalidArgument
+
+    assert ArbiterConfig.lan().replica_settings().observation_batch_interval == BATCH
+    off = ArbiterConfig.lan(observation_batch_interval=0.0).validate()
+    assert off.replica_settings().observation_batch_interval == 0.0
+    with pytest.raises(InvalidArgument, match="observation_batch_interval must be >= 0"):
+        ArbiterConfig.lan(observation_batch_interval=-0.1).validate()
+
+
+def test_batching_a_late_echo_is_held_not_proposed_per_turn() -> None:
+    # a3 hears n1 only after a1 and a2 made it ALIVE: its observation adds
+    # nothing to the view, so it waits for the follow wait (one batch), not
+    # one entry per driver turn.
+    log, obs = Log(), _observer(leading=False, replica="a3")
+    for r in ("a1", "a2"):
+        log.commit(r, (Observation(node_id="n1", incarnation=1, opinion=Opinion.ALIVE, seq=1),))
+    assert log.state.member("n1").state is MemberState.ALIVE  # type: ignore[union-attr]
+    obs.heartbeat("n1", 1, {}, 5.0, log.state)
+    obs.heartbeat("n2", 1, {}, 5.05, log.state)
+    assert obs.observations(5.05, log.state) == ()
+    assert obs.held() == 2
+    assert _ids(obs.observations(5.0 + 2 * BATCH, log.state)) == ["n1", "n2"]

@@ -1,0 +1,282 @@
+"""The per-heartbeat path (arbiter/server/heartbeat_path.py, standing.py): the checks
+refuse exactly what validating every field of every heartbeat refused, validate
+only what changed, and acks copied from the template equal acks built in full."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from arbiter.config import ArbiterConfig
+from arbiter.core.observer import HeartbeatVerdict
+from arbiter.server import heartbeat_path
+from arbiter.server.arbiterset import ArbiterSet, to_protos
+from arbiter.server.heartbeat_path import (
+    AckBuilder,
+    ClusterMismatch,
+    HeartbeatChecks,
+    check_interval,
+)
+from arbiter.server.limits import HeartbeatStreamRules
+from arbiter.server.replies import cluster_mismatch
+from arbiter.server.standing import Standing, Standings
+from membership import convert
+from membership.errors import InvalidArgument
+from membership.v1 import membership_pb2 as pb
+from membership.validation import (
+    validate_incarnation,
+    validate_labels,
+    validate_node_id,
+    validate_status,
+)
+from membership.view import MemberState
+
+CFG = ArbiterConfig.lan()
+CLUSTER = "default@0123"
+
+
+def _reference(rules: HeartbeatStreamRules, req: pb.HeartbeatRequest) -> None:
+    """What the servicer checked on every heartbeat before (every field, every time)."""
+    validate_node_id(req.node_id)
+    validate_incarnation(req.incarnation)
+    validate_labels(req.labels)
+    validate_status(req.status.phase, req.status.gauges, convert.status_numbers(req.status))
+    check_interval(req.interval_seconds, CFG.heartbeat_interval, CFG.interval_ceiling)
+    rules.check(req.node_id, req.incarnation, req.seq)
+    refusal = cluster_mismatch(CLUSTER, "a1", req.cluster, f"node {req.node_id}")
+    if refusal is not None:
+        raise ClusterMismatch(refusal)
+
+
+def _outcome(check: Any) -> str:
+    try:
+        check()
+    except (InvalidArgument, ClusterMismatch) as e:
+        return f"{type(e).__name__}: {e}"
+    return "ok"
+
+
+def _mostly(usual: list[Any], odd: list[Any]) -> st.SearchStrategy[Any]:
+    """Usual values about nine times in ten: a stream runs a while before a field goes wrong."""
+    return st.sampled_from(usual * (9 * len(odd)) + odd * len(usual))
+
+
+_heartbeat = st.fixed_dictionaries(
+    {
+        "node_id": _mostly(["n1"], ["n2", "bad id", ""]),
+        "incarnation": _mostly([5], [6, 0]),
+        "seq_step": _mostly([1, 2], [0, -1]),
+        "labels": _mostly(
+            [{"a": "1"}, {"a": "2"}, {"a": "1", "b": "x"}, {}],
+            [{"-bad": "1"}, {"a": "\n"}, {"b": "x" * 300}],
+        ),
+        "status": _mostly(
+            [
+                pb.NodeStatus(load=1.0),
+                pb.NodeStatus(load=1.5, cpu_utilization=0.2),
+                pb.NodeStatus(gauges={"g": 1.0}),
+                pb.NodeStatus(),
+            ],
+            [
+                pb.NodeStatus(cpu_utilization=2.0),
+                pb.NodeStatus(phase="x" * 70),
+                pb.NodeStatus(gauges={"g": float("nan")}),
+            ],
+        ),
+        "interval": _mostly([0.6, 0.0, 0.3], [0.01, 9.0]),
+        "cluster": _mostly(["", CLUSTER], ["other@1"]),
+    }
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_heartbeat, min_size=1, max_size=12))
+def test_heartbeat_path_checks_refuse_exactly_what_checking_everything_refused(
+    stream: list[dict[str, Any]],
+) -> None:
+    checks = HeartbeatChecks(CFG, CLUSTER, "a1")
+    rules = HeartbeatStreamRules()
+    seq = 100
+    for hb in stream:
+        seq += hb["seq_step"]
+        req = pb.HeartbeatRequest(
+            node_id=hb["node_id"],
+            incarnation=hb["incarnation"],
+            seq=max(0, seq),
+            labels=hb["labels"],
+            status=hb["status"],
+            interval_seconds=hb["interval"],
+            cluster=hb["cluster"],
+        )
+        # Each on its own copy: both see the same bytes, as decoded from the wire.
+        copy = pb.HeartbeatRequest.FromString(req.SerializeToString())
+        ours = _outcome(lambda r=copy: checks.check(r, 0.0))
+        reference = _outcome(lambda r=req: _reference(rules, r))
+        assert ours == reference
+        if ours != "ok":
+            break  # the servicer ends the stream at the first refusal
+
+
+def test_heartbeat_path_checks_validate_labels_and_status_only_when_they_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+    for name in ("validate_labels", "validate_status", "validate_node_id"):
+        real = getattr(heartbeat_path, name)
+        monkeypatch.setattr(
+            heartbeat_path, name, lambda *a, _r=real, _n=name: (calls.append(_n), _r(*a))[1]
+        )
+    checks = HeartbeatChecks(CFG, CLUSTER, "a1")
+
+    def hb(seq: int, labels: dict[str, str], load: float) -> pb.HeartbeatRequest:
+        return pb.HeartbeatRequest(
+            node_id="n1", incarnation=1, seq=seq, labels=labels, status=pb.NodeStatus(load=load)
+        )
+
+    assert checks.check(hb(1, {"a": "1"}, 1.0), 0.0) == (0.0, True)
+    assert sorted(calls) == ["validate_labels", "validate_node_id", "validate_status"]
+    calls.clear()
+    for seq in range(2, 10):
+        assert checks.check(hb(seq, {"a": "1"}, 1.0), seq * 0.6) == (0.0, False)
+    assert calls == []  # nothing changed: nothing validated again
+    checks.check(hb(10, {"a": "1"}, 2.0), 6.0)
+    assert calls == ["validate_status"]
+    calls.clear()
+    checks.check(hb(11, {"a": "2"}, 2.0), 6.6)
+    assert calls == ["validate_labels"]
+    with pytest.raises(InvalidArgument, match=r"^labels: label key"):
+        checks.check(hb(12, {"-a": "2"}, 2.0), 7.2)
+
+
+def _standing(**kw: Any) -> Standing:
+    fields = {
+        "epoch": 7,
+        "in_quorum": True,
+        "leader_id": "a2",
+        "interval": 0.3,
+        "instance": "i1",
+    }
+    return Standing(**(fields | kw))
+
+
+ARBITERS = ArbiterSet(
+    voters={"a1": "h:1", "a2": "h:2", "a3": "h:3"}, learners={"a4": "h:4"}, index=12
+)
+
+
+def _full_ack(seq: int, v: HeartbeatVerdict, s: Standing, arbiters: ArbiterSet) -> pb.HeartbeatAck:
+    """The ack as the servicer built it before: every field, every time."""
+    wire = to_protos(arbiters)
+    return pb.HeartbeatAck(
+        seq=seq,
+        epoch=s.epoch,
+        lease_seconds=v.lease,
+        next_interval_seconds=s.interval,
+        state=convert.state_to_pb(v.state),
+        in_quorum=s.in_quorum,
+        arbiter_id="a1",
+        incarnation=v.incarnation,
+        leader_id=s.leader_id,
+        cluster_size=sum(a.voter for a in wire),
+        cluster=CLUSTER,
+        instance=s.instance,
+        arbiters=wire,
+        config_index=arbiters.index,
+    )
+
+
+def test_heartbeat_path_acks_from_the_template_equal_acks_built_in_full() -> None:
+    builder = AckBuilder("a1", CLUSTER)
+    alive = HeartbeatVerdict(accepted=True, state=MemberState.ALIVE, incarnation=3, lease=0.9)
+    joining = HeartbeatVerdict(accepted=True, state=MemberState.JOINING, incarnation=3, lease=0)
+    dead = HeartbeatVerdict(accepted=False, state=MemberState.DEAD, incarnation=9, lease=0.0)
+    s1 = _standing()
+    s2 = dataclasses.replace(s1, epoch=8, in_quorum=False, leader_id="", interval=0.6)
+    other = ArbiterSet(voters={"a1": "h:1", "a2": "h:2"}, index=20)
+    cases = [(s1, ARBITERS, alive), (s1, ARBITERS, joining), (s2, ARBITERS, dead)]
+    cases += [(s2, other, alive), (s1, other, alive)]
+    acks = []
+    for seq, (s, arbiters, v) in enumerate(cases, start=1):
+        ack = builder.ack(seq, v, s, arbiters)
+        assert ack == _full_ack(seq, v, s, arbiters)
+        acks.append(ack)
+    # Every ack is its own message: changing one changes neither the others nor the template.
+    acks[0].arbiters[0].address = "x"
+    acks[0].epoch = 99
+    assert builder.ack(9, alive, s1, other) == _full_ack(9, alive, s1, other)
+    assert acks[1] == _full_ack(2, joining, s1, ARBITERS)
+    assert builder.template(s1, other) is builder.template(s1, other)
+
+
+class _FakeReplica:
+    """What Standings reads of a Replica."""
+
+    def __init__(self) -> None:
+        self.quorum_until = 10.0
+        self.raft = SimpleNamespace(quorum_until=lambda: self.quorum_until, leader="a2")
+        self.nodes = 5
+        self.observer = SimpleNamespace(tracked=lambda: self.nodes)
+        self.state = SimpleNamespace(epoch=3, instance="i1")
+        self.replica_id = "a1"
+
+    def suggested_interval(self) -> float:
+        return 0.15 if self.nodes < 1000 else 0.3
+
+
+def test_standing_is_the_same_object_until_something_in_it_changes() -> None:
+    replica = _FakeReplica()
+    healthy = [True]
+    standings = Standings(replica, CFG, lambda: healthy[0])  # type: ignore[arg-type]
+    first = standings.now(1.0)
+    assert first == Standing(epoch=3, in_quorum=True, leader_id="a2", interval=0.15, instance="i1")
+    assert standings.now(2.0) is first
+    assert standings.refresh(2.0) is first  # a turn with nothing new: the same object
+    replica.nodes = 6  # another node, the same interval: equal, so the same object
+    assert standings.now(2.0) is first
+    steps: list[tuple[str, Any]] = [
+        ("quorum lost with time", lambda: None),
+        ("epoch", lambda: setattr(replica.state, "epoch", 4)),
+        ("leader", lambda: setattr(replica.raft, "leader", None)),
+        ("interval", lambda: setattr(replica, "nodes", 2000)),
+        ("fatal", lambda: healthy.__setitem__(0, False)),
+    ]
+    last = first
+    now = 11.0  # past quorum_until: in_quorum False from the first step on
+    for what, change in steps:
+        change()
+        if what == "fatal":
+            replica.quorum_until = 100.0  # the raft would say yes; a fatal replica says no
+        st_now = standings.now(now)
+        assert st_now is not last or what == "fatal", what
+        last = st_now
+    assert last == Standing(epoch=4, in_quorum=False, leader_id="", interval=0.3, instance="i1")
+    replica.state.instance = "i2"  # changes in a turn only (a Bootstrap applied)
+    assert standings.refresh(now).instance == "i2"
+
+
+def test_standing_quorum_until_agrees_with_in_quorum_through_elections_and_cuts() -> None:
+    # Standings reads Raft's quorum_until() instead of asking in_quorum(now) per heartbeat.
+    from tests.unit.raft_harness import Network
+
+    ids = ["a", "b", "c"]
+    net = Network(ids, seed=5)
+    seen = set()
+    for phase in ("elect", "isolate", "recover", "crash"):
+        if phase == "isolate":
+            net.isolate(net.leader() or "a")
+        elif phase == "recover":
+            net.recover()
+        elif phase == "crash":
+            net.crash(net.leader() or "a")
+        for _ in range(200):
+            net.run_for(0.05)
+            for rid, node in net.nodes.items():  # a crashed replica is out of net.nodes
+                q = node.in_quorum(net.now)
+                assert q == (net.now < node.quorum_until()), (phase, rid)
+                seen.add(q)
+    assert seen == {True, False}
