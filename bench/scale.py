@@ -158,7 +158,8 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
             lines.append(f"{'':>6} {'etcd x3':<15} failed: {e.get('error')}")
     notes = [
         "",
-        "ours: 3 replicas --insecure on loopback; a1's figures (CPU/hb = replica CPU from /proc /",
+        f"ours: 3 replicas --insecure on loopback, --ingest-workers {args.ingest_workers} (CPU and",
+        "RSS of a replica include its workers); a1's figures (CPU/hb = replica CPU from /proc /",
         "heartbeats its counter received; ratio = ours / bare in this run). KiB/node = RSS growth",
         "from before the join to after the window, / N. hb/s is per replica. join: N nodes started",
         f"at once until the first subscriber's view has N ALIVE; {args.subscribers} subscribers.",
@@ -324,6 +325,12 @@ def main() -> int:
         "'N joins arriving within a second')",
     )
     p.add_argument("--hogs", type=int, default=0, help="busy-loop processes for the whole run")
+    p.add_argument(
+        "--ingest-workers",
+        default="0",
+        help="--ingest-workers of our replicas (0: one process each; CPU and memory count "
+        "a replica's workers too)",
+    )
     p.add_argument("--full-load-max", type=int, default=3000, help="above it a2, a3 are light")
     p.add_argument("--light-interval", type=float, default=3.0)
     p.add_argument("--light-missed", type=float, default=2.0)

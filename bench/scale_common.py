@@ -4,6 +4,7 @@ percentiles, CPU hogs, waiting. Not a program of its own."""
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 import urllib.request
@@ -16,12 +17,45 @@ __all__ = [
     "cpu_seconds",
     "histogram_quantile",
     "pct",
+    "process_tree",
     "rss_bytes",
     "scrape",
     "start_hogs",
+    "tree_cpu_seconds",
+    "tree_rss_bytes",
     "victims",
     "wait_until",
 ]
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (a replica and its ingest workers), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, ()))
+    return out
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and its live descendants (:func:`process_tree`)."""
+    return sum(cpu_seconds(p) for p in process_tree(pid))
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident bytes of ``pid`` and its live descendants (:func:`process_tree`)."""
+    return sum(rss_bytes(p) for p in process_tree(pid))
 
 
 def rss_bytes(pid: int) -> int:

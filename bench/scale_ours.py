@@ -20,6 +20,8 @@ from scale_common import (
     pct,
     rss_bytes,
     scrape,
+    tree_cpu_seconds,
+    tree_rss_bytes,
     victims,
     wait_until,
 )
@@ -76,8 +78,14 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
     limits = [
         *("--max-nodes", str(2 * n + 100), "--max-heartbeat-streams", str(3 * n + 200)),
         *("--max-subscribers", str(args.subscribers + 100)),
+        *("--ingest-workers", str(args.ingest_workers)),
     ]
-    res: dict[str, Any] = {"n": n, "light": lightly, "subscribers": args.subscribers}
+    res: dict[str, Any] = {
+        "n": n,
+        "light": lightly,
+        "subscribers": args.subscribers,
+        "ingest_workers": args.ingest_workers,
+    }
     fleet = subs = None
     try:
         for rid in cluster.arbiters:
@@ -116,7 +124,7 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
         fleet = Fleet(procs, addrs, n, args.procs, workdir, *extra_hb)
         fleet.wait_ready()
         time.sleep(1.0)  # the replicas' memory at rest, subscribers open
-        rss0 = {r: rss_bytes(p) for r, p in pids.items()}
+        rss0 = {r: tree_rss_bytes(p) for r, p in pids.items()}
         m0 = {r: scrape(maddr[r]) for r in cluster.arbiters}
         epoch0 = max(metric(m, "membership_epoch") for m in m0.values())
         term0 = max(metric(m, "membership_raft_term") for m in m0.values())
@@ -139,15 +147,15 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
         say(f"ours N={n}: join storm {res.get('join_s')} s, {res['join_epochs']} epochs")
         time.sleep(args.settle)
         # The steady window: CPU from /proc, heartbeats from the replicas' own counters.
-        c0 = {r: cpu_seconds(p) for r, p in pids.items()}
+        c0 = {r: tree_cpu_seconds(p) for r, p in pids.items()}
         h0 = {r: scrape(maddr[r]) for r in cluster.arbiters}
         lg0, t0 = fleet.cpu(), time.monotonic()
         reports = _window(fleet, args.window)
         dt = time.monotonic() - t0
-        c1 = {r: cpu_seconds(p) for r, p in pids.items()}
+        c1 = {r: tree_cpu_seconds(p) for r, p in pids.items()}
         h1 = {r: scrape(maddr[r]) for r in cluster.arbiters}
         lg1 = fleet.cpu()
-        rss1 = {r: rss_bytes(p) for r, p in pids.items()}
+        rss1 = {r: tree_rss_bytes(p) for r, p in pids.items()}
         per: dict[str, Any] = {}
         for k, r in enumerate(sorted(cluster.arbiters)):
             hb = metric(h1[r], "membership_heartbeats_received_total") - metric(
