@@ -43,6 +43,10 @@ Rules:
 9. ``--event-loop auto|asyncio|uvloop`` (arbiter/server/eventloop.py):
    uvloop when installed (auto), or the loop chosen; ``uvloop`` without it
    installed is a usage error (exit 2).
+10. ``--ingest-workers auto|K`` (or ``MEMBERSHIP_INGEST_WORKERS``; the flag
+    wins): heartbeat ingest in K worker processes (arbiter/server/ingest);
+    ``auto``, the lan preset's default, is one per usable core (at most 64),
+    the local preset's is 0. A value that is neither is a usage error (exit 2).
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from arbiter.config import ArbiterConfig
+from arbiter.workers import ingest_worker_count, parse_ingest_workers
 from membership.commands import EXIT_FAILURE, EXIT_OK, Interrupt
 from membership.errors import InvalidArgument
 from membership.tls import LoadedTLS, add_tls_flags, describe, load, resolve_args
@@ -71,6 +76,8 @@ T = TypeVar("T")
 
 # --metrics-listen's environment variable (rule 5).
 ENV_METRICS_LISTEN = "MEMBERSHIP_METRICS_LISTEN"
+# --ingest-workers's environment variable (rule 10; the tests set it to 0).
+ENV_INGEST_WORKERS = "MEMBERSHIP_INGEST_WORKERS"
 
 
 # (flag, ArbiterConfig field, help) of the tunables the command line sets.
@@ -140,7 +147,8 @@ _LIMITS = (
     (
         "--ingest-workers",
         "ingest_workers",
-        "heartbeat-ingest worker processes sharing --listen (0: none; arbiter/server/ingest)",
+        "heartbeat-ingest worker processes sharing --listen: auto (one per usable core, "
+        "at most 64), or K (0: none, all in this process; arbiter/server/ingest)",
     ),
     (
         "--subscriber-write-timeout",
@@ -200,13 +208,17 @@ def register(sub: Any) -> None:
         group = p.add_argument_group(title)
         for flag, field, text in table:
             default = getattr(cfg, field)
+            if field == "ingest_workers":  # auto or a count
+                kind, metavar, shown = _ingest_workers_flag, "auto|K", str(default)
+            else:
+                kind, metavar, shown = type(default), type(default).__name__.upper(), f"{default:g}"
             group.add_argument(
                 flag,
                 dest=field,
-                type=type(default),
+                type=kind,
                 default=None,
-                metavar=type(default).__name__.upper(),
-                help=f"{text} (default {default:g})",
+                metavar=metavar,
+                help=f"{text} (default {shown})",
             )
     p.add_argument(
         "--detector",
@@ -263,6 +275,15 @@ def register(sub: Any) -> None:
     p.set_defaults(func=run, signal_exit=EXIT_OK)
 
 
+def _ingest_workers_flag(value: str) -> int | str:
+    try:
+        return parse_ingest_workers(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"give auto or a number of workers, got {value!r}"
+        ) from None
+
+
 def _config(args: argparse.Namespace) -> ArbiterConfig:
     base = ArbiterConfig.local() if args.preset == "local" else ArbiterConfig.lan()
     overrides: dict[str, Any] = {"cluster": args.cluster}
@@ -284,6 +305,14 @@ def _config(args: argparse.Namespace) -> ArbiterConfig:
         value = getattr(args, name)
         if value is not None:
             overrides[name] = value
+    env_workers = os.environ.get(ENV_INGEST_WORKERS, "").strip()
+    if args.ingest_workers is None and env_workers:  # rule 10: the flag wins
+        try:
+            overrides["ingest_workers"] = parse_ingest_workers(env_workers)
+        except ValueError:
+            raise InvalidArgument(
+                f"{ENV_INGEST_WORKERS}={env_workers!r}: give auto or a number of workers"
+            ) from None
     return dataclasses.replace(base, **overrides).validate()
 
 
@@ -358,7 +387,10 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
         for name, value in settings.items():
             print(f"  {name} = {value}")
         for f in dataclasses.fields(config):
-            print(f"  {f.name} = {getattr(config, f.name)}")
+            value = getattr(config, f.name)
+            if f.name == "ingest_workers" and value == "auto":
+                value = f"auto ({ingest_worker_count(value)} worker processes: usable cores)"
+            print(f"  {f.name} = {value}")
         return EXIT_OK
     return await _serve(
         args.id,

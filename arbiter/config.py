@@ -19,6 +19,7 @@ from arbiter.core.raft import RaftConfig
 from arbiter.core.replica import ReplicaSettings
 from arbiter.core.retention import RetentionPolicy
 from arbiter.detectors import make_detector
+from arbiter.workers import check_ingest_workers
 from membership.config import MIN_KEEPALIVE_TIME, MIN_KEEPALIVE_TIMEOUT
 from membership.errors import InvalidArgument
 from membership.validation import parse_address, validate_cluster_name
@@ -278,14 +279,14 @@ class ArbiterConfig:
     # cover it) and tells whoever reaches it the group's leader, size and
     # churn, so an operator opens it on purpose, where only the scraper reaches.
     metrics_listen: str = ""
-    # Heartbeat-ingest worker processes on --listen (arbiter/server/ingest); they
-    # proxy every other RPC to this process (Raft, tally). 0: all in this process.
-    ingest_workers: int = 0
+    # Heartbeat-ingest worker processes on --listen (arbiter/server/ingest), which
+    # proxy every other RPC to this process; "auto" (lan): one a core (arbiter/workers.py).
+    ingest_workers: int | str = 0
 
     @classmethod
     def lan(cls, **overrides: object) -> ArbiterConfig:
-        """Defaults for replicas and nodes on one data-centre network."""
-        return dataclasses.replace(cls(), **overrides)  # type: ignore[arg-type]
+        """Defaults for replicas and nodes on one data-centre network (ingest workers: auto)."""
+        return dataclasses.replace(cls(ingest_workers="auto"), **overrides)  # type: ignore[arg-type]
 
     @classmethod
     def local(cls, **overrides: object) -> ArbiterConfig:
@@ -469,8 +470,7 @@ class ArbiterConfig:
         for name in ("max_nodes", "max_heartbeat_streams", "max_subscribers"):
             if getattr(self, name) < 1:
                 raise InvalidArgument(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.ingest_workers <= 64:
-            raise InvalidArgument(f"ingest_workers must be in [0, 64], got {self.ingest_workers}")
+        check_ingest_workers(self.ingest_workers)
         if self.max_concurrent_streams < 4:
             raise InvalidArgument(
                 f"max_concurrent_streams must be >= 4 (a client's watch, its hedged "

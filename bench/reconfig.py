@@ -144,6 +144,7 @@ async def add_replica(members: int) -> tuple[float, float, int]:
                 "--data-dir",
                 str(cluster.data_dir("a4")),
                 "--insecure",
+                *("--ingest-workers", "0"),  # as the LocalCluster's replicas (arbiter_args)
             )
             while True:
                 r = _admin(cluster, "list", "--json")

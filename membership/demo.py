@@ -115,7 +115,11 @@ class Demo:
                 longer than ``timeout``.
         """
         self.tmp = Path(tempfile.mkdtemp(prefix="membership-demo-"))
-        self.cluster = LocalCluster(self.tmp, merge_output=True, tls=self.tls)
+        # One ingest worker a replica: the layout of a real one (auto: a worker per
+        # core) at the demo's size (arbiter/server/ingest).
+        self.cluster = LocalCluster(
+            self.tmp, merge_output=True, tls=self.tls, arbiter_args=("--ingest-workers", "1")
+        )
         scenario = asyncio.ensure_future(self._scenario(self.cluster))
         stopper = asyncio.ensure_future(stop.wait())
         try:

@@ -117,6 +117,11 @@ def arbiter_args(
 ) -> list[str]:
     """``arbiter --id ... --listen ... --peers ... --data-dir ...`` and ``extra``.
 
+    Heartbeat ingest stays in the replica's process (``--ingest-workers 0``) unless
+    ``extra`` gives ``--ingest-workers``: the arbiter's own default, ``auto``, runs one
+    worker process per core, which a local cluster of 3 replicas, its tests and the
+    chaos suite do not need (3 more processes a replica, and their start-up).
+
     Args:
         replica_id: this replica's id, a key of ``arbiters``.
         arbiters: every replica, id -> ``host:port``.
@@ -124,10 +129,12 @@ def arbiter_args(
         extra: more flags.
         listen: the address to listen on (default: its own ``arbiters`` entry).
     """
+    given = any(a == "--ingest-workers" or a.startswith("--ingest-workers=") for a in extra)
     return [
         "arbiter",
         *("--id", replica_id, "--listen", listen or arbiters[replica_id]),
         *("--peers", peers_flag(arbiters), "--data-dir", str(data_dir)),
+        *(() if given else ("--ingest-workers", "0")),
         *extra,
     ]
 

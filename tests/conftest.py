@@ -19,6 +19,10 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 # and every child it starts inherit it. TLS tests clear it for their children
 # (tests/integration/test_tls.py).
 os.environ["MEMBERSHIP_INSECURE"] = "1"
+# Heartbeat ingest in the replica's process for every arbiter a test starts
+# (the lan default, auto, adds a worker process per core to each): tests of the
+# workers give --ingest-workers, which wins (arbiter/cli.py rule 10).
+os.environ.setdefault("MEMBERSHIP_INGEST_WORKERS", "0")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

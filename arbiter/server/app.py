@@ -31,6 +31,7 @@ from arbiter.server.servicers import MembershipServicer
 from arbiter.server.storage import DB_NAME, Storage, StorageError, cluster_identity
 from arbiter.server.stored import first_configuration, warn_if_peers_differ
 from arbiter.v1 import peer_pb2_grpc
+from arbiter.workers import ingest_worker_count
 from membership.errors import InvalidArgument
 from membership.tls import LoadedTLS, ServerCredentials, channel_credentials
 from membership.v1 import membership_pb2_grpc
@@ -288,11 +289,12 @@ class ArbiterServer:
             DecodeRefusal(cfg.max_message_bytes, exempt=PEER_SERVICE)
         ]
         options = server_options(cfg)
-        if cfg.ingest_workers:  # the workers take --listen; this process a unix socket
+        workers = ingest_worker_count(cfg.ingest_workers)  # auto: the cores (arbiter/workers.py)
+        if workers:  # the workers take --listen; this process a unix socket
             from arbiter.server.ingest.pool import IngestPool
             from arbiter.server.ingest.proxy import ProxiedIdentity
 
-            self.ingest = IngestPool(self, cfg.ingest_workers)
+            self.ingest = IngestPool(self, workers)
             interceptors.insert(0, ProxiedIdentity())
             options = [o for o in options if o[0] != "grpc.max_concurrent_streams"]
         server = grpc.aio.server(options=options, interceptors=interceptors)

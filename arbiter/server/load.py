@@ -19,7 +19,9 @@ Rules:
    loop lag is a symptom after the fact, and noisy. Without ``/proc`` it falls
    back to ``time.thread_time()`` (CPU only). The value used is the mean of
    the last ``window`` periods, and the maximum with every load source
-   (:meth:`LoadMonitor.add_source`: a worker process reporting its own).
+   (:meth:`LoadMonitor.add_source`: the ingest workers reporting their own,
+   each measured by a LoadMonitor on its loop; the maximum over them, with
+   their time on a CPU kept apart for shedding).
 2. Interval. Each sample goes to ``on_sample`` (the driver passes it to
    ``Replica.observe_load``: interval rule 4).
 3. Lateness (:class:`LocalHealth`, for observer rule 6: Lifeguard's local
@@ -33,7 +35,9 @@ Rules:
    heartbeat names a node the replica does not know (no opinion, no record
    in the view) is refused while the loop thread's time *on a CPU* (rule 1
    without the wait for one: the replica's own work, not its neighbours')
-   is above ``shed_utilisation`` of the time (1.0: never), or the backlog the
+   is above ``shed_utilisation`` of the time (1.0: never; through an ingest
+   worker, the maximum of the replica's and that worker's, as its latest
+   batch gave it), or the backlog the
    lateness sources report is at least
    ``shed_lateness`` (a loop stall is not counted: it is over by the time it
    is measured, and the utilisation's 2 s average covers a loop that stays
@@ -125,7 +129,7 @@ class LoadMonitor:
             raise ValueError(f"need period > 0 and window >= 1, got {period}, {window}")
         self.name, self.period = name, period
         self._on_sample, self._reader, self._clock = on_sample, reader, clock
-        self._sources: list[Callable[[float], float]] = []
+        self._sources: list[tuple[Callable[[float], float], Callable[[float], float]]] = []
         self._recent: deque[tuple[float, float]] = deque(maxlen=window)  # (busy, cpu)
         self._last: tuple[float, float, float] | None = None  # (wall, cpu, wait) at the last
         self._task: asyncio.Task[None] | None = None
@@ -135,10 +139,14 @@ class LoadMonitor:
         self.samples = 0
         self.shed = 0  # new streams refused (rule 4)
 
-    def add_source(self, fn: Callable[[float], float]) -> None:
+    def add_source(
+        self, fn: Callable[[float], float], cpu: Callable[[float], float] | None = None
+    ) -> None:
         """Adds a load source: ``fn(now)`` -> utilisation (0 to 1) of a part of the
-        replica that this loop does not see (a worker process); the maximum counts."""
-        self._sources.append(fn)
+        replica that this loop does not see (a worker process); the maximum counts.
+        ``cpu(now)`` is the same part's time on a CPU only (:attr:`cpu`, shedding's);
+        without it ``fn`` counts for both."""
+        self._sources.append((fn, cpu or fn))
 
     def start(self) -> None:
         """Starts sampling on the running loop (idempotent)."""
@@ -178,9 +186,8 @@ class LoadMonitor:
         n = len(self._recent) or 1
         u = sum(b for b, _ in self._recent) / n
         c = sum(c for _, c in self._recent) / n
-        for fn in self._sources:
-            source = float(fn(now))
-            u, c = max(u, source), max(c, source)
+        for fn, on_cpu in self._sources:
+            u, c = max(u, float(fn(now))), max(c, float(on_cpu(now)))
         self.utilisation = min(1.0, max(0.0, u))
         self.cpu = min(1.0, max(0.0, c))
         self.samples += 1
@@ -251,7 +258,11 @@ class Shed(LimitExceeded):
 
 
 def check_shedding(
-    driver: Driver, node_id: str, now: float, rng: random.Random | None = None
+    driver: Driver,
+    node_id: str,
+    now: float,
+    rng: random.Random | None = None,
+    cpu: float = 0.0,
 ) -> None:
     """Refuses the first heartbeat of an unknown node while the replica is loaded (rule 4).
 
@@ -260,12 +271,14 @@ def check_shedding(
         node_id: the node of the stream's first heartbeat.
         now: monotonic seconds.
         rng: for the hint's jitter (default: the module's random).
+        cpu: the latest time on a CPU (0 to 1) of the ingest worker that holds the
+            stream, when one does (the maximum with the replica's own counts).
 
     Raises:
         Shed: the replica sheds; its message names the load and the hint.
     """
     cfg = driver.config
-    u = driver.load.cpu
+    u = max(driver.load.cpu, cpu)
     late = driver.health.backlog(now)
     if u <= cfg.shed_utilisation and late < cfg.shed_lateness:  # 1.0: never on utilisation
         return

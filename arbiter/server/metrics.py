@@ -206,6 +206,7 @@ class ReplicaCollector(Collector):
             ),
         ):
             yield buckets.family(name, doc, rid)
+        yield from _ingest_families(rid, getattr(self._server, "ingest", None))
 
     @staticmethod
     def _state_families(rid: str, state: _State) -> Iterator[Any]:
@@ -235,6 +236,36 @@ class ReplicaCollector(Collector):
             rid,
             state.observations_proposed,
         )
+
+
+def _ingest_families(rid: str, pool: Any) -> Iterator[Any]:
+    """The ingest workers' figures (``--ingest-workers``): plain numbers the loop
+    updates at each batch, read here (rule 1)."""
+    workers = [] if pool is None else pool.statistics()
+    fam = GaugeMetricFamily(
+        "membership_ingest_workers",
+        "Heartbeat-ingest worker processes of this replica (0: heartbeats in its own).",
+        labels=["arbiter"],
+    )
+    fam.add_metric([rid], float(len(workers)))
+    yield fam
+    if not workers:
+        return
+    heartbeats = CounterMetricFamily(
+        "membership_ingest_worker_heartbeats",
+        "Heartbeats answered for each ingest worker slot (label worker).",
+        labels=["arbiter", "worker"],
+    )
+    busy = GaugeMetricFamily(
+        "membership_ingest_worker_utilisation",
+        "Each ingest worker's loop utilisation (0 to 1), as of its last batch.",
+        labels=["arbiter", "worker"],
+    )
+    for w in workers:
+        heartbeats.add_metric([rid, str(w.index)], float(w.heartbeats))
+        busy.add_metric([rid, str(w.index)], w.utilisation)
+    yield heartbeats
+    yield busy
 
 
 def _counter(name: str, doc: str, rid: str, value: float) -> CounterMetricFamily:

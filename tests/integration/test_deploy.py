@@ -31,6 +31,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from arbiter.workers import ingest_worker_count
 from membership.localcluster import free_ports
 from tests.integration.harness import ProcCluster, wait_until
 from tests.integration.harness import secure_env as _env
@@ -176,6 +177,7 @@ def test_kubernetes_statefulset_command_line_passes_check_config(
     assert f"  id = {pod}\n" in r.stdout
     assert f"spiffe://default/arbiter/{pod}" in r.stdout
     assert f"{pod}={pod}.arbiter-peers.membership.svc.cluster.local:7000" in r.stdout
+    assert "  ingest_workers = 1\n" in r.stdout  # the manifest's, not auto's node cores
 
 
 # --- systemd -----------------------------------------------------------------------
@@ -292,6 +294,9 @@ def test_systemd_unit_command_line_serves_health_and_stops_on_sigterm(
     # Alone of its group, in no quorum: the API is NOT_SERVING (readiness fails).
     assert status("membership.v1.Membership") == health_pb2.HealthCheckResponse.NOT_SERVING
     assert (state / "membership-arbiter" / "raft.sqlite3").exists()
+    # The unit runs the default, auto: one ingest worker per usable core, each serving.
+    k = ingest_worker_count("auto")
+    wait_until(lambda: f"ingest worker {k - 1} (pid" in proc.stderr(), 10, "the last worker")
     proc.signal(getattr(signal, _unit(UNIT)["Service"]["KillSignal"][-1]))
     assert proc.popen.wait(int(svc["TimeoutStopSec"][-1])) == 0, proc.stderr()
     assert "Traceback" not in proc.stderr()

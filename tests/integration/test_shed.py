@@ -3,12 +3,16 @@ that long and joins once the load is gone (arbiter/server/load.py rule 4, heartb
 
 One replica that is its own quorum runs in this process; the test plays its load with a
 load source (``LoadMonitor.add_source``), so nothing here depends on the machine's speed.
+The same through an ingest worker (``ingest_workers=1``): the consensus process decides,
+the worker ends the stream with the same status and hint (ingest/pool.py rule 3).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 
 import grpc
@@ -111,3 +115,79 @@ async def test_shed_new_nodes_get_the_status_and_hint_known_ones_go_on_sdk_waits
         await wait_async(lambda: _member(lone_replica, "n2") is MemberState.ALIVE, 15, "n2 joins")
     finally:
         await client.close()
+
+
+@pytest.fixture
+async def replica_with_a_worker() -> AsyncIterator[ArbiterServer]:
+    """The lone replica, its heartbeats in one ingest worker (arbiter/server/ingest)."""
+    port, metrics = free_ports(2)
+    addr = f"127.0.0.1:{port}"
+    config = ArbiterConfig.local(
+        shed_retry_after=RETRY_AFTER,
+        shed_utilisation=0.9,
+        ingest_workers=1,
+        metrics_listen=f"127.0.0.1:{metrics}",
+    )
+    server = ArbiterServer(replica_id="a1", peers={"a1": addr}, listen=addr, config=config)
+    await server.start()
+    try:
+        await wait_async(lambda: server.driver.is_leader, 15, "a leader")
+        yield server
+    finally:
+        await server.stop(grace=0)
+
+
+async def test_shed_through_an_ingest_worker_same_status_and_hint_and_its_load_counts(
+    replica_with_a_worker: ArbiterServer,
+) -> None:
+    server = replica_with_a_worker
+    driver, pool = server.driver, server.ingest
+    assert pool is not None
+    busy = [0.0]
+    driver.load.add_source(lambda now: busy[0])
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        stub = pb_grpc.MembershipStub(channel)
+        known, ack = await _first_ack(stub, "n0")
+        assert ack.seq == 1
+        await wait_async(lambda: _member(server, "n0") is MemberState.ALIVE, 10, "n0")
+
+        busy[0] = 1.0
+        driver.load.sample()
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await _first_ack(stub, "n1")  # decided in the consensus process, ended by the worker
+        assert e.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert (e.value.details() or "").startswith("shedding: arbiter a1 is loaded")
+        hints = dict(e.value.trailing_metadata() or ())
+        assert 500 <= int(hints[PUSHBACK_KEY]) < 1000
+        assert driver.load.shed == 1 and _member(server, "n1") is None
+        # A known node's new stream and its old one are served on, through the worker.
+        again, ack = await _first_ack(stub, "n0")
+        assert ack.state == pb.MEMBER_STATE_ALIVE
+        await known.write(pb.HeartbeatRequest(node_id="n0", incarnation=1, seq=2))
+        assert (await known.read()).seq == 2
+        busy[0] = 0.0
+        driver.load.sample()
+        joined, ack = await _first_ack(stub, "n1")  # the load gone, n1 is taken
+        assert ack.seq == 1
+        for call in (known, again, joined):
+            await call.done_writing()
+    # The worker's own loop is measured there and reported in its batches (pool rule 3):
+    # the consensus process's load is at least the worker's.
+    await wait_async(lambda: pool.statistics()[0].utilisation > 0, 10, "the worker's load")
+    assert driver.load.sample() >= pool.utilisation() > 0
+    # Per-worker figures on /metrics, and the inter-arrival histogram fed from the worker's
+    # batches (n0's stream sent two heartbeats: one interval).
+    assert server.metrics is not None
+    url = f"http://127.0.0.1:{server.metrics.port}/metrics"
+    text = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+    assert 'membership_ingest_workers{arbiter="a1"} 1.0' in text
+    (line,) = [
+        x for x in text.splitlines() if x.startswith("membership_ingest_worker_heartbeats_total")
+    ]
+    assert 'worker="0"' in line and float(line.split()[-1]) >= 4
+    (line,) = [
+        x
+        for x in text.splitlines()
+        if x.startswith("membership_heartbeat_interarrival_seconds_count")
+    ]
+    assert float(line.split()[-1]) >= 1

@@ -7,6 +7,7 @@ import asyncio
 import marshal
 import random
 import struct
+import types
 
 import pytest
 
@@ -31,6 +32,8 @@ def test_ingest_frames_round_trip_in_pieces() -> None:
         ),
         (4, 5),
         (10, 9, 2),
+        (0.25, 0.2),
+        ((0, 3, 1, 0, 0, 0, 0, 0, 0, 0, 0), 0.42),
     )
     data = frames.encode(*batch) + frames.encode(frames.STOP)
     dec = frames.FrameDecoder()
@@ -133,11 +136,24 @@ async def test_ingest_batcher_batches_answers_in_order_and_fails_when_closed() -
     await asyncio.sleep(FLUSH_AFTER * 5)
     (batch,) = frames.FrameDecoder().feed(b"".join(sent))
     assert batch[0] == frames.BATCH and [e[1] for e in batch[3]] == ["n0", "n1", "n2"]
+    assert batch[6] == (0.0, 0.0) and batch[7] is None  # no load monitor, no inter-arrival
     status = (4, True, "a2", 0.15, "inst", 9, (("a1", "h:1", True),))
-    b.on_verdicts(batch[1], ((True, 2, 1, 0.75), (False, 1, 1, 0.0), "max_nodes: full"), status)
+    refusal = ("shedding: loaded", 750)
+    b.on_verdicts(batch[1], ((True, 2, 1, 0.75), (False, 1, 1, 0.0), refusal), status)
     got = [await f for f in first]
-    assert [v for v, _ in got] == [(True, 2, 1, 0.75), (False, 1, 1, 0.0), "max_nodes: full"]
+    assert [v for v, _ in got] == [(True, 2, 1, 0.75), (False, 1, 1, 0.0), refusal]
     assert got[0][1].arbiters == ["a1@h:1"] and got[0][1].epoch == 4 and got[0][1].leader == "a2"
+    # Every batch carries the worker's latest load sample (batcher rule 3).
+    # and the inter-arrival times observed since the last one, then none.
+    b.monitor = types.SimpleNamespace(utilisation=0.75, cpu=0.5)
+    b.interarrival.observe(0.12)
+    b.interarrival.observe(0.6)
+    b.flush()
+    (batch,) = frames.FrameDecoder().feed(sent[-1])
+    counts, seconds = batch[7]
+    assert batch[6] == (0.75, 0.5) and sum(counts) == 2 and seconds == pytest.approx(0.72)
+    b.flush()
+    assert frames.FrameDecoder().feed(sent[-1])[0][7] is None
     # MAX_BATCH heartbeats leave at once; the channel gone fails them and every later one.
     sent.clear()
     many = [b.ask((2, "n", 1, None, 0.0, False, None)) for _ in range(MAX_BATCH)]

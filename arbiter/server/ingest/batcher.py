@@ -14,7 +14,12 @@ Rules:
    Every batch is stamped with its send time.
 3. The counts of heartbeats read, acks written and streams open since the
    last batch ride on each batch, and add up in the consensus process's
-   counters (:class:`arbiter.server.counters.Counters`).
+   counters (:class:`arbiter.server.counters.Counters`), and so does the
+   worker's latest load sample (``monitor``: utilisation, time on a CPU), which
+   the consensus process's load monitor takes the maximum with
+   (:mod:`arbiter.server.load` rule 1), and the inter-arrival histogram of
+   the heartbeats read since the last batch (``interarrival``), which adds up
+   in the consensus process's (the metric ``membership_heartbeat_interarrival_seconds``).
 4. When the channel is gone, every heartbeat waiting fails with
    :class:`ChannelClosed` (its stream ends with UNAVAILABLE) and so does
    every later one.
@@ -26,6 +31,7 @@ import asyncio
 import time
 from typing import Any
 
+from arbiter.server.counters import INTERARRIVAL_BUCKETS, Buckets
 from arbiter.server.ingest import frames
 from arbiter.server.ingest.lateness import IDLE_FLUSH
 
@@ -97,6 +103,8 @@ class Batcher:
         self.acks = 0
         self.streams = 0  # open now
         self.batches = 0
+        self.monitor: Any = None  # the worker's LoadMonitor (rule 3); None: load 0
+        self.interarrival = Buckets(INTERARRIVAL_BUCKETS)  # since the last batch (rule 3)
 
     def ask(self, entry: tuple[Any, ...]) -> asyncio.Future[tuple[Any, ReplicaStatus]]:
         """Queues one heartbeat (frames.ENTRY); the future gives (verdict, status).
@@ -137,7 +145,15 @@ class Batcher:
         self.batches += 1
         if futures:
             self._in_flight[self._batch_id] = futures
-        self._write(frames.encode(frames.BATCH, self._batch_id, now, entries, closed, counts))
+        m = self.monitor
+        load = (0.0, 0.0) if m is None else (m.utilisation, m.cpu)
+        ia, hist = self.interarrival, None
+        if any(ia.counts):
+            hist = (tuple(ia.counts), ia.sum)
+            self.interarrival = Buckets(INTERARRIVAL_BUCKETS)
+        self._write(
+            frames.encode(frames.BATCH, self._batch_id, now, entries, closed, counts, load, hist)
+        )
 
     async def run_idle(self) -> None:
         """Sends an empty batch whenever none left for IDLE_FLUSH seconds (rule 2)."""

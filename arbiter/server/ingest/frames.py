@@ -22,11 +22,17 @@ Rules:
    - ``BATCH`` (``->``): batch id, send time (monotonic seconds, one clock
      for every process of the machine), the heartbeats (tuples of
      :data:`ENTRY`'s fields), the stream tokens closed since the last
-     batch, and the counts (heartbeats read, acks written, streams open)
-     since the last batch.
+     batch, the counts (heartbeats read, acks written, streams open)
+     since the last batch, and the worker's load (its loop's utilisation and
+     time on a CPU, 0 to 1: :class:`arbiter.server.load.LoadMonitor` on the
+     worker's loop, latest sample), then its heartbeats' inter-arrival
+     histogram since the last batch (``(bucket counts, sum of seconds)`` on
+     :data:`arbiter.server.counters.INTERARRIVAL_BUCKETS`, or None: none).
    - ``VERDICTS`` (``<-``): batch id, one verdict per heartbeat in order
-     (``(accepted, state, incarnation, lease)``, or a str: the stream is
-     refused with RESOURCE_EXHAUSTED and that message), then the replica's
+     (``(accepted, state, incarnation, lease)``, or a refusal
+     ``(message, pushback_ms)``: the stream is ended with RESOURCE_EXHAUSTED,
+     that message and, when ``pushback_ms`` > 0, the trailing metadata
+     ``grpc-retry-pushback-ms``: max_nodes, or shedding), then the replica's
      status (:data:`STATUS`'s fields).
    - ``STOP`` (``<-``): graceful shutdown. ``RELOAD_TLS`` (``<-``): re-read the
      TLS files (SIGHUP).

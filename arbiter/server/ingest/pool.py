@@ -4,7 +4,14 @@ Rules:
 
 1. Port: the replica checks ``--listen`` is free (a plain bind, without
    SO_REUSEPORT) before anything else, then serves its own gRPC server on a
-   unix socket in a fresh 0700 directory only (:meth:`IngestPool.bind`);
+   unix socket in a fresh 0700 directory only (:meth:`IngestPool.bind`):
+   ``SOCKET_DIR`` in its data dir (which its flock makes its own: one left
+   by a replica killed with SIGKILL is removed at the next start, and goes
+   with the data dir), or a new temporary directory without one. The socket
+   is named through the directory's descriptor, ``/proc/self/fd/N/...``
+   (inherited by the workers at the same number), so a data dir of any
+   length fits a unix address (108 bytes); the 0700 directory still keeps
+   every other user out;
    the K workers bind ``--listen`` together. So Raft, the tally and every
    proxied call run here, and heartbeat streams run in the workers.
 2. Start: the workers are spawned (``python -m arbiter.server.ingest``, a
@@ -14,11 +21,17 @@ Rules:
 3. Verdicts: each BATCH is answered at once, in order, with one
    ``Driver.on_heartbeat`` per heartbeat (the observer, detectors, leases
    and sequence numbers stay where they are without workers), the
-   ``max_nodes`` check for a stream's first heartbeat, the status
+   ``max_nodes`` check and shedding (:func:`arbiter.server.load.check_shedding`,
+   with that worker's time on a CPU) for a stream's first heartbeat, the status
    board updated with the statuses that came along, and the replica's
    status for the acks (the arbiter set only when the worker does not have
    its index yet). The batch's counts add up in the driver's counters, and
-   its streams open in the servicer's ``heartbeat_streams`` (the metric).
+   its streams open in the servicer's ``heartbeat_streams`` (the metric),
+   its inter-arrival histogram in the driver's.
+   Its load is the worker's latest: the driver's load monitor reads the
+   maximum over the workers serving (:meth:`IngestPool.utilisation`,
+   :meth:`IngestPool.cpu`; load.py rule 1), so the suggested interval follows
+   the load of the processes that carry the heartbeats.
 4. Local health: :class:`arbiter.server.ingest.lateness.Horizon` is the
    driver's lateness source; a worker overdue by more than
    ``WEDGED_AFTER`` seconds is killed (and restarted by rule 5). Until
@@ -58,14 +71,17 @@ from arbiter.server import limits
 from arbiter.server.arbiterset import to_protos
 from arbiter.server.ingest import frames
 from arbiter.server.ingest.lateness import Horizon
+from arbiter.server.load import Shed, check_shedding
 from membership.convert import state_to_pb
 from membership.v1 import membership_pb2 as pb
 from membership.view import MemberState
 
-__all__ = ["WEDGED_AFTER", "IngestPool", "WorkerStatistics"]
+__all__ = ["SOCKET_DIR", "WEDGED_AFTER", "IngestPool", "WorkerStatistics"]
 
 log = logging.getLogger("arbiter.ingest")
 
+SOCKET_DIR = "ingest"  # in the data dir: the consensus process's unix socket (rule 1)
+_SUN_PATH = 108  # bytes of a unix socket's path at most, its NUL included (Linux)
 WEDGED_AFTER = 5.0  # seconds a worker may go without a batch before it is killed (rule 4)
 _START_TIMEOUT = 30.0  # seconds for a worker to serve the port (its imports, on a busy machine)
 _PRUNE_EVERY = 10.0  # seconds between two prunes of the status board (statusboard.py rule 2)
@@ -83,6 +99,8 @@ class WorkerStatistics:
         streams: heartbeat streams open in it, as of its last batch.
         heartbeats: heartbeats it answered through this process.
         batches: batches it sent.
+        utilisation: its loop's utilisation (0 to 1), as of its last batch.
+        cpu: the same on a CPU only (shedding's).
     """
 
     index: int
@@ -91,6 +109,8 @@ class WorkerStatistics:
     streams: int = 0
     heartbeats: int = 0
     batches: int = 0
+    utilisation: float = 0.0
+    cpu: float = 0.0
 
 
 @dataclass(slots=True)
@@ -118,6 +138,7 @@ class IngestPool:
         self.workers = workers
         self.horizon = Horizon()
         self.socket_dir = ""
+        self._dir_fd = -1  # the socket directory's descriptor (rule 1)
         self._slots = [_Slot(WorkerStatistics(i)) for i in range(workers)]
         self._stopping = False
         self._watchdog: asyncio.Task[None] | None = None
@@ -127,14 +148,46 @@ class IngestPool:
         """Every slot's figures now."""
         return [slot.stats for slot in self._slots]
 
+    def utilisation(self, now: float = 0.0) -> float:
+        """The highest loop utilisation of the workers serving, 0 to 1 (rule 3: the
+        driver's load source)."""
+        return max((slot.stats.utilisation for slot in self._slots), default=0.0)
+
+    def cpu(self, now: float = 0.0) -> float:
+        """The highest time on a CPU of the workers serving, 0 to 1 (rule 3)."""
+        return max((slot.stats.cpu for slot in self._slots), default=0.0)
+
     # --- start ----------------------------------------------------------------------
 
     def bind(self, grpc_server: grpc.aio.Server) -> None:
         """Rule 1: the replica's own server on a unix socket in a new 0700 directory."""
-        self.socket_dir = tempfile.mkdtemp(prefix="arbiter-ingest-")  # mode 0700
-        path = os.path.join(self.socket_dir, "consensus.sock")
+        self.socket_dir = self._socket_dir()
+        self._dir_fd = os.open(self.socket_dir, os.O_RDONLY | os.O_DIRECTORY)
+        path = self._socket_path()
         if grpc_server.add_insecure_port(f"unix:{path}") == 0:
             raise OSError(f"cannot listen on unix:{path}")
+
+    def _socket_dir(self) -> str:
+        """Rule 1: SOCKET_DIR in the data dir, emptied, mode 0700; else a temporary one."""
+        data_dir = getattr(self._server, "data_dir", None)
+        if data_dir is None:
+            return tempfile.mkdtemp(prefix="arbiter-ingest-")  # mode 0700
+        path = os.path.abspath(os.path.join(data_dir, SOCKET_DIR))
+        shutil.rmtree(path, ignore_errors=True)  # a killed replica's
+        os.mkdir(path, 0o700)
+        os.chmod(path, 0o700)  # whatever the umask
+        return path
+
+    def _socket_path(self) -> str:
+        """Rule 1: the socket through the directory's descriptor when /proc has it
+        (any length of data dir), else its own path."""
+        via_fd = f"/proc/self/fd/{self._dir_fd}/consensus.sock"
+        if os.path.isdir(f"/proc/self/fd/{self._dir_fd}"):
+            return via_fd
+        path = os.path.join(self.socket_dir, "consensus.sock")
+        if len(path.encode()) >= _SUN_PATH:
+            raise OSError(f"the ingest socket's path is too long for a unix address: {path}")
+        return path
 
     async def start(self) -> None:
         """Rule 2: spawns every worker and waits until each serves the port.
@@ -143,6 +196,7 @@ class IngestPool:
             OSError: a worker could not bind the port, or did not start in time.
         """
         self._server.driver.add_lateness_source(self.horizon.lateness)
+        self._server.driver.load.add_source(self.utilisation, self.cpu)
         try:
             await asyncio.gather(*(self._spawn(slot) for slot in self._slots))
         except BaseException:
@@ -162,7 +216,7 @@ class IngestPool:
             "replica_id": s.replica_id,
             "identity": s.identity,
             "listen": s.listen,
-            "socket": os.path.join(self.socket_dir, "consensus.sock"),
+            "socket": self._socket_path(),
             "tls": None
             if tls is None
             else (str(tls.files.ca), str(tls.files.cert), str(tls.files.key)),
@@ -180,7 +234,7 @@ class IngestPool:
                 "arbiter.server.ingest",
                 "--fd",
                 str(theirs.fileno()),
-                pass_fds=(theirs.fileno(),),
+                pass_fds=(theirs.fileno(), self._dir_fd),  # rule 1: the same number there
                 stdin=asyncio.subprocess.DEVNULL,
                 # No preexec_fn: it forces a full fork of this process, whose
                 # loop waits for the exec (0.3 s measured under load); without
@@ -252,6 +306,7 @@ class IngestPool:
             code = None
         self._server.api.heartbeat_streams -= slot.stats.streams
         slot.proc, slot.writer, slot.stats.pid, slot.stats.streams = None, None, 0, 0
+        slot.stats.utilisation = slot.stats.cpu = 0.0
         if slot.ready is not None and not slot.ready.done():
             slot.ready.set_exception(OSError(f"ingest worker {index} exited ({why}, code {code})"))
             return
@@ -280,7 +335,7 @@ class IngestPool:
 
     def _answer(self, slot: _Slot, msg: tuple[Any, ...]) -> None:
         """Rule 3: one BATCH, answered with its VERDICTS."""
-        _, batch_id, sent_at, entries, closed, counts = msg
+        _, batch_id, sent_at, entries, closed, counts, (busy, on_cpu), hist = msg
         driver = self._server.driver
         api = self._server.api
         labels_of = slot.labels
@@ -296,8 +351,12 @@ class IngestPool:
             if first:
                 try:
                     limits.check_new_node(driver, max_nodes, node_id)
+                    check_shedding(driver, node_id, now, cpu=on_cpu)
+                except Shed as e:
+                    verdicts.append((str(e), e.pushback_ms))
+                    continue
                 except limits.LimitExceeded as e:
-                    verdicts.append(str(e))
+                    verdicts.append((str(e), 0))
                     continue
             v = driver.on_heartbeat(
                 node_id, incarnation, labels_of.get(token, {}), interval or None
@@ -310,7 +369,13 @@ class IngestPool:
         counters = driver.counters
         counters.heartbeats += heartbeats
         counters.acks += acks
+        if hist is not None:  # the streams' inter-arrival times, counted in the worker
+            ia, (bucket_counts, seconds) = counters.interarrival, hist
+            for i, n in enumerate(bucket_counts):
+                ia.counts[i] += n
+            ia.sum += seconds
         stats = slot.stats
+        stats.utilisation, stats.cpu = busy, on_cpu
         # The streams open here are the workers' (the metric reads the servicer's count).
         api.heartbeat_streams += streams - stats.streams
         stats.streams, stats.batches = streams, stats.batches + 1
@@ -385,5 +450,8 @@ class IngestPool:
             if slot.task is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await slot.task
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
         if self.socket_dir:
             shutil.rmtree(self.socket_dir, ignore_errors=True)

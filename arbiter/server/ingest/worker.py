@@ -19,6 +19,10 @@ Rules:
    ``max_nodes`` is checked there. A node's status goes along only when it
    changed on the stream (:func:`arbiter.server.statusboard.changed`) or
    ``STATUS_REFRESH`` seconds passed, its labels only when they changed.
+   Refusals come back in the verdict too (``max_nodes``, and shedding, which
+   the consensus process decides for a stream's first heartbeat: load.py
+   rule 4): the stream ends with RESOURCE_EXHAUSTED, the message and, for a
+   shed, the trailing ``grpc-retry-pushback-ms``, as in-process.
 3. Every other method is forwarded to the consensus process
    (:mod:`arbiter.server.ingest.proxy`).
 4. Cost: what a stream's earlier heartbeat already passed is not checked
@@ -33,6 +37,9 @@ Rules:
    SIGKILL ends it, and it is restarted. STOP ends every heartbeat stream with
    UNAVAILABLE at its next heartbeat and stops the server with the shutdown
    grace; RELOAD_TLS re-reads the TLS files for new connections (SIGHUP).
+6. Load: a :class:`arbiter.server.load.LoadMonitor` samples this worker's
+   loop (load.py rule 1) and every batch carries its latest value: the
+   consensus process's interval and shedding follow the workers' load.
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ from arbiter.server.ingest.batcher import Batcher, ChannelClosed, ReplicaStatus
 from arbiter.server.ingest.lifetime import die_with_parent
 from arbiter.server.ingest.proxy import Forwarder
 from arbiter.server.limits import LimitExceeded
+from arbiter.server.load import PUSHBACK_KEY, LoadMonitor
 from arbiter.server.replies import deny
 from arbiter.server.statusboard import changed
 from membership.errors import InvalidArgument
@@ -162,12 +170,16 @@ class HeartbeatService:
         status_of: pb.NodeStatus | None = None  # the status last sent
         status_at = 0.0
         ack = pb.HeartbeatAck()
+        last_at = None  # the stream's previous heartbeat (the inter-arrival histogram)
         try:
             async for req in requests:
                 batcher.heartbeats += 1
                 if self.closing:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
                 now = time.monotonic()
+                if last_at is not None:
+                    batcher.interarrival.observe(now - last_at)
+                last_at = now
                 try:
                     wait, first = checks.check(req, now)
                 except InvalidArgument as e:
@@ -198,9 +210,18 @@ class HeartbeatService:
                     )  # fmt: skip
                 except ChannelClosed:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
-                if type(verdict) is str:  # max_nodes (limits rule 5)
-                    log.info("heartbeat stream cut from %s: %s", context.peer(), verdict)
-                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, verdict)
+                if len(verdict) == 2:  # max_nodes (limits rule 5), or shed (load.py rule 4)
+                    message, pushback_ms = verdict
+                    (log.debug if pushback_ms else log.info)(
+                        "heartbeat stream cut from %s: %s", context.peer(), message
+                    )
+                    await context.abort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        message,
+                        trailing_metadata=((PUSHBACK_KEY, str(pushback_ms)),)
+                        if pushback_ms
+                        else (),
+                    )
                 _, ack.state, ack.incarnation, ack.lease_seconds = verdict
                 ack.seq = req.seq
                 batcher.acks += 1
@@ -281,6 +302,9 @@ async def serve(fd: int) -> int:
         await writer.drain()
         return 1
     await server.start()
+    monitor = LoadMonitor(name=f"{settings['replica_id']} ingest worker {index}")
+    monitor.start()  # rule 6
+    batcher.monitor = monitor
     writer.write(frames.encode(frames.HELLO, index, os.getpid(), time.monotonic()))
     idle = asyncio.get_running_loop().create_task(batcher.run_idle())
     why = "channel closed"
@@ -309,6 +333,7 @@ async def serve(fd: int) -> int:
         forwarder.close()
         batcher.close(RuntimeError(why))
         idle.cancel()
+        await monitor.stop()
         await server.stop(config.shutdown_grace if why == "stopping" else 0)
         await channel.close()
         log.info(
