@@ -44,7 +44,6 @@ from arbiter.server.limits import LimitExceeded
 from arbiter.server.load import Shed, check_shedding
 from arbiter.server.replies import cluster_mismatch, committed, deny, refusal_status
 from arbiter.server.statusboard import StatusBoard
-from membership import convert
 from membership.errors import InvalidArgument
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
@@ -304,12 +303,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 if isinstance(item, View):
                     event = self._event(snapshot=pb.ViewSnapshot(view=self._views.view_pb(item)))
                 elif isinstance(item, ViewChange):
-                    event = self._event(
-                        change=pb.ViewChange(
-                            epoch=item.epoch,
-                            changes=[convert.change_to_pb(c) for c in item.changes],
-                        ),
-                    )
+                    event = self._views.change_event(item, self._event)
                 else:
                     assert isinstance(item, HubStatus)
                     event = self._quorum_event(item)
