@@ -30,8 +30,13 @@ Rules:
    shows the change, or raises TimeoutError.
 4. Promotion (on the leader, after every turn): a learner is promoted once
    its replicated log has reached the leader's commit index and stayed
-   caught up for ``config.grace`` (the restart grace in force: one maximum
-   lease, plus the nodes' reconnect time). The Raft core's own promotion (on log catch-up alone) is
+   caught up for ``restart_grace`` raised to the lease at STEP**3 times the
+   interval this leader suggests now (a node heartbeats at the longest
+   suggestion of its replicas, and the load rule moves a replica's by at most
+   3 steps from another's), never beyond ``config.grace``: long enough for
+   the learner to grant its lease to every node, without waiting the lease at
+   the interval ceiling of a cluster of max_nodes (17.9 s at the lan
+   defaults) in a small one. The Raft core's own promotion (on log catch-up alone) is
    off: a learner promoted the moment it caught up has granted no lease yet,
    and every node would count one voter more without its lease, fenced (a
    group of 3 with one replica gone needs 3 of 4 leases once a fourth votes).
@@ -46,6 +51,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from arbiter.core.detection import STEP
 from arbiter.core.raft import ProposalDropped
 from arbiter.server.arbiterset import ArbiterSet, in_force
 from arbiter.server.driver import Driver, ReplicaStatus
@@ -159,8 +165,14 @@ class Reconfiguration:
             )
             self._on_removed(now)
 
+    def _promotion_wait(self) -> float:
+        """Seconds a learner stays caught up before it is promoted (rule 4)."""
+        cfg, replica = self._driver.config, self._driver.replica
+        wanted = replica.settings.lease_for(replica.suggested_interval() * STEP**3)
+        return min(cfg.grace, max(cfg.restart_grace, wanted))
+
     def _maybe_promote(self) -> None:
-        """Rule 4: promotes a learner caught up for ``restart_grace`` (leader only)."""
+        """Rule 4: promotes a learner caught up for :meth:`_promotion_wait` (leader only)."""
         learners = self.current.learners
         if not learners or not self._driver.is_leader:
             self._caught_up.clear()
@@ -176,7 +188,7 @@ class Reconfiguration:
                 self._caught_up.pop(rid, None)
                 continue
             since = self._caught_up.setdefault(rid, now)
-            if now - since < self._driver.config.grace:
+            if now - since < self._promotion_wait():
                 continue
             try:
                 self._driver.replica.propose_config_change("promote", rid, None, now)
