@@ -51,7 +51,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from arbiter.core.detection import STEP
+from arbiter.core.detection.interval import STEP
 from arbiter.core.raft import ProposalDropped
 from arbiter.server.arbiterset import ArbiterSet, in_force
 from arbiter.server.driver import Driver, ReplicaStatus
