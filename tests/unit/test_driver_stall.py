@@ -12,52 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-from typing import Any
 
-import pytest
-
-from arbiter.config import ArbiterConfig
 from arbiter.server.driver import Driver
-from arbiter.server.storage import Storage
 from membership.view import MemberState
-
-CONFIG = ArbiterConfig.local()
-TIMEOUT = 15.0
-
-
-async def wait_for(pred: Callable[[], Any], timeout: float = TIMEOUT) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (got := pred()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-    return got
-
-
-@pytest.fixture
-async def a1(tmp_path: Path) -> AsyncIterator[Driver]:
-    storage = Storage.open(tmp_path, replica_id="a1", cluster="default", arbiters=["a1"])
-    driver = Driver(
-        replica_id="a1",
-        replica_ids=["a1"],
-        config=CONFIG,
-        send=lambda msg: None,
-        on_change=lambda change: None,
-        on_quorum=lambda status: None,
-        storage=storage,
-    )
-    driver.start()
-    try:
-        yield driver
-    finally:
-        await driver.stop()
-        storage.close()
-
-
-def _state(driver: Driver, node_id: str) -> MemberState | None:
-    members = {m.node_id: m.state for m in driver.state.view().members}
-    return members.get(node_id)
+from tests.unit.driver_harness import CONFIG, member_state, wait_for
+from tests.unit.driver_harness import a1 as a1  # the fixture
 
 
 async def test_driver_after_its_own_stall_hears_queued_heartbeats_before_suspecting(
@@ -74,7 +33,7 @@ async def test_driver_after_its_own_stall_hears_queued_heartbeats_before_suspect
 
     heartbeats = asyncio.get_running_loop().create_task(node())
     try:
-        await wait_for(lambda: a1.is_leader and _state(a1, "n1") is MemberState.ALIVE)
+        await wait_for(lambda: a1.is_leader and member_state(a1, "n1") is MemberState.ALIVE)
         beating.clear()  # from here on, heartbeats arrive only as gRPC would hand them over
         a1.on_heartbeat("n1", 1, {})
         time.sleep(CONFIG.suspect_after + 0.3)  # the stall: the whole loop is deaf
@@ -91,7 +50,7 @@ async def test_driver_after_its_own_stall_hears_queued_heartbeats_before_suspect
             await asyncio.sleep(0.01)
     finally:
         heartbeats.cancel()
-    assert _state(a1, "n1") is MemberState.ALIVE
+    assert member_state(a1, "n1") is MemberState.ALIVE
 
 
 async def test_driver_still_suspects_a_node_that_stays_silent_after_its_stall(
@@ -104,12 +63,12 @@ async def test_driver_still_suspects_a_node_that_stays_silent_after_its_stall(
 
     heartbeats = asyncio.get_running_loop().create_task(node())
     try:
-        await wait_for(lambda: a1.is_leader and _state(a1, "n1") is MemberState.ALIVE)
+        await wait_for(lambda: a1.is_leader and member_state(a1, "n1") is MemberState.ALIVE)
     finally:
         heartbeats.cancel()
     a1.on_heartbeat("n1", 1, {})
     time.sleep(CONFIG.suspect_after + 0.3)  # a stall, and the node is really gone
     t0 = time.monotonic()
-    await wait_for(lambda: _state(a1, "n1") is MemberState.DEAD)
+    await wait_for(lambda: member_state(a1, "n1") is MemberState.DEAD)
     # Suspected once the replica has listened for one more interval.
     assert time.monotonic() - t0 >= CONFIG.heartbeat_interval * 0.9

@@ -11,51 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-from typing import Any
 
-import pytest
-
-from arbiter.config import ArbiterConfig
 from arbiter.server.driver import Driver
-from arbiter.server.storage import Storage
 from membership.view import MemberState
-
-CONFIG = ArbiterConfig.local()
-TIMEOUT = 15.0
-
-
-async def wait_for(pred: Callable[[], Any], timeout: float = TIMEOUT) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (got := pred()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-    return got
-
-
-@pytest.fixture
-async def a1(tmp_path: Path) -> AsyncIterator[Driver]:
-    storage = Storage.open(tmp_path, replica_id="a1", cluster="default", arbiters=["a1"])
-    driver = Driver(
-        replica_id="a1",
-        replica_ids=["a1"],
-        config=CONFIG,
-        send=lambda msg: None,
-        on_change=lambda change: None,
-        on_quorum=lambda status: None,
-        storage=storage,
-    )
-    driver.start()
-    try:
-        yield driver
-    finally:
-        await driver.stop()
-        storage.close()
-
-
-def _state(driver: Driver, node_id: str) -> MemberState | None:
-    return {m.node_id: m.state for m in driver.state.view().members}.get(node_id)
+from tests.unit.driver_harness import CONFIG, member_state, wait_for
+from tests.unit.driver_harness import a1 as a1  # the fixture
 
 
 async def test_load_late_replica_suspects_nobody_then_suspects_the_dead_node(a1: Driver) -> None:
@@ -73,7 +33,7 @@ async def test_load_late_replica_suspects_nobody_then_suspects_the_dead_node(a1:
     beats = asyncio.get_running_loop().create_task(nodes())
     try:
         await wait_for(
-            lambda: a1.is_leader and {_state(a1, n) for n in alive} == {MemberState.ALIVE}
+            lambda: a1.is_leader and {member_state(a1, n) for n in alive} == {MemberState.ALIVE}
         )
         backlog_since.append(time.monotonic())
         alive.discard("n2")  # n2 dies now; n1's heartbeats queue in the backlog
@@ -81,12 +41,12 @@ async def test_load_late_replica_suspects_nobody_then_suspects_the_dead_node(a1:
         end = time.monotonic() + 3 * CONFIG.suspect_after
         while time.monotonic() < end:
             assert a1.local_suspects() == [], "suspected a node for the replica's own lateness"
-            assert {_state(a1, n) for n in ("n1", "n2")} == {MemberState.ALIVE}
+            assert {member_state(a1, n) for n in ("n1", "n2")} == {MemberState.ALIVE}
             await asyncio.sleep(0.01)
         # The backlog drains: n1's queued heartbeat reaches the detector, then its beats flow.
         a1.on_heartbeat("n1", 1, {})
         backlog_since.clear()
-        await wait_for(lambda: _state(a1, "n2") is MemberState.DEAD)
-        assert _state(a1, "n1") is MemberState.ALIVE and "n1" not in a1.local_suspects()
+        await wait_for(lambda: member_state(a1, "n2") is MemberState.DEAD)
+        assert member_state(a1, "n1") is MemberState.ALIVE and "n1" not in a1.local_suspects()
     finally:
         beats.cancel()
