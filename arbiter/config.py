@@ -70,7 +70,7 @@ class ArbiterConfig:
     # New nodes' heartbeat streams are refused with RESOURCE_EXHAUSTED and the
     # trailing metadata grpc-retry-pushback-ms (gRFC A6) while its loop is on a
     # CPU > shed_utilisation of the time (1.0: never) or its ingest backlog is
-    # >= shed_lateness seconds (load.py rule 4): before it falls behind. Known
+    # >= shed_lateness seconds (shedding.py): before it falls behind. Known
     # nodes' streams always go on (refusing them would suspect live nodes).
     # The hint: shed_retry_after seconds, x1 to x2 at random (no herd).
     shed_utilisation: float = 0.9

@@ -31,23 +31,7 @@ Rules:
    ``max(listen_after, L)`` ago (the heartbeats it left queued take up to
    that long to be read), the driver's own wake-up lag, and every lateness
    source (``fn(now) -> seconds``: an ingest backlog). The core bounds it.
-4. Shedding (:func:`check_shedding`). A heartbeat stream whose first
-   heartbeat names a node the replica does not know (no opinion, no record
-   in the view) is refused while the loop thread's time *on a CPU* (rule 1
-   without the wait for one: the replica's own work, not its neighbours')
-   is above ``shed_utilisation`` of the time (1.0: never; through an ingest
-   worker, the maximum of the replica's and that worker's, as its latest
-   batch gave it), or the backlog the
-   lateness sources report is at least
-   ``shed_lateness`` (a loop stall is not counted: it is over by the time it
-   is measured, and the utilisation's 2 s average covers a loop that stays
-   busy):
-   RESOURCE_EXHAUSTED with a message that starts ``shedding:`` and names the
-   load, and the trailing metadata ``grpc-retry-pushback-ms`` (gRFC A6) of
-   ``shed_retry_after`` seconds times a random factor in [1, 2), so that
-   refused nodes do not come back in step. Streams of known nodes are never
-   shed: refusing them would make the replica suspect live nodes, and a node
-   that reconnects is load the replica already carries.
+4. Shedding reads this module's figures: :mod:`arbiter.server.shedding`.
 """
 
 from __future__ import annotations
@@ -55,32 +39,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from arbiter.server.limits import LimitExceeded
 from arbiter.server.looplag import LoopLagMonitor
 
-if TYPE_CHECKING:
-    from arbiter.server.driver import Driver
-
 __all__ = [
-    "PUSHBACK_KEY",
     "LoadMonitor",
     "LocalHealth",
-    "Shed",
     "busy_seconds",
-    "check_shedding",
-    "log_interval",
 ]
 
 log = logging.getLogger("arbiter.load")
-
-PUSHBACK_KEY = "grpc-retry-pushback-ms"
-"""The trailing metadata key of a retry hint (gRFC A6), in milliseconds."""
 
 
 def busy_seconds() -> tuple[float, float]:
@@ -241,72 +212,3 @@ class LocalHealth:
             except Exception:  # a broken source must not stop detection
                 log.exception("lateness source failed")
         return late if late >= 0 else 0.0
-
-
-class Shed(LimitExceeded):
-    """A new node's stream refused while the replica is loaded (rule 4).
-
-    Attributes:
-        pushback_ms: the retry hint, milliseconds.
-        trailing: the trailing metadata to end the call with.
-    """
-
-    def __init__(self, message: str, pushback_ms: int) -> None:
-        super().__init__(message)
-        self.pushback_ms = pushback_ms
-        self.trailing = ((PUSHBACK_KEY, str(pushback_ms)),)
-
-
-def check_shedding(
-    driver: Driver,
-    node_id: str,
-    now: float,
-    rng: random.Random | None = None,
-    cpu: float = 0.0,
-) -> None:
-    """Refuses the first heartbeat of an unknown node while the replica is loaded (rule 4).
-
-    Args:
-        driver: the replica's driver (its load monitor, lateness, observer, view).
-        node_id: the node of the stream's first heartbeat.
-        now: monotonic seconds.
-        rng: for the hint's jitter (default: the module's random).
-        cpu: the latest time on a CPU (0 to 1) of the ingest worker that holds the
-            stream, when one does (the maximum with the replica's own counts).
-
-    Raises:
-        Shed: the replica sheds; its message names the load and the hint.
-    """
-    cfg = driver.config
-    u = max(driver.load.cpu, cpu)
-    late = driver.health.backlog(now)
-    if u <= cfg.shed_utilisation and late < cfg.shed_lateness:  # 1.0: never on utilisation
-        return
-    if driver.observer.opinion(node_id) is not None or driver.state.member(node_id) is not None:
-        return
-    pushback = int(cfg.shed_retry_after * 1000 * (1.0 + (rng or random).random()))
-    driver.load.shed += 1
-    raise Shed(
-        f"shedding: arbiter {driver.replica_id} is loaded (cpu {u:.2f}, "
-        f"shed_utilisation {cfg.shed_utilisation:g}; backlog {late:.3f}s, shed_lateness "
-        f"{cfg.shed_lateness:g}s) and takes no new node now; retry {node_id!r} after "
-        f"{pushback} ms ({PUSHBACK_KEY})",
-        pushback,
-    )
-
-
-def log_interval(driver: Driver, interval: float) -> float:
-    """Logs that ``driver`` now suggests ``interval`` seconds, with the node count,
-    budget, utilisation and D; returns ``interval``."""
-    cfg = driver.config
-    log.info(
-        "arbiter %s suggests a heartbeat interval of %.3fs to its %d nodes "
-        "(budget %g heartbeats/s, utilisation %.2f; suspicion after %.2fs)",
-        driver.replica_id,
-        interval,
-        driver.observer.tracked(),
-        cfg.heartbeat_budget,
-        driver.load.utilisation,
-        interval * cfg.missed_heartbeats,
-    )
-    return interval

@@ -41,8 +41,8 @@ from arbiter.server.encoding import ViewEncoder
 from arbiter.server.heartbeat_path import AckBuilder, ClusterMismatch, HeartbeatChecks
 from arbiter.server.hub import Hub, HubStatus
 from arbiter.server.limits import LimitExceeded
-from arbiter.server.load import Shed, check_shedding
 from arbiter.server.replies import cluster_mismatch, committed, deny, refusal_status
+from arbiter.server.shedding import Shed, check_shedding
 from arbiter.server.statusboard import StatusBoard
 from membership.errors import InvalidArgument
 from membership.v1 import membership_pb2 as pb
@@ -166,7 +166,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 except InvalidArgument as e:
                     log.info("heartbeat refused from %s: %s", context.peer(), e)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-                except LimitExceeded as e:  # a Shed carries its retry hint (load.py rule 4)
+                except LimitExceeded as e:  # a Shed carries its retry hint (shedding.py)
                     (log.debug if isinstance(e, Shed) else log.info)(
                         "heartbeat stream cut from %s: %s", context.peer(), e
                     )

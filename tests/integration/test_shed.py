@@ -1,5 +1,5 @@
 """A loaded replica sheds new nodes with RESOURCE_EXHAUSTED and a retry hint; the SDK waits
-that long and joins once the load is gone (arbiter/server/load.py rule 4, heartbeats rule 5).
+that long and joins once the load is gone (arbiter/server/shedding.py, heartbeats rule 5).
 
 One replica that is its own quorum runs in this process; the test plays its load with a
 load source (``LoadMonitor.add_source``), so nothing here depends on the machine's speed.
@@ -21,7 +21,7 @@ import pytest
 from arbiter.config import ArbiterConfig
 from arbiter.server.app import ArbiterServer
 from arbiter.server.driver import Driver
-from arbiter.server.load import PUSHBACK_KEY, Shed, check_shedding
+from arbiter.server.shedding import PUSHBACK_KEY, Shed, check_shedding
 from membership import MembershipClient
 from membership.localcluster import free_ports
 from membership.v1 import membership_pb2 as pb

@@ -15,7 +15,8 @@ from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.observer import Observer
 from arbiter.core.replica_settings import ReplicaSettings
 from arbiter.core.tally import MembershipState
-from arbiter.server.load import PUSHBACK_KEY, LoadMonitor, LocalHealth, Shed, check_shedding
+from arbiter.server.load import LoadMonitor, LocalHealth
+from arbiter.server.shedding import PUSHBACK_KEY, Shed, check_shedding
 from membership.backoff import MAX_PUSHBACK, retry_pushback
 
 INTERVAL, MISSED = 0.1, 5  # D = 0.5 s
@@ -143,7 +144,7 @@ def test_load_lateness_covers_a_stall_for_as_long_as_it_lasted_then_sources() ->
     assert h.lateness(30.0) == pytest.approx(1.5)
 
 
-# --- shedding (load.py rule 4) -------------------------------------------------------
+# --- shedding (shedding.py) -------------------------------------------------------
 
 
 def _driver(utilisation: float, lateness: float, known: bool = False) -> SimpleNamespace:

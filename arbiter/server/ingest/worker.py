@@ -68,8 +68,9 @@ from arbiter.server.ingest.batcher import Batcher, ChannelClosed, ReplicaStatus
 from arbiter.server.ingest.lifetime import die_with_parent
 from arbiter.server.ingest.proxy import Forwarder
 from arbiter.server.limits import LimitExceeded
-from arbiter.server.load import PUSHBACK_KEY, LoadMonitor
+from arbiter.server.load import LoadMonitor
 from arbiter.server.replies import deny
+from arbiter.server.shedding import PUSHBACK_KEY
 from arbiter.server.statusboard import changed
 from membership.errors import InvalidArgument
 from membership.v1 import membership_pb2 as pb
@@ -210,7 +211,7 @@ class HeartbeatService:
                     )  # fmt: skip
                 except ChannelClosed:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
-                if len(verdict) == 2:  # max_nodes (limits rule 5), or shed (load.py rule 4)
+                if len(verdict) == 2:  # max_nodes (limits rule 5), or shed (shedding.py)
                     message, pushback_ms = verdict
                     (log.debug if pushback_ms else log.info)(
                         "heartbeat stream cut from %s: %s", context.peer(), message
