@@ -256,6 +256,13 @@ async def test_sdk_stranger_coming_up_later_is_refused_and_the_node_keeps_its_cl
             assert stranger_addr in text and "other@" in text, text
         finally:
             await stranger.stop(grace=0)
+    # The leave is committed when it returns; the first replica applies it
+    # at its next Raft round: wait for the record to end, then say how.
+    await wait_async(
+        lambda: (_state(replicas, "n1") or (0, None))[1] in (MemberState.LEFT, MemberState.DEAD),
+        10,
+        "n1's record ended",
+    )
     record = _state(replicas, "n1")
     assert record is not None and record[1] is MemberState.LEFT  # left, never DEAD
 
