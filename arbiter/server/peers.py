@@ -301,6 +301,8 @@ class PeerTransport:
         finally:
             if not task.done():
                 task.cancel()
+            elif not task.cancelled():
+                task.exception()  # a call that failed as it was given up: retrieved, not logged
             # This stream is over: its request iterator must not take the
             # messages queued for the next one (during the backoff too).
             peer.generation += 1
