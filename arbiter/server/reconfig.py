@@ -52,7 +52,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from arbiter.core.detection.interval import STEP
-from arbiter.core.raft import ProposalDropped
+from arbiter.core.raft import ProposalDropped, TermNotCommitted
 from arbiter.server.arbiterset import ArbiterSet, in_force
 from arbiter.server.driver import Driver, ReplicaStatus
 from arbiter.server.events import log_config_change
@@ -249,9 +249,19 @@ class Reconfiguration:
             ProposalDropped: another change is pending (not yet committed).
             TimeoutError: not applied within ``timeout``.
         """
-        if not self._driver.is_leader:
-            raise NotLeader(*self.leader_address())
-        self._driver.replica.propose_config_change(op, replica_id, address, time.monotonic())
+        async with asyncio.timeout(timeout):
+            while True:
+                if not self._driver.is_leader:
+                    raise NotLeader(*self.leader_address())
+                try:
+                    self._driver.replica.propose_config_change(
+                        op, replica_id, address, time.monotonic()
+                    )
+                    break
+                except TermNotCommitted:
+                    # A new leader's no-op commits within a round (Raft thesis
+                    # §4.1): the change goes once it has, within the timeout.
+                    await asyncio.sleep(self._driver.config.raft_heartbeat_interval / 4)
         self._driver.wake()
         async with asyncio.timeout(timeout):
             while not _shows(self.applied(), op, replica_id):

@@ -18,7 +18,13 @@ from arbiter.core.raft.configuration import (
     decode_change,
     encode_change,
 )
-from arbiter.core.raft.errors import ConflictingState, InvalidInput, ProposalDropped, RaftError
+from arbiter.core.raft.errors import (
+    ConflictingState,
+    InvalidInput,
+    ProposalDropped,
+    RaftError,
+    TermNotCommitted,
+)
 from arbiter.core.raft.messages import (
     Entry,
     EntryType,
@@ -56,6 +62,7 @@ __all__ = [
     "Rng",
     "Role",
     "Snapshot",
+    "TermNotCommitted",
     "committed_index",
     "decode_change",
     "encode_change",

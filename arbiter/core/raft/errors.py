@@ -32,6 +32,11 @@ class ProposalDropped(RaftError):
     """
 
 
+class TermNotCommitted(ProposalDropped):
+    """A configuration change refused because the leader has not yet committed an
+    entry of its own term (its no-op commits within a round: try again then)."""
+
+
 class InvalidInput(RaftError, ValueError):
     """An input the core has no transition for.
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 
 from arbiter.core.raft.configuration import ArbiterConfiguration, ConfChange, encode_change
-from arbiter.core.raft.errors import InvalidInput, ProposalDropped
+from arbiter.core.raft.errors import InvalidInput, ProposalDropped, TermNotCommitted
 from arbiter.core.raft.log import RaftLog
 from arbiter.core.raft.messages import Entry, EntryType, Message
 
@@ -64,7 +64,7 @@ def check_change(
             f"a configuration change (entry {conf.index}) is not committed yet; one at a time"
         )
     if math.isinf(term_start) or log.committed < term_start:
-        raise ProposalDropped(f"{node_id} has not committed an entry of its own term yet")
+        raise TermNotCommitted(f"{node_id} has not committed an entry of its own term yet")
     return conf.apply(change, log.last_index + 1)
 
 
