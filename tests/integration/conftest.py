@@ -45,9 +45,16 @@ def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ProcClus
 @pytest.fixture
 def tls_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ProcCluster]:
     """Three replicas with mutual TLS, certificates in ``tmp_path/tls``."""
+    yield from tls_replicas(tmp_path, request)
+
+
+def tls_replicas(
+    tmp_path: Path, request: pytest.FixtureRequest, *arbiter_args: str
+) -> Iterator[ProcCluster]:
+    """Three replicas with mutual TLS (certificates in ``tmp_path/tls``) and
+    ``arbiter_args``; stopped afterwards, their logs printed when the test failed."""
     c = ProcCluster(tmp_path)
-    c.tls = True
-    c.env = secure_env()
+    c.tls, c.env, c.arbiter_args = True, secure_env(), arbiter_args
     try:
         c.start_arbiters(3)
         yield c

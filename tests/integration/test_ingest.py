@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.conftest import tls_replicas
 from tests.integration.harness import (
     ProcCluster,
     alive_set,
     changes,
     run_cli,
-    secure_env,
     wait_until,
 )
 
@@ -131,16 +131,7 @@ def test_ingest_workers_serve_nodes_views_and_deaths_and_restart(cluster: ProcCl
 @pytest.fixture
 def tls_workers(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ProcCluster]:
     """Three replicas with two workers each, under mutual TLS (certificates in tmp_path/tls)."""
-    c = ProcCluster(tmp_path)
-    c.tls, c.env, c.arbiter_args = True, secure_env(), WORKERS
-    try:
-        c.start_arbiters(3)
-        yield c
-    finally:
-        c.close()
-        rep = getattr(request.node, "rep_call", None)
-        if rep is not None and rep.failed:
-            print(c.dump())
+    yield from tls_replicas(tmp_path, request, *WORKERS)
 
 
 def test_ingest_workers_under_mutual_tls(tls_workers: ProcCluster) -> None:
