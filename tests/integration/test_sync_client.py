@@ -1,0 +1,189 @@
+"""The blocking client (membership.sync) against real replicas: heartbeats on time while
+the main thread computes, Ctrl-C leaves, errors surface, threads end, and the limit
+(a C call that holds the GIL past the lease).
+
+Replicas run as processes (this process's main thread is the one kept busy);
+one cluster and one watcher serve every test of the module, each test with
+its own node id. The replicas' view of a node's heartbeats comes from their
+``membership_heartbeat_interarrival_seconds`` histogram (``--metrics-listen``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from arbiter.config import ArbiterConfig
+from membership import ClientConfig, EndReason, Evicted, Fenced, MemberState
+from membership.errors import ClosedError, EpochOutOfRange, InvalidArgument
+from membership.localcluster import free_ports
+from membership.sync import MembershipClient
+from tests.integration.harness import ProcCluster, changes, wait_until
+
+pytestmark = pytest.mark.integration
+
+D = ArbiterConfig.lan().suspect_after  # detection time at default settings (0.75 s)
+CONFIG = ClientConfig(follow_view=False)
+
+
+@pytest.fixture(scope="module")
+def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ProcCluster, list[str]]]:
+    """Three replicas, each serving metrics, and a watcher (``w``): (cluster, metrics URLs)."""
+    c = ProcCluster(Path(tmp_path_factory.mktemp("sync")))
+    try:
+        c.arbiters = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(3))}
+        urls = []
+        for rid, port in zip(c.arbiters, free_ports(3), strict=True):
+            c.start_arbiter(rid, "--metrics-listen", f"127.0.0.1:{port}")
+            urls.append(f"http://127.0.0.1:{port}/metrics")
+        wait_until(c.leader, 30, "a leader")
+        w = c.start_watch("w", first="a1")
+        wait_until(lambda: w.json_lines(), 30, "the watcher's snapshot")
+        yield c, urls
+    except BaseException:
+        print(c.dump())
+        raise
+    finally:
+        c.close()
+
+
+def _gaps(urls: list[str]) -> list[tuple[float, float]]:
+    """Per replica: (heartbeat inter-arrivals observed so far, of which above D)."""
+    out = []
+    for url in urls:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+        for fam in text_string_to_metric_families(text):
+            if fam.name != "membership_heartbeat_interarrival_seconds":
+                continue
+            samples = {(s.name, s.labels.get("le")): s.value for s in fam.samples}
+            total = samples[("membership_heartbeat_interarrival_seconds_count", None)]
+            within = samples[("membership_heartbeat_interarrival_seconds_bucket", repr(D))]
+            out.append((total, total - within))
+    assert len(out) == len(urls), out
+    return out
+
+
+def _threads() -> set[threading.Thread]:
+    # gRPC's asyncio poller thread is started once per process and serves every
+    # loop; it is gRPC's, not the client's.
+    return {t for t in threading.enumerate() if "_poll_wrapper" not in t.name}
+
+
+def _states(c: ProcCluster, node_id: str) -> list[str]:
+    return [ch["state"] for ch in changes(c.procs["w"], node_id)]
+
+
+def test_sync_heartbeats_stay_on_time_while_the_main_thread_runs_a_busy_python_loop(
+    group: tuple[ProcCluster, list[str]],
+) -> None:
+    c, urls = group
+    events: list[object] = []
+    with MembershipClient(c.addresses, node_id="busy", config=CONFIG, on_event=events.append) as n:
+        n.wait_alive(timeout=20)
+        n.wait_fenced(False, timeout=10)
+        incarnation = n.incarnation
+        before = _gaps(urls)
+        seen = len(events)
+        # Four detection times of pure Python in this (the main) thread: no
+        # sleep, no I/O, nothing that releases the GIL on purpose.
+        end = time.monotonic() + 4 * D
+        spins = 0
+        while time.monotonic() < end:
+            spins += sum(i * i for i in range(200)) > 0
+        after = _gaps(urls)
+        assert n.is_member and n.state is MemberState.ALIVE and n.incarnation == incarnation
+        assert not [e for e in events[seen:] if isinstance(e, Fenced) and e.fenced], events
+        for (t0, late0), (t1, late1) in zip(before, after, strict=True):
+            # Every replica kept hearing the node (about 20 heartbeats in 3 s)...
+            assert t1 - t0 >= 10, (before, after)
+            # ...and never waited longer than its detector tolerates.
+            assert late1 == late0, (before, after)
+    assert spins > 0
+    wait_until(lambda: "LEFT" in _states(c, "busy"), 10, "busy LEFT")
+    assert _states(c, "busy") == ["ALIVE", "LEFT"]
+
+
+def test_sync_errors_surface_as_their_classes_and_close_leaves_no_thread(
+    group: tuple[ProcCluster, list[str]],
+) -> None:
+    c, _ = group
+    before = _threads()
+    n = MembershipClient(c.addresses, node_id="closer", config=CONFIG, leave_on_exit=False)
+    n.start()
+    try:
+        n.wait_alive(timeout=20)
+        with pytest.raises(EpochOutOfRange) as info, n.watch(since_epoch=10**9) as w:
+            next(w)  # refused by the arbiters, raised here
+        assert info.value.since_epoch == 10**9
+        with pytest.raises(InvalidArgument):
+            n.report(step=-1)
+        assert n.get_view().view.get("closer") is not None
+    finally:
+        n.close()
+    assert _threads() <= before, _threads() - before
+    with pytest.raises(ClosedError):
+        n.get_view()
+    assert n.end_reason is None  # closed, not left: the cluster declares it DEAD after D
+    wait_until(lambda: "DEAD" in _states(c, "closer"), 10, "closer DEAD")
+
+
+def test_sync_keyboard_interrupt_in_the_main_thread_leaves_the_node_left_not_dead(
+    group: tuple[ProcCluster, list[str]],
+) -> None:
+    c, _ = group
+    before = _threads()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    # A real SIGINT to the process, as Ctrl-C sends, while the main thread is
+    # blocked in a call on the client's loop.
+    ctrl_c = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        with (
+            pytest.raises(KeyboardInterrupt),
+            MembershipClient(c.addresses, node_id="ctrl-c", config=CONFIG) as n,
+        ):
+            n.wait_alive(timeout=20)
+            ctrl_c.start()
+            for _ in n.watch():
+                pass
+    finally:
+        ctrl_c.cancel()
+        signal.signal(signal.SIGINT, previous)
+    assert n.end_reason is EndReason.LEFT
+    assert _threads() <= before, _threads() - before
+    wait_until(lambda: "LEFT" in _states(c, "ctrl-c"), 10, "ctrl-c LEFT")
+    assert _states(c, "ctrl-c") == ["ALIVE", "LEFT"]
+
+
+def test_sync_limit_a_c_call_holding_the_gil_past_the_lease_gets_the_node_fenced_then_dead(
+    group: tuple[ProcCluster, list[str]],
+) -> None:
+    c, _ = group
+    # usleep through PyDLL keeps the GIL, as a C extension that never releases
+    # it does: no other thread of the process runs Python meanwhile.
+    libc = ctypes.PyDLL(ctypes.util.find_library("c"))
+    events: list[object] = []
+    with MembershipClient(c.addresses, node_id="held", config=CONFIG, on_event=events.append) as n:
+        n.wait_alive(timeout=20)
+        n.wait_fenced(False, timeout=10)
+        old = n.incarnation
+        seen = len(events)
+        libc.usleep(ctypes.c_uint(int(4 * D * 1e6)))
+        wait_until(lambda: any(isinstance(e, Evicted) for e in events[seen:]), 10, "Evicted")
+        after = events[seen:]
+        # The node says it is fenced before anything else, then learns it was DEAD...
+        assert isinstance(after[0], Fenced) and after[0].fenced, after
+        n.wait_alive(timeout=20)  # ...and rejoins at a higher incarnation.
+        assert n.incarnation is not None and old is not None and n.incarnation > old
+    dead = [ch for ch in changes(c.procs["w"], "held") if ch["state"] == "DEAD"]
+    assert [ch["incarnation"] for ch in dead] == [old]
