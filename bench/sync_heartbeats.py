@@ -9,24 +9,30 @@ while this process's main thread, in turn:
 * ``busy``: runs a pure-Python loop (the GIL changes hands every
   ``sys.getswitchinterval()``, 5 ms by default);
 * ``numpy``: multiplies matrices with numpy, if installed (BLAS releases the
-  GIL: the kind of C call that is harmless);
+  GIL: the kind of C call that is harmless), on one BLAS thread
+  (``OPENBLAS_NUM_THREADS=1`` unless set: on a small machine that also runs
+  the replicas, BLAS threads on every core would measure CPU starvation of
+  the replicas, not the GIL);
 * ``gil 0.1`` / ``gil 0.5`` / ``gil 2``: a C call that holds the GIL that long
   (``usleep`` through :class:`ctypes.PyDLL`, which keeps the GIL, as a C
   extension without ``Py_BEGIN_ALLOW_THREADS`` does), ``--repeat`` times with
   a recovery between (after a 2 s hold: until the node rejoined and holds its
   leases again).
 
-Two figures per heartbeat, both in milliseconds:
+Three figures, in milliseconds:
 
-* *late*: on the node, how late each heartbeat was handed to the streams
-  against its schedule (the previous one's time + the interval), measured in
-  the client's loop (``NodeAgent.next_request``, wrapped here);
-* *gap*: at each replica, the time between two heartbeats of the stream as it
-  received them (the replicas run this file with ``--replica``, which records
-  every sample of their ``membership_heartbeat_interarrival_seconds``
-  histogram with its arrival time; CLOCK_MONOTONIC is the same clock in every
-  process). This is what the failure detector sees: a gap above D (0.75 s) is
-  a suspicion.
+* *lag*: how late a task on the client's loop wakes from a 10 ms sleep: how
+  long the loop's thread waits for the GIL (and for a CPU) after a timer fires;
+* *late*: on the node, how late each heartbeat was handed to its stream
+  against that stream's schedule (the previous hand-over + the interval; a
+  stream's first heartbeat, after a reconnect or a hedge, has none), from
+  ``_Stream.offer``, wrapped here;
+* *gap*: at each replica, the time between two heartbeats of the node as it
+  received them, on whichever stream (the replicas run this file with
+  ``--replica``, which records it in ``Driver.heartbeat`` with the arrival
+  time; CLOCK_MONOTONIC is the same clock in every process). This is what the
+  failure detector sees: a gap above D (0.75 s) is a suspicion. Its median is
+  the interval the replicas suggest (0.15 s, more when they are loaded).
 
 And per phase: how often the node reported itself fenced, and how often it
 was declared DEAD (an ``Evicted`` event, then a rejoin at a higher
@@ -42,7 +48,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
-import itertools
 import json
 import os
 import statistics
@@ -58,23 +63,22 @@ sys.path.insert(0, str(ROOT))
 
 
 def replica_main(arrivals: str, argv: list[str]) -> int:
-    """``--replica FILE -- ARGS``: ``membership ARGS`` with every heartbeat gap written to FILE."""
-    from arbiter.server import counters
+    """``--replica FILE -- ARGS``: ``membership ARGS``, writing to FILE the time since the
+    previous heartbeat of the same node (on any stream) at every heartbeat received."""
+    from arbiter.server.driver import Driver
 
     out = open(arrivals, "a", buffering=1)  # noqa: SIM115 - for the life of the process
+    last: dict[str, float] = {}
+    original = Driver.heartbeat
 
-    class Recording(counters.Buckets):
-        def observe(self, value: float) -> None:
-            super().observe(value)
-            out.write(f"{time.monotonic():.6f} {value:.6f}\n")
+    def heartbeat(self: Driver, node_id: str, *args: Any) -> Any:
+        now = args[-1]
+        if node_id in last:
+            out.write(f"{now:.6f} {now - last[node_id]:.6f}\n")
+        last[node_id] = now
+        return original(self, node_id, *args)
 
-    original = counters.Counters.__init__
-
-    def init(self: counters.Counters) -> None:
-        original(self)
-        self.interarrival = Recording(counters.INTERARRIVAL_BUCKETS)
-
-    counters.Counters.__init__ = init  # type: ignore[method-assign]
+    Driver.heartbeat = heartbeat  # type: ignore[method-assign]
     from membership.cli import main
 
     return main(argv)
@@ -118,31 +122,51 @@ def pct(values: list[float], q: float) -> float:
 
 
 class Recorder:
-    """Send times per arbiter (from the wrapped next_request) and session events."""
+    """Heartbeat hand-overs per stream, the loop's ticks and the session events."""
 
     def __init__(self) -> None:
-        self.sends: dict[str, list[tuple[float, float]]] = {}  # address -> (time, interval)
+        self.late: list[tuple[float, float]] = []  # (time, seconds late) per hand-over
         self.events: list[tuple[float, Any]] = []
+        self.lag: list[tuple[float, float]] = []  # (time, seconds late) of the loop's ticks
 
     def wrap(self, agent: Any) -> None:
-        original = agent.next_request
+        """Records every heartbeat handed to a stream against that stream's schedule.
 
-        def next_request(address: str, now: float) -> Any:
-            self.sends.setdefault(address, []).append((now, agent.interval))
-            return original(address, now)
+        Per stream, so that a stream opened anew (after a failure, a hedge) is
+        not taken for a late heartbeat: its first hand-over has no schedule.
+        """
+        from membership import heartbeats
 
-        agent.next_request = next_request
+        late = self.late
+        original = heartbeats._Stream.offer
+
+        def offer(stream: Any, seq: int, request: Any, now: float) -> None:
+            prev = getattr(stream, "_bench_prev", None)
+            stream._bench_prev = (now, agent.interval)
+            if prev is not None:
+                late.append((now, max(0.0, now - (prev[0] + prev[1]))))
+            original(stream, seq, request, now)
+
+        heartbeats._Stream.offer = offer  # type: ignore[method-assign]
+
+    async def tick(self, every: float = 0.01) -> None:
+        """Wakes every ``every`` seconds on the client's loop and records how late."""
+        import asyncio
+
+        while True:
+            due = time.monotonic() + every
+            await asyncio.sleep(every)
+            now = time.monotonic()
+            self.lag.append((now, now - due))
+
+    def loop_lag(self, t0: float, t1: float) -> list[float]:
+        return [lag for t, lag in self.lag if t0 <= t <= t1]
 
     def on_event(self, ev: Any) -> None:
         self.events.append((time.monotonic(), ev))
 
     def lateness(self, t0: float, t1: float) -> list[float]:
-        late = []
-        for beats in self.sends.values():
-            for (prev, interval), (now, _) in itertools.pairwise(beats):
-                if t0 <= now <= t1:
-                    late.append(max(0.0, now - (prev + interval)))
-        return late
+        return [late for t, late in self.late if t0 <= t <= t1]
 
     def count(self, kind: str, t0: float, t1: float, **match: Any) -> int:
         return sum(
@@ -188,6 +212,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 cluster.addresses, node_id="bench-1", config=config, on_event=rec.on_event
             ) as client:
                 rec.wrap(client._client._agent)  # bench only: the send schedule
+                client._loop.create_task(rec.tick, "bench-loop-lag")
                 client.wait_alive(timeout=30)
                 client.wait_fenced(False, timeout=30)
                 time.sleep(1.0)
@@ -211,8 +236,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     t2 = time.monotonic()
                     late = rec.lateness(t0, t1 + 0.5)
                     seen = gaps(files, t0, t1 + 0.5)
+                    lag = rec.loop_lag(t0, t1)
                     row = {
                         "phase": name,
+                        "lag_p50_ms": pct(lag, 0.5) * 1e3,
+                        "lag_p99_ms": pct(lag, 0.99) * 1e3,
+                        "lag_max_ms": max(lag, default=float("nan")) * 1e3,
                         "seconds": round(t1 - t0, 2),
                         "heartbeats": len(late),
                         "late_p50_ms": pct(late, 0.5) * 1e3,
@@ -258,14 +287,17 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def _header() -> str:
     return (
-        f"{'main thread':<24} {'s':>5} {'beats':>6} | {'late ms p50':>11} {'p99':>7} {'max':>7} |"
-        f" {'gap ms p50':>10} {'p99':>7} {'max':>7} | {'fenced':>6} {'dead':>4}"
+        f"{'main thread':<24} {'s':>5} | {'lag ms p50':>10} {'p99':>7} {'max':>7} | {'beats':>5}"
+        f" {'late ms p50':>11} {'p99':>7} {'max':>7} | {'gap ms p50':>10} {'p99':>7} {'max':>7} |"
+        f" {'fenced':>6} {'dead':>4}"
     )
 
 
 def _line(r: dict[str, Any]) -> str:
     return (
-        f"{r['phase']:<24} {r['seconds']:>5.1f} {r['heartbeats']:>6} | "
+        f"{r['phase']:<24} {r['seconds']:>5.1f} | "
+        f"{r['lag_p50_ms']:>10.1f} {r['lag_p99_ms']:>7.1f} {r['lag_max_ms']:>7.1f} | "
+        f"{r['heartbeats']:>5} "
         f"{r['late_p50_ms']:>11.1f} {r['late_p99_ms']:>7.1f} {r['late_max_ms']:>7.1f} | "
         f"{r['gap_p50_ms']:>10.1f} {r['gap_p99_ms']:>7.1f} {r['gap_max_ms']:>7.1f} | "
         f"{r['fenced']:>6} {r['dead']:>4}"
@@ -289,6 +321,8 @@ def main() -> int:
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args()
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")  # before numpy is imported (see the docstring)
     print(
         f"python {sys.version.split()[0]}, switch interval {args.switch_interval * 1e3:g} ms, "
         f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"

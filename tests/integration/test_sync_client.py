@@ -14,6 +14,8 @@ import ctypes
 import ctypes.util
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -23,7 +25,6 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from arbiter.config import ArbiterConfig
 from membership import ClientConfig, EndReason, Evicted, Fenced, MemberState
 from membership.errors import ClosedError, EpochOutOfRange, InvalidArgument
 from membership.localcluster import free_ports
@@ -32,7 +33,16 @@ from tests.integration.harness import ProcCluster, changes, wait_until
 
 pytestmark = pytest.mark.integration
 
-D = ArbiterConfig.lan().suspect_after  # detection time at default settings (0.75 s)
+# The replicas' detection time. The defaults (0.15 s x 5 = 0.75 s) hold on a
+# machine with a core to spare (bench/sync_heartbeats.py has the figures); the
+# shared 2-core machine the suite runs on is often 15 times oversubscribed,
+# and there a busy main thread makes scheduling delays count twice (the thread
+# holding the GIL must get a core to hand it over), so the busy loop got the
+# node fenced once in 20 runs at D = 0.75 s and once in 30 at 1.0 s, never in
+# 30 at 1.5 s. 2 s leaves a margin, and is a bound of the replicas' histogram.
+INTERVAL, MISSED = 0.2, 10
+D = INTERVAL * MISSED
+ARBITER_FLAGS = ("--heartbeat-interval", str(INTERVAL), "--missed-heartbeats", str(MISSED))
 CONFIG = ClientConfig(follow_view=False)
 
 
@@ -44,7 +54,7 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ProcCluste
         c.arbiters = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(free_ports(3))}
         urls = []
         for rid, port in zip(c.arbiters, free_ports(3), strict=True):
-            c.start_arbiter(rid, "--metrics-listen", f"127.0.0.1:{port}")
+            c.start_arbiter(rid, *ARBITER_FLAGS, "--metrics-listen", f"127.0.0.1:{port}")
             urls.append(f"http://127.0.0.1:{port}/metrics")
         wait_until(c.leader, 30, "a leader")
         w = c.start_watch("w", first="a1")
@@ -95,9 +105,9 @@ def test_sync_heartbeats_stay_on_time_while_the_main_thread_runs_a_busy_python_l
         incarnation = n.incarnation
         before = _gaps(urls)
         seen = len(events)
-        # Four detection times of pure Python in this (the main) thread: no
+        # Three detection times of pure Python in this (the main) thread: no
         # sleep, no I/O, nothing that releases the GIL on purpose.
-        end = time.monotonic() + 4 * D
+        end = time.monotonic() + 3 * D
         spins = 0
         while time.monotonic() < end:
             spins += sum(i * i for i in range(200)) > 0
@@ -105,8 +115,9 @@ def test_sync_heartbeats_stay_on_time_while_the_main_thread_runs_a_busy_python_l
         assert n.is_member and n.state is MemberState.ALIVE and n.incarnation == incarnation
         assert not [e for e in events[seen:] if isinstance(e, Fenced) and e.fenced], events
         for (t0, late0), (t1, late1) in zip(before, after, strict=True):
-            # Every replica kept hearing the node (about 20 heartbeats in 3 s)...
-            assert t1 - t0 >= 10, (before, after)
+            # Every replica kept hearing the node (30 heartbeats in 6 s; fewer
+            # if the replicas, loaded, suggested a longer interval)...
+            assert t1 - t0 >= 5, (before, after)
             # ...and never waited longer than its detector tolerates.
             assert late1 == late0, (before, after)
     assert spins > 0
@@ -165,6 +176,30 @@ def test_sync_keyboard_interrupt_in_the_main_thread_leaves_the_node_left_not_dea
     assert _states(c, "ctrl-c") == ["ALIVE", "LEFT"]
 
 
+def test_sync_client_left_open_leaves_at_interpreter_exit(
+    group: tuple[ProcCluster, list[str]],
+) -> None:
+    c, _ = group
+    script = (
+        "import sys\n"
+        "from membership.sync import MembershipClient\n"
+        "client = MembershipClient(sys.argv[1].split(','), node_id='at-exit')\n"
+        "client.start()\n"
+        "client.wait_alive(timeout=20)\n"
+        "print('alive', flush=True)\n"
+        # no close(), no with: the atexit hook leaves, then the threads stop
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, ",".join(c.addresses)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and done.stdout == "alive\n", done
+    wait_until(lambda: "LEFT" in _states(c, "at-exit"), 10, "at-exit LEFT")
+    assert _states(c, "at-exit") == ["ALIVE", "LEFT"]
+
+
 def test_sync_limit_a_c_call_holding_the_gil_past_the_lease_gets_the_node_fenced_then_dead(
     group: tuple[ProcCluster, list[str]],
 ) -> None:
@@ -178,7 +213,7 @@ def test_sync_limit_a_c_call_holding_the_gil_past_the_lease_gets_the_node_fenced
         n.wait_fenced(False, timeout=10)
         old = n.incarnation
         seen = len(events)
-        libc.usleep(ctypes.c_uint(int(4 * D * 1e6)))
+        libc.usleep(ctypes.c_uint(int(2 * D * 1e6)))
         wait_until(lambda: any(isinstance(e, Evicted) for e in events[seen:]), 10, "Evicted")
         after = events[seen:]
         # The node says it is fenced before anything else, then learns it was DEAD...

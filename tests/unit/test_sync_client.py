@@ -303,10 +303,11 @@ def test_watch_buffer_stops_reading_until_the_reader_takes(loop: LoopThread) -> 
     watch, script = _watch(loop, buffer=2)
     _feed(loop, script, *range(6))
     deadline = time.monotonic() + 5
-    while script.yielded < 3 and time.monotonic() < deadline:
+    while not watch._waiting and time.monotonic() < deadline:
         time.sleep(0.01)
-    time.sleep(0.2)  # the pump would take more now if it were unbounded
-    assert script.yielded == 3  # two held for the reader, one waiting for room
+    # The pump waits for room: two events held for the reader, the third in its
+    # hands, and the source suspended at that yield (it cannot produce more).
+    assert watch._waiting and script.yielded == 3
     assert [next(watch) for _ in range(6)] == list(range(6))
 
 
