@@ -67,20 +67,22 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ProcCluste
         c.close()
 
 
-def _gaps(urls: list[str]) -> list[tuple[float, float]]:
-    """Per replica: (heartbeat inter-arrivals observed so far, of which above D)."""
+def _heard(urls: list[str]) -> list[tuple[float, float, float]]:
+    """Per replica: (heartbeat inter-arrivals observed so far on any stream, of which
+    above D, observations proposed so far: opinion changes of its detector)."""
     out = []
     for url in urls:
         with urllib.request.urlopen(url, timeout=5) as r:
             text = r.read().decode()
-        for fam in text_string_to_metric_families(text):
-            if fam.name != "membership_heartbeat_interarrival_seconds":
-                continue
-            samples = {(s.name, s.labels.get("le")): s.value for s in fam.samples}
-            total = samples[("membership_heartbeat_interarrival_seconds_count", None)]
-            within = samples[("membership_heartbeat_interarrival_seconds_bucket", repr(D))]
-            out.append((total, total - within))
-    assert len(out) == len(urls), out
+        samples = {
+            (s.name, s.labels.get("le")): s.value
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+        }
+        total = samples[("membership_heartbeat_interarrival_seconds_count", None)]
+        within = samples[("membership_heartbeat_interarrival_seconds_bucket", repr(D))]
+        opinions = samples[("membership_observations_proposed_total", None)]
+        out.append((total, total - within, opinions))
     return out
 
 
@@ -103,7 +105,7 @@ def test_sync_heartbeats_stay_on_time_while_the_main_thread_runs_a_busy_python_l
         n.wait_alive(timeout=20)
         n.wait_fenced(False, timeout=10)
         incarnation = n.incarnation
-        before = _gaps(urls)
+        before = _heard(urls)
         seen = len(events)
         # Three detection times of pure Python in this (the main) thread: no
         # sleep, no I/O, nothing that releases the GIL on purpose.
@@ -111,15 +113,18 @@ def test_sync_heartbeats_stay_on_time_while_the_main_thread_runs_a_busy_python_l
         spins = 0
         while time.monotonic() < end:
             spins += sum(i * i for i in range(200)) > 0
-        after = _gaps(urls)
+        after = _heard(urls)
         assert n.is_member and n.state is MemberState.ALIVE and n.incarnation == incarnation
         assert not [e for e in events[seen:] if isinstance(e, Fenced) and e.fenced], events
-        for (t0, late0), (t1, late1) in zip(before, after, strict=True):
+        for (t0, late0, op0), (t1, late1, op1) in zip(before, after, strict=True):
             # Every replica kept hearing the node (30 heartbeats in 6 s; fewer
             # if the replicas, loaded, suggested a longer interval)...
             assert t1 - t0 >= 5, (before, after)
-            # ...and never waited longer than its detector tolerates.
+            # ...never waited longer than its detector tolerates on a stream...
             assert late1 == late0, (before, after)
+            # ...nor across streams: its detector never changed its opinion (the
+            # only node of the cluster now), so it never suspected the node.
+            assert op1 == op0, (before, after)
     assert spins > 0
     wait_until(lambda: "LEFT" in _states(c, "busy"), 10, "busy LEFT")
     assert _states(c, "busy") == ["ALIVE", "LEFT"]
