@@ -40,9 +40,14 @@ pytestmark = pytest.mark.integration
 # holding the GIL must get a core to hand it over), so the busy loop got the
 # node fenced once in 20 runs at D = 0.75 s and once in 30 at 1.0 s, never in
 # 30 at 1.5 s. 2 s leaves a margin, and is a bound of the replicas' histogram.
+# The interval is pinned (a loaded replica would suggest a longer one, and D
+# grows with it), so D is the same throughout.
 INTERVAL, MISSED = 0.2, 10
 D = INTERVAL * MISSED
-ARBITER_FLAGS = ("--heartbeat-interval", str(INTERVAL), "--missed-heartbeats", str(MISSED))
+ARBITER_FLAGS = (
+    *("--heartbeat-interval", str(INTERVAL), "--max-heartbeat-interval", str(INTERVAL)),
+    *("--missed-heartbeats", str(MISSED)),
+)
 CONFIG = ClientConfig(follow_view=False)
 
 
@@ -101,9 +106,17 @@ def test_sync_heartbeats_stay_on_time_while_the_main_thread_runs_a_busy_python_l
 ) -> None:
     c, urls = group
     events: list[object] = []
+    proposed = [op for _, _, op in _heard(urls)]
     with MembershipClient(c.addresses, node_id="busy", config=CONFIG, on_event=events.append) as n:
         n.wait_alive(timeout=20)
         n.wait_fenced(False, timeout=10)
+        # Every replica has proposed its ALIVE observation (a quorum's admitted the
+        # node; the last one may come later, paced): all three grant leases now.
+        wait_until(
+            lambda: all(h[2] > op for h, op in zip(_heard(urls), proposed, strict=True)),
+            10,
+            "every replica's ALIVE observation",
+        )
         incarnation = n.incarnation
         before = _heard(urls)
         seen = len(events)
@@ -117,14 +130,16 @@ def test_sync_heartbeats_stay_on_time_while_the_main_thread_runs_a_busy_python_l
         assert n.is_member and n.state is MemberState.ALIVE and n.incarnation == incarnation
         assert not [e for e in events[seen:] if isinstance(e, Fenced) and e.fenced], events
         for (t0, late0, op0), (t1, late1, op1) in zip(before, after, strict=True):
-            # Every replica kept hearing the node (30 heartbeats in 6 s; fewer
-            # if the replicas, loaded, suggested a longer interval)...
-            assert t1 - t0 >= 5, (before, after)
+            # Every replica kept hearing the node (30 heartbeats in 6 s)...
+            assert t1 - t0 >= 15, (before, after)
             # ...never waited longer than its detector tolerates on a stream...
             assert late1 == late0, (before, after)
-            # ...nor across streams: its detector never changed its opinion (the
-            # only node of the cluster now), so it never suspected the node.
-            assert op1 == op0, (before, after)
+            # ...nor across streams (a stream reopened hides its silence from the
+            # histogram): a suspicion costs a replica two observations, SUSPECT
+            # then ALIVE again (urgent, and following the others' ALIVE: at
+            # once); one is allowed for a retry of the ALIVE proposed before
+            # the loop (retried every 0.5 s until committed).
+            assert op1 - op0 <= 1, (before, after)
     assert spins > 0
     wait_until(lambda: "LEFT" in _states(c, "busy"), 10, "busy LEFT")
     assert _states(c, "busy") == ["ALIVE", "LEFT"]
@@ -190,7 +205,7 @@ def test_sync_client_left_open_leaves_at_interpreter_exit(
         "from membership.sync import MembershipClient\n"
         "client = MembershipClient(sys.argv[1].split(','), node_id='at-exit')\n"
         "client.start()\n"
-        "client.wait_alive(timeout=20)\n"
+        "client.wait_alive(timeout=40)\n"
         "print('alive', flush=True)\n"
         # no close(), no with: the atexit hook leaves, then the threads stop
     )
@@ -198,7 +213,7 @@ def test_sync_client_left_open_leaves_at_interpreter_exit(
         [sys.executable, "-c", script, ",".join(c.addresses)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=90,
     )
     assert done.returncode == 0 and done.stdout == "alive\n", done
     wait_until(lambda: "LEFT" in _states(c, "at-exit"), 10, "at-exit LEFT")
