@@ -48,6 +48,7 @@ __all__ = [
     "ViewInfo",
     "ViewReset",
     "ViewSnapshot",
+    "sync",
 ]
 
 # The module each public name is imported from on first use.
@@ -91,7 +92,12 @@ _SOURCES = {
     "ViewSnapshot": "membership.view",
 }
 
+# Public submodules, imported on first use like the names: ``membership.sync``
+# (the blocking client) works after a plain ``import membership``.
+_SUBMODULES = frozenset({"sync"})
+
 if TYPE_CHECKING:
+    from membership import sync
     from membership.client import MembershipClient, ViewInfo
     from membership.collector import StatusCollector
     from membership.config import ClientConfig
@@ -152,6 +158,8 @@ def _version() -> str:
 def __getattr__(name: str) -> Any:
     if name == "__version__":
         return _version()
+    if name in _SUBMODULES:
+        return import_module(f"membership.{name}")  # the import binds it in globals()
     source = _SOURCES.get(name)
     if source is None:
         raise AttributeError(f"module 'membership' has no attribute {name!r}")
