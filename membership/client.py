@@ -292,9 +292,9 @@ class MembershipClient:
                 or the client has no node_id (it sends no heartbeats).
             ClosedError: the client is closed.
         """
-        values: dict[str, Any] = {"phase": phase, "step": step, "progress": progress}
+        values: dict[str, Any] = {"phase": phase, "step": step, "progress": progress, **gauges}
         self._need_node("report()", open_=True).status.report(
-            **values, gpu_utilization=gpu_utilization, healthy=healthy, reason=reason, **gauges
+            **values, gpu_utilization=gpu_utilization, healthy=healthy, reason=reason
         )
 
     def clear(self, *names: str) -> None:

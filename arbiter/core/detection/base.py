@@ -285,7 +285,8 @@ class DeadlineDetector(Generic[TrackT]):
             or now >= self._due(track)
             or (interval is not None and interval != track.interval)
         ):
-            track.gaps = 0  # rule 7: a silence, even held, or another cadence is not jitter
+            # Rule 7: a silence, even held, or another cadence is not jitter.
+            track.gaps, track.gap_mean, track.jitter = 0, 0.0, 0.0
         else:
             gap = now - track.last_heard
             if track.gaps:
