@@ -245,9 +245,7 @@ def view_info(resp: pb.GetViewResponse) -> ViewInfo:
         cluster=resp.cluster,
         instance=resp.instance,
         degraded={
-            m.node_id: convert.degraded_from_pb(m.degraded)
-            for m in resp.view.members
-            if m.degraded
+            m.node_id: convert.degraded_from_pb(m.degraded) for m in resp.view.members if m.degraded
         },
         liveness={
             m.node_id: Liveness(
