@@ -264,7 +264,7 @@ def _changes(frame: Frame, plain: bool) -> Table:
     t = _table("recent changes (newest first)", plain)
     t.add_column("TIME", no_wrap=True)
     t.add_column("EPOCH", no_wrap=True, justify="right")
-    t.add_column("CHANGE", overflow="fold")
+    t.add_column("CHANGE", overflow="fold", min_width=40)
     for c in reversed(frame.changes):
         t.add_row(time.strftime("%H:%M:%S", time.localtime(c.seen)), str(c.epoch or "-"), c.text)
     if not frame.changes:
