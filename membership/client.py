@@ -24,7 +24,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from membership import calls, validation
 from membership.agent import NodeAgent
@@ -32,12 +32,7 @@ from membership.aiotools import reap
 from membership.backoff import Backoff
 from membership.calls import Discovery, ViewInfo
 from membership.config import ClientConfig
-from membership.errors import (
-    ClosedError,
-    ClusterMismatch,
-    InvalidArgument,
-    MembershipError,
-)
+from membership.errors import ClosedError, ClusterMismatch, InvalidArgument, MembershipError
 from membership.identity import ClusterCheck
 from membership.session import EndReason, SessionEvent
 from membership.subscription import Watcher
@@ -274,18 +269,22 @@ class MembershipClient:
         step: int | None = None,
         progress: float | None = None,
         gpu_utilization: float | None = None,
+        healthy: bool | None = None,
+        reason: str | None = None,
         **gauges: float,
     ) -> None:
         """Sets live status values sent with the next heartbeats (they stay until changed).
 
-        Example: ``client.report(phase="allreduce", step=1200, loss=0.31)``.
-        Never blocks and never delays a heartbeat.
+        Example: ``client.report(phase="allreduce", step=1200, loss=0.31)``, or
+        ``report(healthy=False, reason="ECC errors")``. Never blocks nor delays a heartbeat.
 
         Args:
             phase: training phase, up to 64 characters.
-            step: training step, >= 0.
+            step: training step, >= 0 (its rate is compared within the ``job``).
             progress: 0..1.
             gpu_utilization: 0..1 (overrides the NVML probe).
+            healthy: ``False`` marks the node DEGRADED (README "Degraded nodes").
+            reason: why it is unhealthy (with ``healthy=False``), <= 256 characters.
             **gauges: free-form numeric gauges (finite; at most 32).
 
         Raises:
@@ -293,13 +292,14 @@ class MembershipClient:
                 or the client has no node_id (it sends no heartbeats).
             ClosedError: the client is closed.
         """
+        values: dict[str, Any] = {"phase": phase, "step": step, "progress": progress, **gauges}
         self._need_node("report()", open_=True).status.report(
-            phase=phase, step=step, progress=progress, gpu_utilization=gpu_utilization, **gauges
+            **values, gpu_utilization=gpu_utilization, healthy=healthy, reason=reason
         )
 
     def clear(self, *names: str) -> None:
         """Unsets reported status values (``phase``, ``step``, ``progress``,
-        ``gpu_utilization`` or gauge names); no names clears everything reported.
+        ``gpu_utilization``, ``healthy`` or gauge names); no names clears everything reported.
 
         Raises:
             InvalidArgument: a name is not a string, or the client has no node_id.

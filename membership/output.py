@@ -18,7 +18,15 @@ JSON shapes (``watch --json``, one object per line):
   (bounded history: its retention passed);
 - ``{"type": "quorum", "in_quorum", "arbiter", "leader"}``;
 - ``{"type": "status", "node_id", "incarnation", "status": {...},
-  "suspected_by", "silence_seconds", "arbiter"}``;
+  "suspected_by", "silence_seconds", "degraded": [{"cause", "reason"}],
+  "suspicion", "detector", "arbiter"}`` (``degraded`` empty when the node is
+  not DEGRADED; ``suspicion`` null when the replica does not track it); the
+  status object holds the fields present of ``load``, ``cpu_utilization``,
+  ``memory_utilization``, ``gpu_utilization``, ``gpu_memory_utilization``,
+  ``phase``, ``step``, ``progress``, ``healthy``, ``health_reason``,
+  ``rtt_seconds``, ``gauges`` and ``gpus`` (``[{"index", "utilization",
+  "memory_utilization", "memory_used_bytes", "memory_total_bytes", "lost",
+  "error"}]``, the figures present);
 - ``{"type": "disconnected", "epoch", "silence_seconds", "arbiter", "reason"}``,
   ``{"type": "reconnected", "epoch", "silence_seconds", "arbiter"}``;
 - ``{"type": "reset", "since_epoch", "cluster_epoch"}``;
@@ -44,6 +52,7 @@ from membership.session import (
     Superseded,
 )
 from membership.view import (
+    Degradation,
     Disconnected,
     Evidence,
     Member,
@@ -58,9 +67,11 @@ from membership.view import (
 )
 
 if TYPE_CHECKING:
-    from membership.status import NodeStatus
+    from membership.status import GpuStatus, NodeStatus
 
 __all__ = [
+    "degraded_json",
+    "degraded_text",
     "event_lines",
     "evidence_json",
     "member_json",
@@ -80,6 +91,8 @@ _STATUS_FIELDS = (
     "phase",
     "step",
     "progress",
+    "healthy",
+    "health_reason",
 )
 
 
@@ -101,9 +114,54 @@ def status_json(status: NodeStatus) -> dict[str, Any]:
         value = getattr(status, name)
         if value is not None:
             d[name] = value
+    if status.rtt is not None:
+        d["rtt_seconds"] = status.rtt
     if status.gauges:
         d["gauges"] = dict(status.gauges)
+    if status.gpus:
+        d["gpus"] = [_gpu_json(g) for g in status.gpus]
     return d
+
+
+def _gpu_json(gpu: GpuStatus) -> dict[str, Any]:
+    d: dict[str, Any] = {"index": gpu.index}
+    for key, value in (
+        ("utilization", gpu.utilization),
+        ("memory_utilization", gpu.memory_utilization),
+        ("memory_used_bytes", gpu.memory_used),
+        ("memory_total_bytes", gpu.memory_total),
+    ):
+        if value is not None:
+            d[key] = value
+    d["lost"] = gpu.lost
+    if gpu.error:
+        d["error"] = gpu.error
+    return d
+
+
+def _gpu_text(gpu: GpuStatus) -> str:
+    if gpu.lost:
+        return f"gpu{gpu.index} LOST ({gpu.error})"
+    parts = [f"gpu{gpu.index}"]
+    if gpu.utilization is not None:
+        parts.append(f"{gpu.utilization:.0%}")
+    if gpu.memory_utilization is not None:
+        parts.append(f"mem {gpu.memory_utilization:.0%}")
+    if gpu.error:
+        parts.append(f"({gpu.error})")
+    return " ".join(parts)
+
+
+def degraded_json(marks: tuple[Degradation, ...]) -> list[dict[str, str]]:
+    """DEGRADED marks as ``[{"cause", "reason"}]``."""
+    return [{"cause": m.cause, "reason": m.reason} for m in marks]
+
+
+def degraded_text(marks: tuple[Degradation, ...]) -> str:
+    """DEGRADED marks in words, ``"  DEGRADED (jitter: ...; unhealthy: ...)"``; "" for none."""
+    if not marks:
+        return ""
+    return "  DEGRADED (" + "; ".join(f"{m.cause}: {m.reason}" for m in marks) + ")"
 
 
 def status_text(status: NodeStatus) -> str:
@@ -124,6 +182,12 @@ def status_text(status: NodeStatus) -> str:
         parts.append(f"phase {status.phase}")
     if status.step is not None:
         parts.append(f"step {status.step}")
+    if status.rtt is not None:
+        parts.append(f"rtt {status.rtt * 1000:.1f}ms")
+    if len(status.gpus) > 1 or any(g.lost or g.error for g in status.gpus):
+        parts.extend(_gpu_text(g) for g in status.gpus)
+    if status.healthy is not None:
+        parts.append("healthy" if status.healthy else "UNHEALTHY")
     parts.extend(f"{k}={v:g}" for k, v in sorted(status.gauges.items()))
     return " ".join(parts) or "(no status)"
 
@@ -258,6 +322,9 @@ def event_lines(ev: object, as_json: bool) -> list[str]:
                         "status": status_json(r.status),
                         "suspected_by": list(r.suspected_by),
                         "silence_seconds": r.silence,
+                        "degraded": degraded_json(r.degraded),
+                        "suspicion": r.suspicion,
+                        "detector": r.detector or None,
                         "arbiter": ev.arbiter_id,
                     }
                 )
@@ -266,6 +333,7 @@ def event_lines(ev: object, as_json: bool) -> list[str]:
         return [
             f"status {r.node_id} (incarnation {r.incarnation}): {status_text(r.status)}"
             + (f"  SUSPECT by {','.join(r.suspected_by)}" if r.suspected_by else "")
+            + degraded_text(r.degraded)
             for r in ev.reports
         ]
     if isinstance(ev, ViewSnapshot):
@@ -350,15 +418,25 @@ def view_json(info: Any) -> dict[str, Any]:
 
     Returns:
         ``{"epoch", "leader", "in_quorum", "arbiter", "cluster", "instance",
-        "local_suspects", "members": [member + "suspected_by" (+ "status")]}``.
+        "local_suspects", "members": [member + "suspected_by", "degraded"
+        (+ "status", "silence_seconds", "suspicion", "detector")]}``: the
+        arbiter's DEGRADED marks ``[{"cause", "reason"}]`` (empty: not
+        degraded) and, for an ALIVE member it hears, its status, the seconds
+        since it heard it and its detector's suspicion level.
     """
     members = []
     for m in info.view.members:
         d = member_json(m)
         d["suspected_by"] = list(info.suspected_by.get(m.node_id, ()))
+        d["degraded"] = degraded_json(info.degraded.get(m.node_id, ()))
         status = info.statuses.get(m.node_id)
         if status is not None:
             d["status"] = status_json(status)
+        live = info.liveness.get(m.node_id)
+        if live is not None:
+            d["silence_seconds"] = live.silence
+            d["suspicion"] = live.suspicion
+            d["detector"] = live.detector or None
         members.append(d)
     return {
         "epoch": info.view.epoch,
@@ -384,6 +462,7 @@ def view_text(info: Any) -> list[str]:
         labels = ",".join(f"{k}={v}" for k, v in m.labels.items())
         suspects = info.suspected_by.get(m.node_id)
         extra = f"  SUSPECT by {','.join(suspects)}" if suspects else ""
+        extra += degraded_text(info.degraded.get(m.node_id, ()))
         lines.append(
             f"  {m.node_id:<20} {m.state.value:<6} incarnation {m.incarnation}  "
             f"since epoch {m.epoch}  {labels}{extra}"

@@ -165,6 +165,9 @@ class EndReason(enum.Enum):
 class _Arbiter:
     sent: collections.OrderedDict[int, tuple[float, int]]
     lease_until: float = float("-inf")
+    # The last ack's round trip (seconds, from the heartbeat's send) and when it came.
+    rtt: float = 0.0
+    rtt_at: float = float("-inf")
 
 
 class NodeSession:
@@ -314,6 +317,7 @@ class NodeSession:
             return []
         send_time, incarnation = sent
         self.heard = True
+        a.rtt, a.rtt_at = max(0.0, now - send_time), now
         if cluster_size > 0 and self.config_index < 0:
             self.quorum = max(self.quorum, cluster_size // 2 + 1)
         if incarnation != self.incarnation:
@@ -446,6 +450,13 @@ class NodeSession:
     def leases(self, now: float) -> dict[str, float]:
         """Seconds of lease left per arbiter at ``now`` (0.0 for none)."""
         return {k: max(0.0, a.lease_until - now) for k, a in self._arbiters.items()}
+
+    def round_trip(self, now: float, within: float) -> float | None:
+        """The median heartbeat round trip, seconds: from a heartbeat's send to its
+        ack's receipt, over the arbiters that acked one in the last ``within``
+        seconds before ``now`` (the upper median of an even count); None if none did."""
+        rtts = sorted(a.rtt for a in self._arbiters.values() if now - a.rtt_at <= within)
+        return rtts[len(rtts) // 2] if rtts else None
 
     def next_deadline(self) -> float | None:
         """When the fence could next close: the quorum-th latest lease expiry (None if fenced)."""

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from membership.status import NodeStatus
 
 __all__ = [
+    "DEGRADED_CAUSES",
+    "Degradation",
     "Disconnected",
     "Evidence",
     "Member",
@@ -223,6 +225,29 @@ class QuorumChanged:
     epoch: int = 0
 
 
+# Why a replica marks a node DEGRADED (Degradation.cause): its heartbeat jitter
+# far above the other nodes', its training step rate far below the median of
+# its job's other members, or the application's own health flag.
+DEGRADED_CAUSES = ("jitter", "step_rate", "unhealthy")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Degradation:
+    """One reason a replica marks a node DEGRADED: it heartbeats, but is unhealthy.
+
+    DEGRADED is status, as SUSPECT is: never a view change, never a death
+    (README "Degraded nodes"; the rules: ``arbiter/core/degraded.py``).
+
+    Attributes:
+        cause: one of :data:`DEGRADED_CAUSES` (a newer arbiter may add others).
+        reason: in words, with the figures, e.g. ``"heartbeat jitter 0.180s,
+            12.0x the median 0.015s of 4 other nodes"``.
+    """
+
+    cause: str
+    reason: str
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StatusReport:
     """One node's latest live status as the serving replica heard it (never a view change).
@@ -234,6 +259,11 @@ class StatusReport:
         suspected_by: replicas whose committed observation of the node is
             SUSPECT (fewer than a quorum: a quorum makes it DEAD).
         silence: seconds since the serving replica last heard the node.
+        degraded: the serving replica's DEGRADED marks (empty: not degraded).
+        suspicion: the serving replica's failure detector's suspicion level of
+            the node when the report was made (phi for detector ``"phi"``,
+            missed heartbeat intervals for ``"missed"``); None when unknown.
+        detector: the kind of that detector ("" when unknown).
     """
 
     node_id: str
@@ -241,6 +271,9 @@ class StatusReport:
     status: NodeStatus
     suspected_by: tuple[str, ...] = ()
     silence: float = 0.0
+    degraded: tuple[Degradation, ...] = ()
+    suspicion: float | None = None
+    detector: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
