@@ -22,6 +22,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import time
 import urllib.request
 from pathlib import Path
@@ -188,9 +189,11 @@ def run_etcd(
         c0, lg0 = sum(cpu_seconds(pid) for pid in pids), sum(p.cpu() for p in parts)
         (busy0, steal0), t0 = machine_cpu_seconds(), time.monotonic()
         late: list[float] = []
+        acks: list[dict[str, float]] = []
         while time.monotonic() - t0 < args.window:
             time.sleep(1.0)
             late += [p.report.get("late_ms", {}).get("p99", 0.0) for p in parts]
+            acks += [p.report["ack_ms"] for p in parts if p.report.get("ack_ms", {}).get("n")]
         (busy1, steal1), dt = machine_cpu_seconds(), time.monotonic() - t0
         cpu = sum(cpu_seconds(pid) for pid in pids) - c0
         lg = sum(p.cpu() for p in parts) - lg0
@@ -218,6 +221,9 @@ def run_etcd(
             "cpu_us_per_keepalive": cpu / d["renewed"] * 1e6 if d["renewed"] else None,
             "rss_mib": sum(rss_bytes(pid) for pid in pids) / 2**20,
             "late_p99_ms": max(late, default=None),
+            # keepalive -> response, the median of the per-second p50s and the largest p99
+            "ack_p50_ms": statistics.median(a["p50"] for a in acks) if acks else None,
+            "ack_p99_ms": max((a["p99"] for a in acks), default=None),
             "loadgen": {"cores": lg / dt},
             "other_cores": max(0.0, busy1 - busy0 - cpu - lg) / dt,
             "steal_cores": (steal1 - steal0) / dt,
@@ -284,7 +290,7 @@ def etcd_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> list[str
         return []
     head = (
         f"{'N':>6} {'TTL':>3} {'per s':>5} {'sent/s':>7} {'renew/s':>7} {'req/s':>7} "
-        f"{'cores':>5} {'us/renew':>8} {'grant s':>7} {'exp@start':>9} "
+        f"{'cores':>5} {'us/renew':>8} {'rtt p50/p99 ms':>14} {'grant s':>7} {'exp@start':>9} "
         f"{'kill->DELETE p50/p99 s':>22} {'falseExp':>8} {'missed':>6} {'leader chg':>10} "
         f"{'fsync p99 ms':>12} {'| lg late p99 ms':>16} {'lg cores':>8} {'others':>6} {'steal':>5}"
     )
@@ -293,7 +299,9 @@ def etcd_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> list[str
         lines.append(
             f"{n:>6} {e['ttl_s']:>3} {_f(e['period_s'], '.2f'):>5} {e['keepalives_per_s']:>7.0f} "
             f"{e['renewed_per_s']:>7.0f} {e['required_rate']:>7.0f} {e['cores']:>5.2f} "
-            f"{_f(e['cpu_us_per_keepalive']):>8} {e['grant_s']:>7.1f} "
+            f"{_f(e['cpu_us_per_keepalive']):>8} "
+            f"{_f(e['ack_p50_ms'], '.0f') + '/' + _f(e['ack_p99_ms'], '.0f'):>14} "
+            f"{e['grant_s']:>7.1f} "
             f"{e['false_expiries_grant']:>9} "
             f"{_f(e['kill_p50_s'], '.2f') + '/' + _f(e['kill_p99_s'], '.2f'):>22} "
             f"{e['false_expiries_window']:>8} {e['deadline_missed_window']:>6.0f} "
@@ -308,14 +316,15 @@ def etcd_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> list[str
         f"{e0['leases_per_client']} lease(s) per client (one LeaseKeepAlive stream each),",
         "clientv3's cadence: a pass every 0.5 s sends the leases whose TTL/3 since their last",
         "response has passed (per s: the renewal period that gives). sent/s: keepalives sent;",
-        "renew/s: answered with TTL > 0; req/s: live leases / period. us/renew: the 3 members' CPU",
-        "/ renewals. grant s: until every lease was granted once; exp@start: leases expired from",
-        f"the start to the window (the grants, {args.settle:g} s). falseExp: DELETEs of leases not",
-        "killed in the window (the load generator grants them again); missed: clientv3",
-        "deadlines (TTL without a response) passed in the window. leader chg: during the grants",
-        "/ the window / the kills. fsync p99:",
-        "etcd_disk_wal_fsync_duration_seconds in the window (bucket bound). others: cores used by",
-        "other processes of the machine (not etcd, not the load generator) in the window; steal:",
-        "cores the hypervisor took (/proc/stat).",
+        "renew/s: answered with TTL > 0; req/s: live leases / period. us/renew: the 3 members'",
+        "CPU / renewals. rtt: keepalive to its response at the load generator (median of the",
+        "per-second p50s / largest p99). grant s: until every lease was granted once; exp@start:",
+        f"leases expired from the start to the window (the grants, {args.settle:g} s). falseExp:",
+        "DELETEs of leases not killed in the window (the load generator grants them again);",
+        "missed: clientv3 deadlines (TTL without a response) passed in the window. leader chg:",
+        "during the grants / the window / the kills. fsync p99: etcd_disk_wal_fsync_duration_",
+        "seconds in the window (bucket bound). others: cores used by other processes of the",
+        "machine (not etcd, not the load generator) in the window; steal: cores the hypervisor",
+        "took (/proc/stat).",
     ]
     return lines
