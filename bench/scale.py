@@ -349,6 +349,11 @@ def main() -> int:
         default=1,
         help="leases multiplexed on one clientv3 client's keepalive stream (1: a client per node)",
     )
+    p.add_argument(
+        "--etcd-tmpfs",
+        action="store_true",
+        help="etcd's data dirs in /dev/shm: no disk (a diagnosis; ours stays on disk)",
+    )
     p.add_argument("--etcd-grant-concurrency", type=int, default=64, help="per load generator")
     p.add_argument(
         "--etcd-grant-timeout", type=float, default=300.0, help="seconds for all leases' grants"

@@ -22,7 +22,9 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -98,8 +100,9 @@ def _deleted(watcher: Process, lease: int, timeout: float) -> dict[str, Any] | N
 
 
 def _start_members(
-    args: argparse.Namespace, n: int, procs: Procs, workdir: Path
+    args: argparse.Namespace, n: int, procs: Procs, workdir: Path, data: Path
 ) -> tuple[list[Any], list[str]]:
+    """Three members with their data dirs in ``data``, healthy; their client addresses."""
     ports = free_ports(6)
     names = ["e1", "e2", "e3"]
     client = {m: f"127.0.0.1:{ports[i]}" for i, m in enumerate(names)}
@@ -114,7 +117,7 @@ def _start_members(
                 f"etcd-{n}-{m}",
                 [
                     "etcd",
-                    *("--name", m, "--data-dir", str(workdir / f"{m}.data")),
+                    *("--name", m, "--data-dir", str(data / f"{m}.data")),
                     *("--listen-client-urls", url, "--advertise-client-urls", url),
                     *("--listen-peer-urls", peer[m], "--initial-advertise-peer-urls", peer[m]),
                     *("--initial-cluster", initial, "--initial-cluster-state", "new"),
@@ -142,10 +145,12 @@ def run_etcd(
         return None
     workdir.mkdir(parents=True, exist_ok=True)
     members: list[Any] = []
+    # --etcd-tmpfs: the members' WAL and database in memory (no disk: a diagnosis)
+    data = Path(tempfile.mkdtemp(prefix="etcd-", dir="/dev/shm")) if args.etcd_tmpfs else workdir
     parts: list[Process] = []
     ranges: list[tuple[int, int, Process]] = []
     try:
-        members, addrs = _start_members(args, n, procs, workdir)
+        members, addrs = _start_members(args, n, procs, workdir, data)
         m_start = _scrapes(addrs)
         k = max(1, min(args.procs, n))
         base, rest = divmod(n, k)
@@ -186,7 +191,7 @@ def run_etcd(
             return {x: sum(p.report.get(x, 0) for p in parts) for x in keys}
 
         s0, m0 = totals(), _scrapes(addrs)
-        c0, lg0 = sum(cpu_seconds(pid) for pid in pids), sum(p.cpu() for p in parts)
+        each0, lg0 = [cpu_seconds(pid) for pid in pids], sum(p.cpu() for p in parts)
         (busy0, steal0), t0 = machine_cpu_seconds(), time.monotonic()
         late: list[float] = []
         acks: list[dict[str, float]] = []
@@ -195,7 +200,8 @@ def run_etcd(
             late += [p.report.get("late_ms", {}).get("p99", 0.0) for p in parts]
             acks += [p.report["ack_ms"] for p in parts if p.report.get("ack_ms", {}).get("n")]
         (busy1, steal1), dt = machine_cpu_seconds(), time.monotonic() - t0
-        cpu = sum(cpu_seconds(pid) for pid in pids) - c0
+        each = [cpu_seconds(pid) - c for pid, c in zip(pids, each0, strict=True)]
+        cpu = sum(each)
         lg = sum(p.cpu() for p in parts) - lg0
         s1, m1, t1 = totals(), _scrapes(addrs), time.monotonic()
         d = {x: s1[x] - s0[x] for x in s0}
@@ -204,6 +210,7 @@ def run_etcd(
             "n": n,
             "version": package_version("etcd-server"),
             "timing_ms": list(args.etcd_timing),
+            "tmpfs": bool(args.etcd_tmpfs),
             "leases_per_client": args.etcd_leases_per_client,
             "ttl_s": ttl,
             "period_s": n / req if req else None,
@@ -218,6 +225,9 @@ def run_etcd(
             "expired_window": d["expired"],
             "deadline_missed_window": d["deadline_missed"],
             "cores": cpu / dt,
+            # per member, and which one led at the end of the window
+            "member_cores": [c / dt for c in each],
+            "leader": [bool(metric(m, "etcd_server_is_leader")) for m in m1],
             "cpu_us_per_keepalive": cpu / d["renewed"] * 1e6 if d["renewed"] else None,
             "rss_mib": sum(rss_bytes(pid) for pid in pids) / 2**20,
             "late_p99_ms": max(late, default=None),
@@ -275,6 +285,8 @@ def run_etcd(
             p.stop()
         for member in members:
             Procs.kill(member)
+        if args.etcd_tmpfs:
+            shutil.rmtree(data, ignore_errors=True)
 
 
 def _f(v: Any, fmt: str = ".0f") -> str:
@@ -313,6 +325,7 @@ def etcd_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> list[str
     e0 = runs[0][1]
     lines += [
         f"etcd --heartbeat-interval {e0['timing_ms'][0]} --election-timeout {e0['timing_ms'][1]}, "
+        f"data dir {'on tmpfs' if e0.get('tmpfs') else 'on disk'}, "
         f"{e0['leases_per_client']} lease(s) per client (one LeaseKeepAlive stream each),",
         "clientv3's cadence: a pass every 0.5 s sends the leases whose TTL/3 since their last",
         "response has passed (per s: the renewal period that gives). sent/s: keepalives sent;",
