@@ -161,6 +161,7 @@ def run_etcd(
             argv += ["--count", str(cnt), "--ttl", "1", f"--watch={'true' if i == 0 else 'false'}"]
             argv += ["--leases-per-client", str(args.etcd_leases_per_client)]
             argv += ["--grant-concurrency", str(args.etcd_grant_concurrency)]
+            argv += ["--member-offset", str(i)]  # a process's first connection to member i
             parts.append(
                 Process(procs, f"etcd-loadgen-{i}", argv, workdir / f"etcd-loadgen-{i}.log")
             )

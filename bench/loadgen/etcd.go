@@ -135,6 +135,7 @@ func runEtcd(argv []string) {
 	regrant := fs.Bool("regrant", true, "grant a lease again when etcd says it expired")
 	watch := fs.Bool("watch", true, "watch the /bench/ prefix and print DELETEs")
 	report := fs.Float64("report", 1.0, "seconds between reports")
+	offset := fs.Int("member-offset", 0, "connection i goes to endpoint (i + offset) mod len")
 	fs.Parse(argv)
 	if *perClient < 1 {
 		*perClient = 1
@@ -153,7 +154,7 @@ func runEtcd(argv []string) {
 	nconn := (nclients + *perConn - 1) / *perConn
 	var conns []*grpc.ClientConn
 	for i := 0; i < nconn; i++ {
-		conns = append(conns, dial(addrs[i%len(addrs)])) // clients spread over the members
+		conns = append(conns, dial(addrs[(i+*offset)%len(addrs)])) // clients spread over the members
 	}
 	for i := 0; i < nclients; i++ {
 		g.clients = append(g.clients, &etcdClient{g: g, conn: conns[i%nconn],
