@@ -19,8 +19,8 @@ package main
 //     (every 1.0 s once a response takes more than 1/6 s), at 2 s every 1 s;
 //   - a response with TTL <= 0 says etcd no longer has the lease: clientv3
 //     drops it; here it is counted ("expired") and, with --regrant (the
-//     default), granted again with its key put again, as a registration
-//     loop does, so that N leases stay under load;
+//     default), granted again 1 to 2 s later with its key put again, as a
+//     registration loop does, so that N leases stay under load;
 //   - a stream that ends is reopened 500 ms later.
 // clientv3 also gives a lease up when no response came by its deadline (its
 // deadlineLoop); here that is only counted ("deadline_missed", once per
@@ -386,7 +386,10 @@ func (c *etcdClient) onResponse(buf []byte) {
 		emit(map[string]interface{}{"ev": "expired", "node": l.id, "lease": id, "t": now})
 		if g.regrant {
 			atomic.AddUint64(&g.regrants, 1)
-			go func() { g.grantQ <- l }()
+			go func() { // after 1 to 2 s, as a registration loop backs off
+				time.Sleep(time.Duration((1 + rand.Float64()) * 1e9))
+				g.grantQ <- l
+			}()
 		}
 	}
 }
