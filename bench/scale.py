@@ -347,7 +347,8 @@ def main() -> int:
         "--etcd-leases-per-client",
         type=int,
         default=1,
-        help="leases multiplexed on one clientv3 client's keepalive stream (1: a client per node)",
+        help="leases multiplexed on one clientv3 client's keepalive stream (1: a client per "
+        "node; 0: one client per load generator process)",
     )
     p.add_argument(
         "--etcd-tmpfs",

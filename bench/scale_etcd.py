@@ -159,7 +159,8 @@ def run_etcd(
             cnt = base + (1 if i < rest else 0)
             argv = ["etcd", "--endpoints", ",".join(addrs), "--first", str(first)]
             argv += ["--count", str(cnt), "--ttl", "1", f"--watch={'true' if i == 0 else 'false'}"]
-            argv += ["--leases-per-client", str(args.etcd_leases_per_client)]
+            per_client = args.etcd_leases_per_client or cnt  # 0: one client per process
+            argv += ["--leases-per-client", str(per_client)]
             argv += ["--grant-concurrency", str(args.etcd_grant_concurrency)]
             argv += ["--member-offset", str(i)]  # a process's first connection to member i
             parts.append(
@@ -212,7 +213,7 @@ def run_etcd(
             "version": package_version("etcd-server"),
             "timing_ms": list(args.etcd_timing),
             "tmpfs": bool(args.etcd_tmpfs),
-            "leases_per_client": args.etcd_leases_per_client,
+            "leases_per_client": args.etcd_leases_per_client or math.ceil(n / k),
             "ttl_s": ttl,
             "period_s": n / req if req else None,
             "grant_s": max(e["grant_s"] for e in readies),
