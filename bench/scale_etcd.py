@@ -215,7 +215,8 @@ def run_etcd(
             "tmpfs": bool(args.etcd_tmpfs),
             "leases_per_client": args.etcd_leases_per_client or math.ceil(n / k),
             "ttl_s": ttl,
-            "period_s": n / req if req else None,
+            # clientv3's renewal period: the first 500 ms pass after TTL/3 (etcd.go's period)
+            "period_s": 0.5 * (math.floor(ttl / 3 / 0.5) + 1),
             "grant_s": max(e["grant_s"] for e in readies),
             "leader_changes_grant": _leader_changes(m_ready) - _leader_changes(m_start),
             "leader_changes_window": _leader_changes(m1) - _leader_changes(m0),
