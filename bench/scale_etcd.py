@@ -307,10 +307,14 @@ def etcd_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> list[str
         f"{'N':>6} {'TTL':>3} {'per s':>5} {'sent/s':>7} {'renew/s':>7} {'req/s':>7} "
         f"{'cores':>5} {'us/renew':>8} {'rtt p50/p99 ms':>14} {'grant s':>7} {'exp@start':>9} "
         f"{'kill->DELETE p50/p99 s':>22} {'falseExp':>8} {'missed':>6} {'leader chg':>10} "
-        f"{'fsync p99 ms':>12} {'| lg late p99 ms':>16} {'lg cores':>8} {'others':>6} {'steal':>5}"
+        f"{'fsync p99 ms':>12} | {'lg late p99 ms':>14} {'lg cores':>8} {'others':>6} {'steal':>5}"
     )
     lines = ["", "etcd x3 in detail:", head, "-" * len(head)]
     for n, e in runs:
+        lc = "/".join(
+            f"{e[k]:.0f}"
+            for k in ("leader_changes_grant", "leader_changes_window", "leader_changes_kills")
+        )
         lines.append(
             f"{n:>6} {e['ttl_s']:>3} {_f(e['period_s'], '.2f'):>5} {e['keepalives_per_s']:>7.0f} "
             f"{e['renewed_per_s']:>7.0f} {e['required_rate']:>7.0f} {e['cores']:>5.2f} "
@@ -320,16 +324,15 @@ def etcd_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> list[str
             f"{e['false_expiries_grant']:>9} "
             f"{_f(e['kill_p50_s'], '.2f') + '/' + _f(e['kill_p99_s'], '.2f'):>22} "
             f"{e['false_expiries_window']:>8} {e['deadline_missed_window']:>6.0f} "
-            f"{e['leader_changes_grant']:>4.0f}/{e['leader_changes_window']:.0f}"
-            f"/{e['leader_changes_kills']:<3.0f} "
-            f"{_f(e['fsync_p99_ms_window'], '.0f'):>12} {'| ' + _f(e['late_p99_ms'], '.1f'):>16} "
+            f"{lc:>10} "
+            f"{_f(e['fsync_p99_ms_window'], '.0f'):>12} | {_f(e['late_p99_ms'], '.1f'):>14} "
             f"{e['loadgen']['cores']:>8.2f} {e['other_cores']:>6.2f} {e['steal_cores']:>5.2f}"
         )
     e0 = runs[0][1]
     lines += [
         f"etcd --heartbeat-interval {e0['timing_ms'][0]} --election-timeout {e0['timing_ms'][1]}, "
-        f"data dir {'on tmpfs' if e0.get('tmpfs') else 'on disk'}, "
-        f"{e0['leases_per_client']} lease(s) per client (one LeaseKeepAlive stream each),",
+        f"data dir {'on tmpfs' if e0.get('tmpfs') else 'on disk'},",
+        f"{e0['leases_per_client']} lease(s) per client (one LeaseKeepAlive stream each);",
         "clientv3's cadence: a pass every 0.5 s sends the leases whose TTL/3 since their last",
         "response has passed (per s: the renewal period that gives). sent/s: keepalives sent;",
         "renew/s: answered with TTL > 0; req/s: live leases / period. us/renew: the 3 members'",
