@@ -355,6 +355,12 @@ def main() -> int:
         action="store_true",
         help="etcd's data dirs in /dev/shm: no disk (a diagnosis; ours stays on disk)",
     )
+    p.add_argument(
+        "--etcd-cadence",
+        choices=("clientv3", "fixed"),
+        default="clientv3",
+        help="renewals as etcd's clientv3 (500 ms passes, TTL/3 after an answer) or every TTL/3",
+    )
     p.add_argument("--etcd-grant-concurrency", type=int, default=64, help="per load generator")
     p.add_argument(
         "--etcd-grant-timeout", type=float, default=300.0, help="seconds for all leases' grants"

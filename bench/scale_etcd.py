@@ -162,7 +162,12 @@ def run_etcd(
             per_client = args.etcd_leases_per_client or cnt  # 0: one client per process
             argv += ["--leases-per-client", str(per_client)]
             argv += ["--grant-concurrency", str(args.etcd_grant_concurrency)]
-            argv += ["--member-offset", str(i)]  # a process's first connection to member i
+            argv += [
+                "--member-offset",
+                str(i),
+                "--cadence",
+                args.etcd_cadence,
+            ]  # a process's first connection to member i
             parts.append(
                 Process(procs, f"etcd-loadgen-{i}", argv, workdir / f"etcd-loadgen-{i}.log")
             )
@@ -216,7 +221,10 @@ def run_etcd(
             "leases_per_client": args.etcd_leases_per_client or math.ceil(n / k),
             "ttl_s": ttl,
             # clientv3's renewal period: the first 500 ms pass after TTL/3 (etcd.go's period)
-            "period_s": 0.5 * (math.floor(ttl / 3 / 0.5) + 1),
+            "period_s": ttl / 3
+            if args.etcd_cadence == "fixed"
+            else 0.5 * (math.floor(ttl / 3 / 0.5) + 1),
+            "cadence": args.etcd_cadence,
             "grant_s": max(e["grant_s"] for e in readies),
             "leader_changes_grant": _leader_changes(m_ready) - _leader_changes(m_start),
             "leader_changes_window": _leader_changes(m1) - _leader_changes(m0),
@@ -332,9 +340,11 @@ def etcd_table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> list[str
     lines += [
         f"etcd --heartbeat-interval {e0['timing_ms'][0]} --election-timeout {e0['timing_ms'][1]}, "
         f"data dir {'on tmpfs' if e0.get('tmpfs') else 'on disk'},",
-        f"{e0['leases_per_client']} lease(s) per client (one LeaseKeepAlive stream each);",
-        "clientv3's cadence: a pass every 0.5 s sends the leases whose TTL/3 since their last",
-        "response has passed (per s: the renewal period that gives). sent/s: keepalives sent;",
+        f"{e0['leases_per_client']} lease(s) per client (one LeaseKeepAlive stream each); "
+        f"cadence {e0.get('cadence', 'clientv3')}:",
+        "clientv3's: a pass every 0.5 s sends the leases whose TTL/3 since their last response",
+        "has passed (fixed: every lease every TTL/3); per s: the renewal period that gives.",
+        "sent/s: keepalives sent;",
         "renew/s: answered with TTL > 0; req/s: live leases / period. us/renew: the 3 members'",
         "CPU / renewals. rtt: keepalive to its response at the load generator (median of the",
         "per-second p50s / largest p99). grant s: until every lease was granted once; exp@start:",

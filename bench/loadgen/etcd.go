@@ -22,6 +22,9 @@ package main
 //     default), granted again 1 to 2 s later with its key put again, as a
 //     registration loop does, so that N leases stay under load;
 //   - a stream that ends is reopened 500 ms later.
+// --cadence fixed instead renews every live lease every TTL/3 whatever the
+// answers (the load generator's schedule before it followed clientv3), to
+// tell clientv3's cadence from etcd's server in a result.
 // clientv3 also gives a lease up when no response came by its deadline (its
 // deadlineLoop); here that is only counted ("deadline_missed", once per
 // lapse) and the keepalives go on, so a lease is lost only when etcd says so.
@@ -90,6 +93,7 @@ type etcdGen struct {
 	ttl       int64
 	grantQ    chan *etcdLease
 	regrant   bool
+	fixed     bool  // --cadence fixed: every live lease every TTL/3
 	granted   int64 // leases granted at least once
 	sent      uint64
 	acks      uint64
@@ -133,6 +137,7 @@ func runEtcd(argv []string) {
 	perConn := fs.Int("streams-per-conn", 100, "keepalive streams (clients) per connection")
 	grantConc := fs.Int("grant-concurrency", 64, "grants (LeaseGrant + Put) in flight")
 	regrant := fs.Bool("regrant", true, "grant a lease again when etcd says it expired")
+	cadence := fs.String("cadence", "clientv3", "clientv3 (500 ms passes, TTL/3 after an answer) or fixed (every TTL/3)")
 	watch := fs.Bool("watch", true, "watch the /bench/ prefix and print DELETEs")
 	report := fs.Float64("report", 1.0, "seconds between reports")
 	offset := fs.Int("member-offset", 0, "connection i goes to endpoint (i + offset) mod len")
@@ -142,7 +147,10 @@ func runEtcd(argv []string) {
 	}
 	addrs := strings.Split(*endpoints, ",")
 	g := &etcdGen{byID: map[string]*etcdLease{}, errs: map[string]int{}, every: *report,
-		regrant: *regrant, grantQ: make(chan *etcdLease, *count)}
+		regrant: *regrant, grantQ: make(chan *etcdLease, *count), fixed: *cadence == "fixed"}
+	if *cadence != "clientv3" && *cadence != "fixed" {
+		fatal("etcd: --cadence %q: clientv3 or fixed", *cadence)
+	}
 	dial := func(addr string) *grpc.ClientConn {
 		c, err := grpc.Dial(addr, grpc.WithInsecure(), grpc.WithDefaultCallOptions(grpc.ForceCodec(rawCodec{})))
 		if err != nil {
@@ -313,8 +321,12 @@ func (c *etcdClient) stream() bool {
 			}
 			atomic.AddUint64(&g.sent, 1)
 		}
-		due = mono() + retryConnWait
-		timer := time.NewTimer(time.Duration(retryConnWait * 1e9))
+		every := retryConnWait
+		if g.fixed {
+			every = float64(atomic.LoadInt64(&g.ttl)) / 3
+		}
+		due = mono() + every
+		timer := time.NewTimer(time.Duration(every * 1e9))
 		select {
 		case <-timer.C:
 		case <-failed:
@@ -332,7 +344,7 @@ func (c *etcdClient) due(now float64, reqs [][]byte) [][]byte {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, l := range c.leases {
-		if l.killed || l.lease == 0 || l.next > now {
+		if l.killed || l.lease == 0 || (l.next > now && !c.g.fixed) {
 			continue
 		}
 		if now > l.deadline && !l.missed {
@@ -495,9 +507,12 @@ func (g *etcdGen) kill(ids []string) {
 
 func (g *etcdGen) join(int) {}
 
-// period is clientv3's renewal period at TTL ttl with responses faster than
-// the remainder: the first 500 ms pass after TTL/3.
-func period(ttl float64) float64 {
+// period is the renewal period at TTL ttl: clientv3's (with answers faster
+// than the remainder) is the first 500 ms pass after TTL/3; fixed: TTL/3.
+func (g *etcdGen) period(ttl float64) float64 {
+	if g.fixed {
+		return ttl / 3
+	}
 	return retryConnWait * (math.Floor(ttl/3/retryConnWait) + 1)
 }
 
@@ -531,7 +546,7 @@ func (g *etcdGen) snapshot(final bool) map[string]interface{} {
 	ttl := float64(atomic.LoadInt64(&g.ttl))
 	req := 0.0
 	if ttl > 0 {
-		req = math.Round(float64(live)/period(ttl)*10) / 10
+		req = math.Round(float64(live)/g.period(ttl)*10) / 10
 	}
 	r := map[string]interface{}{
 		"ev": "report", "t": now, "live": live, "granted": atomic.LoadInt64(&g.granted),
