@@ -34,9 +34,10 @@ For every N, one after the other (never two systems at once), on loopback:
    same N streams at the interval a1 suggested: the load of one replica.
    CPU per heartbeat, RSS per node, ack latency; ours / bare is the ratio.
 3. etcd: a fresh 3-member etcd (Debian's etcd-server), N leases at its
-   minimum TTL kept alive every TTL/3 over LeaseKeepAlive streams, a key
-   each, a watcher on the prefix: the members' CPU per keepalive and per
-   lease per second, and kill to the watcher's DELETE.
+   minimum TTL kept alive as etcd's clientv3 does (a LeaseKeepAlive stream
+   per lease), a key each, a watcher on the prefix: renewals/s, the members'
+   CPU per renewal, leases expired though renewed, kill to the watcher's
+   DELETE (bench/scale_etcd.py; docs/scale.md, "The etcd column").
 
 ``--hogs K`` runs K busy-loop processes for the whole run (the issue's
 "CPU hogs on both cores"). Every figure is of this run; the load generator's
