@@ -193,11 +193,12 @@ def run_etcd(
         time.sleep(args.settle)
         pids = [p.pid for p in members]
 
-        def totals() -> dict[str, float]:
-            keys = ("sent", "renewed", "not_found", "expired", "deadline_missed", "regrants")
-            return {x: sum(p.report.get(x, 0) for p in parts) for x in keys}
+        keys = ("sent", "renewed", "not_found", "expired", "deadline_missed", "regrants")
 
-        s0, m0 = totals(), _scrapes(addrs)
+        def reports() -> list[dict[str, Any]]:
+            return [dict(p.report) for p in parts]
+
+        s0, m0 = reports(), _scrapes(addrs)
         each0, lg0 = [cpu_seconds(pid) for pid in pids], sum(p.cpu() for p in parts)
         (busy0, steal0), t0 = machine_cpu_seconds(), time.monotonic()
         late: list[float] = []
@@ -210,8 +211,18 @@ def run_etcd(
         each = [cpu_seconds(pid) - c for pid, c in zip(pids, each0, strict=True)]
         cpu = sum(each)
         lg = sum(p.cpu() for p in parts) - lg0
-        s1, m1, t1 = totals(), _scrapes(addrs), time.monotonic()
-        d = {x: s1[x] - s0[x] for x in s0}
+        s1, m1, t1 = reports(), _scrapes(addrs), time.monotonic()
+        # per process, over the span of its own reports (not the driver's clock: a report
+        # is up to a second old when read)
+        d = {x: sum(b.get(x, 0) - a.get(x, 0) for a, b in zip(s0, s1, strict=True)) for x in keys}
+        rate = {
+            x: sum(
+                (b.get(x, 0) - a.get(x, 0)) / (b["t"] - a["t"])
+                for a, b in zip(s0, s1, strict=True)
+                if b.get("t", 0) > a.get("t", 0)
+            )
+            for x in ("sent", "renewed", "not_found")
+        }
         req = sum(p.report.get("required_rate", 0) for p in parts)
         res: dict[str, Any] = {
             "n": n,
@@ -229,17 +240,17 @@ def run_etcd(
             "leader_changes_grant": _leader_changes(m_ready) - _leader_changes(m_start),
             "leader_changes_window": _leader_changes(m1) - _leader_changes(m0),
             "fsync_p99_ms_window": _fsync_p99_ms(m0, m1),
-            "keepalives_per_s": d["sent"] / dt,
-            "renewed_per_s": d["renewed"] / dt,
+            "keepalives_per_s": rate["sent"],
+            "renewed_per_s": rate["renewed"],
             "required_rate": req,
-            "not_found_per_s": d["not_found"] / dt,
+            "not_found_per_s": rate["not_found"],
             "expired_window": d["expired"],
             "deadline_missed_window": d["deadline_missed"],
             "cores": cpu / dt,
             # per member, and which one led at the end of the window
             "member_cores": [c / dt for c in each],
             "leader": [bool(metric(m, "etcd_server_is_leader")) for m in m1],
-            "cpu_us_per_keepalive": cpu / d["renewed"] * 1e6 if d["renewed"] else None,
+            "cpu_us_per_keepalive": cpu / dt / rate["renewed"] * 1e6 if rate["renewed"] else None,
             "rss_mib": sum(rss_bytes(pid) for pid in pids) / 2**20,
             "late_p99_ms": max(late, default=None),
             # keepalive -> response, the median of the per-second p50s and the largest p99
