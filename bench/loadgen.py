@@ -203,6 +203,16 @@ class Process:
         with self._cond:
             return find()
 
+    def find(self, pred: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any] | None:
+        """The first event line for which ``pred`` is true, waiting up to ``timeout`` s for it."""
+
+        def first() -> dict[str, Any] | None:
+            return next((e for e in self.events if pred(e)), None)
+
+        self.wait_for(lambda: first() is not None, timeout)
+        with self._cond:
+            return first()
+
     def stop(self, timeout: float = 10.0) -> dict[str, Any] | None:
         """Sends ``quit``, waits for the final report, reaps the process; returns the report."""
         with contextlib.suppress(OSError, ValueError):
