@@ -199,6 +199,7 @@ _NODE_SETTINGS = (
     "heartbeat_interval",
     "ack_timeout",
     "hedge_after",
+    "stall_timeout",
     "backoff_initial",
     "backoff_max",
     "keepalive_time",

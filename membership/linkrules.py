@@ -1,0 +1,179 @@
+"""When a heartbeat stream takes a heartbeat, is hedged or is abandoned: the link's rules, sans-I/O.
+
+Time is the ``now`` argument (monotonic seconds); nothing here reads a clock,
+opens a connection or sleeps. :class:`membership.heartbeats.HeartbeatLink`
+keeps one :class:`StreamClock` per stream and asks these functions what to
+do; a link's ``others`` argument says whether another arbiter's link answers
+(:func:`answering`), which the node agent knows.
+
+Why these rules: in a join storm every joining node heartbeats every replica
+at the base interval until its first ack brings the suggested one, so the
+replicas' acks fall behind; nodes that then open second streams (hedging)
+and reconnect (abandoning) add the very load that made the acks late, and
+the cluster stays overloaded after the storm has passed (a metastable
+failure: Bronson, Aghayev, Charapko and Zhu, "Metastable Failures in
+Distributed Systems", HotOS 2021). A stream therefore asks no more of a
+replica than that replica has shown it answers (rule 1), and a new
+connection is opened only where one connection is the odd one out (rules 3
+and 4).
+
+Rules:
+
+1. Slow start. A stream that has not been acked yet carries one heartbeat,
+   the first: no other is handed to it before that ack (as TCP's slow start
+   puts no more in flight than the path has shown it carries, RFC 5681).
+   Nothing is lost by waiting: before that ack the node holds no lease of
+   that arbiter to keep (session rule 2: a lease counts from the send of the
+   heartbeat acked), and it is not ALIVE before its first observations
+   commit. A hedge stream (rule 3) carries the heartbeat that opened it and
+   then waits the same way.
+2. Silence. A stream's silence at ``now`` is the time since the later of the
+   send of its oldest unacked heartbeat and the latest ack it brought; 0
+   while nothing is unacked. A replica whose acks come late but keep coming
+   (each for an older heartbeat) is slow, not wedged: a new connection
+   would queue behind the same backlog, so its silence stays short. A
+   connection that wedged (no FIN, no RST) brings nothing: its silence grows
+   from the first heartbeat after the wedge, as the oldest unacked
+   heartbeat's wait did before (the two are equal while acks come within an
+   interval).
+3. Hedging (kubernetes/kubernetes#48638: a wedged connection is reused by
+   every retry until keepalive closes it). A link whose only stream has been
+   acked and is silent for more than ``hedge_after`` opens a second stream
+   on a fresh connection, but only while another arbiter's link *answers*
+   (:func:`answering`: it has an acked stream silent for at most
+   ``hedge_after``). When every link is silent alike, the cause is what they
+   share: the replicas' load, or this node's own process running late; a
+   new connection would only add load.
+4. Abandoning. A stream silent for more than ``ack_timeout`` is abandoned
+   while another link answers, otherwise once it is silent for more than
+   ``stall_timeout``: the bound within which a node whose every connection
+   wedged at once still gets fresh ones (HTTP/2 keepalive may never close
+   them: its ping waits behind blocked writes, grpc/grpc#15871). A stream
+   waiting for its first ack that is not a hedge is abandoned after
+   ``stall_timeout`` whatever the others do: a replica working through a
+   join storm is slow to take a new node (often slower than the others, as
+   it may lead or carry more load), and a node that reconnects loses its
+   place in that replica's queue and costs it a new stream.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["LinkTimings", "StreamClock", "abandon_after", "answering", "hedge_due", "next_check"]
+
+# Unacked heartbeats remembered per stream (older ones are forgotten, oldest first).
+_UNACKED_MEMORY = 64
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkTimings:
+    """The timings a link works with right now, seconds (they scale with the interval).
+
+    Attributes:
+        interval: between two heartbeats.
+        hedge_after: a stream silent this long gets a second one beside it (rule 3).
+        ack_timeout: a stream silent this long is abandoned while another
+            link answers (rule 4).
+        stall_timeout: a stream silent this long is abandoned in any case (rule 4).
+    """
+
+    interval: float
+    hedge_after: float
+    ack_timeout: float
+    stall_timeout: float
+
+
+class StreamClock:
+    """What the rules know of one stream: its acks and its unacked heartbeats.
+
+    Attributes:
+        hedge: the stream was opened beside a silent one (rule 3).
+        acked: the stream brought at least one ack.
+        heard: monotonic seconds of its latest ack (-inf before the first).
+        unacked: (seq, monotonic send time) of heartbeats not yet acked, oldest first.
+    """
+
+    __slots__ = ("acked", "heard", "hedge", "unacked")
+
+    def __init__(self, *, hedge: bool = False) -> None:
+        self.hedge = hedge
+        self.acked = False
+        self.heard = -math.inf
+        self.unacked: collections.deque[tuple[int, float]] = collections.deque()
+
+    def takes_heartbeat(self) -> bool:
+        """True when a heartbeat may be handed to the stream now (rule 1)."""
+        return self.acked or not self.unacked
+
+    def sent(self, seq: int, now: float) -> None:
+        """Records heartbeat ``seq`` handed to the stream at ``now``."""
+        self.unacked.append((seq, now))
+        while len(self.unacked) > _UNACKED_MEMORY:
+            self.unacked.popleft()
+
+    def ack(self, seq: int, now: float) -> None:
+        """Records an ack of ``seq`` (and of every earlier heartbeat) received at ``now``."""
+        self.acked = True
+        self.heard = now
+        while self.unacked and self.unacked[0][0] <= seq:
+            self.unacked.popleft()
+
+    def silence(self, now: float) -> float:
+        """Seconds the stream has been silent at ``now`` (rule 2; 0 with nothing unacked)."""
+        if not self.unacked:
+            return 0.0
+        return max(0.0, now - max(self.unacked[0][1], self.heard))
+
+    def silent_since(self) -> float:
+        """Monotonic seconds from which :meth:`silence` counts (inf with nothing unacked)."""
+        return max(self.unacked[0][1], self.heard) if self.unacked else math.inf
+
+
+def answering(streams: Iterable[StreamClock], now: float, within: float) -> bool:
+    """True when one of a link's streams has been acked and is silent for at most
+    ``within`` seconds at ``now``: the link answers (rule 3)."""
+    return any(st.acked and st.silence(now) <= within for st in streams)
+
+
+def abandon_after(st: StreamClock, timings: LinkTimings, others: bool) -> float:
+    """Seconds of silence after which ``st`` is abandoned (rule 4).
+
+    Args:
+        st: the stream.
+        timings: the link's timings now.
+        others: another arbiter's link answers (:func:`answering`).
+    """
+    if others and (st.acked or st.hedge):
+        return timings.ack_timeout
+    return timings.stall_timeout
+
+
+def hedge_due(streams: list[StreamClock], timings: LinkTimings, others: bool, now: float) -> bool:
+    """True when the link must open a second stream beside its only one now (rule 3)."""
+    if not others or len(streams) != 1:
+        return False
+    (st,) = streams
+    return st.acked and st.silence(now) > timings.hedge_after
+
+
+def next_check(streams: list[StreamClock], timings: LinkTimings, others: bool, now: float) -> float:
+    """The earliest time after ``now`` at which rule 3 or 4 may act, given ``others``
+    (monotonic seconds; inf: none). A deadline already passed that ``others`` holds
+    back is left out: the caller looks again at its next heartbeat, when ``others``
+    may have changed."""
+    due = math.inf
+    for st in streams:
+        since = st.silent_since()
+        if math.isinf(since):
+            continue
+        limits = [abandon_after(st, timings, others)]
+        if others and len(streams) == 1 and st.acked:
+            limits.append(timings.hedge_after)
+        for limit in limits:
+            if since + limit > now:
+                due = min(due, since + limit)
+    return due
