@@ -6,6 +6,10 @@ package main
 // arbiter suggested, 0.15 s until one did; interval_seconds declares it, 0
 // before any suggestion). With --interval-rule own each stream follows its own
 // arbiter's suggestion instead (a lightly loaded replica at a longer interval).
+// As the SDK's slow start (membership/linkrules.py rule 1), a stream carries
+// its first heartbeat and nothing more until that heartbeat is acked. The SDK's
+// hedging and abandoning of silent streams are not simulated: the load
+// generator reopens a stream only when the replica ends it.
 //
 // Streams are multiplexed: node i uses connection i % C of each arbiter, with
 // C = ceil(count / --streams-per-conn) so that no connection needs more than
@@ -68,6 +72,8 @@ type hbStream struct {
 	suggested uint64      // float64 bits of the last next_interval_seconds (0: none)
 	down      int32       // 1 once the stream failed
 	gen       uint64      // atomic: which opening of the link the current stream is
+	ackedGen  uint64      // atomic: the latest opening that brought an ack (slow start)
+	firstGen  uint64      // atomic: the opening the latest heartbeat went out on
 	mbox      chan []byte // the newest heartbeat not yet written (the SDK's rule 2)
 	retryAt   float64     // shard only: when a down link is opened again (0: not yet set)
 	opening   int32       // atomic: 1 while a NewStream is in flight
@@ -339,6 +345,7 @@ func (g *hbGen) read(n *hbNode, s *hbStream, st grpc.ClientStream, gen uint64) {
 			continue
 		}
 		atomic.AddUint64(&s.arb.acks, 1)
+		atomic.StoreUint64(&s.ackedGen, gen)
 		if t := math.Float64frombits(atomic.LoadUint64(&s.sendT[a.seq%32])); t > 0 {
 			s.arb.lat.add(now - t)
 		}
@@ -365,6 +372,13 @@ func (g *hbGen) read(n *hbNode, s *hbStream, st grpc.ClientStream, gen uint64) {
 			atomic.AddUint64(&g.lefts, 1)
 		}
 	}
+}
+
+// waiting is true while the link's stream carries its first heartbeat, not yet
+// acked: it takes no other (the SDK's slow start, membership/linkrules.py rule 1).
+func (s *hbStream) waiting() bool {
+	gen := atomic.LoadUint64(&s.gen)
+	return atomic.LoadUint64(&s.firstGen) == gen && atomic.LoadUint64(&s.ackedGen) != gen
 }
 
 // status is a NodeStatus with a few realistic fields: load, gpu_utilization, phase, step.

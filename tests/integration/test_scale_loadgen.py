@@ -3,7 +3,8 @@
 A grpc.aio server in this process, built on the generated membership.v1
 classes, receives what ``loadgen hb`` and ``loadgen sub`` send: every
 hand-encoded HeartbeatRequest must decode with the fields the SDK sets, the
-interval must follow the acks, and a ``kill`` must end that node's stream
+interval must follow the acks, a stream must carry one heartbeat until its
+first ack (the SDK's slow start), and a ``kill`` must end that node's stream
 (no Leave) while the others go on; the subscriber must decode a snapshot and
 a change. Skipped where Go and Debian's grpc-go are not installed (the
 benchmark installs them; the test does not). No speed is asserted.
@@ -50,6 +51,8 @@ class Recorder(pb_grpc.MembershipServicer):
     def __init__(self) -> None:
         self.requests: dict[str, list[pb.HeartbeatRequest]] = defaultdict(list)
         self.ended: set[str] = set()
+        self.gate = asyncio.Event()  # acks wait for it
+        self.gate.set()
 
     async def Heartbeat(
         self, request_iterator: AsyncIterator[pb.HeartbeatRequest], context: Any
@@ -59,6 +62,7 @@ class Recorder(pb_grpc.MembershipServicer):
             async for req in request_iterator:
                 node = req.node_id
                 self.requests[node].append(req)
+                await self.gate.wait()
                 yield pb.HeartbeatAck(
                     seq=req.seq,
                     epoch=7,
@@ -174,6 +178,36 @@ async def test_loadgen_heartbeats_decode_follow_the_interval_and_kill_ends_one_s
         await wait_async(lambda: lg.last("final") is not None, 5, "the final report")
         final = lg.last("final")
         assert final is not None and final["live"] == 2
+
+
+async def test_loadgen_slow_start_one_heartbeat_per_stream_until_its_first_ack(
+    server: tuple[str, Recorder],
+) -> None:
+    addr, rec = server
+    rec.gate.clear()  # the replica is late: no ack yet
+    argv = ("hb", "--arbiters", addr, "--prefix", "w", "--count", "2", "--report", "0.1")
+    async with _child(*argv) as lg:
+        await wait_async(lambda: set(rec.requests) == {"w0", "w1"}, 10, "both first heartbeats")
+
+        def reports() -> int:
+            return sum(1 for x in lg.lines if x.get("ev") == "report")
+
+        seen = reports()
+        # Five reports later (0.5 s: three of the 0.15 s intervals) nothing more was sent,
+        # and the load generator says both streams wait for their first ack.
+        await wait_async(lambda: reports() >= seen + 5, 10, "five more reports")
+        assert {n: [r.seq for r in reqs] for n, reqs in rec.requests.items()} == {
+            "w0": [1],
+            "w1": [1],
+        }
+        last = lg.last("report")
+        assert last is not None
+        assert last["arbiters"][0]["first_ack_waiting"] == 2
+        assert last["arbiters"][0]["required_rate"] == 0
+        rec.gate.set()  # the acks come: heartbeats follow at the interval
+        await wait_async(
+            lambda: all(len(rec.requests[n]) >= 3 for n in ("w0", "w1")), 10, "the cadence"
+        )
 
 
 async def test_loadgen_subscribers_decode_the_snapshot_and_a_death(
