@@ -29,9 +29,14 @@ Rules:
    seconds of the recent past this replica could not hear: the maximum of a
    loop stall in progress, a stall of ``L`` seconds that ended less than
    ``max(listen_after, L)`` ago (the heartbeats it left queued take up to
-   that long to be read), the driver's own wake-up lag, and every lateness
-   source (``fn(now) -> seconds``: an ingest backlog). The core bounds it.
-4. Shedding reads this module's figures: :mod:`arbiter.server.shedding`.
+   that long to be read), the driver's own wake-up lag, and the backlog.
+   The core bounds it.
+4. Backlog (:meth:`LocalHealth.backlog`): lateness that lasts, as opposed to
+   a stall that is over by the time it is measured: the loop's lag at every
+   one of its last wake-ups (``LoopLagMonitor.lasting_lag``: its work queue
+   holds that much, or it waits that long for a CPU each time it has work),
+   and every lateness source (``fn(now) -> seconds``: an ingest backlog).
+   Shedding reads it, with the utilisation: :mod:`arbiter.server.shedding`.
 """
 
 from __future__ import annotations
@@ -201,11 +206,12 @@ class LocalHealth:
         return max(late, self.backlog(now))
 
     def backlog(self, now: float) -> float:
-        """The lateness the sources report (an ingest backlog), seconds; 0 without any.
+        """Lateness that lasts, seconds (rule 4): the loop's lasting lag and what the
+        sources report (an ingest backlog); 0 without either.
 
         Unlike a loop stall, which is over by the time it is measured, a backlog
-        lasts: it is what shedding reads (rule 4)."""
-        late = 0.0
+        lasts: it is what shedding reads."""
+        late = self._monitor.lasting_lag()
         for fn in self._sources:
             try:
                 late = max(late, float(fn(now)))

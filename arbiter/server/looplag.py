@@ -27,6 +27,12 @@ Rules:
 5. :meth:`LoopLagMonitor.recent_lag` tells the driver whether the loop was
    just late (a stall in progress, or one that ended moments ago), so that
    the replica blames itself rather than the nodes.
+   :meth:`LoopLagMonitor.lasting_lag` tells whether it stays late: the
+   smallest lag of the last ``LASTING`` wake-ups. One stall (a GC pause, a
+   long callback) is followed by wake-ups on time and counts nothing; a loop
+   with more work queued than it gets through (or that waits for a CPU
+   every time it has work) is late at every wake-up, and that lateness is a
+   backlog the replica's acks wait behind (shedding reads it).
 6. Every ``summary_every`` seconds the max and p99 lag of that period are
    logged at DEBUG with the longest GC (for measurements: ``--log-level debug``).
 """
@@ -37,6 +43,7 @@ import asyncio
 import collections
 import contextlib
 import gc
+import itertools
 import logging
 import os
 import sys
@@ -53,6 +60,7 @@ __all__ = ["LoopLagMonitor", "LoopLagStatistics"]
 log = logging.getLogger("arbiter.looplag")
 
 _WINDOW = 4096  # lags kept for statistics (at 20 Hz: the last 3.4 minutes)
+LASTING = 5  # wake-ups that must all be late for a lateness that lasts (rule 5)
 _ASYNCIO = f"{os.sep}asyncio{os.sep}"
 _SELECTORS = f"{os.sep}selectors.py"
 
@@ -192,6 +200,13 @@ class LoopLagMonitor:
         ongoing = max(0.0, now - self._beat - self.interval)
         lag, at = self._late
         return max(ongoing, lag if at > since else 0.0)
+
+    def lasting_lag(self) -> float:
+        """The smallest lag of the last :data:`LASTING` wake-ups, seconds (rule 5); 0.0
+        before there are that many, and after :meth:`stop`."""
+        if self._task is None or len(self._lags) < LASTING:
+            return 0.0
+        return min(itertools.islice(reversed(self._lags), LASTING))
 
     @property
     def latest_late(self) -> tuple[float, float]:

@@ -23,6 +23,7 @@ import (
 	"math"
 	"math/rand"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,6 +75,7 @@ type hbStream struct {
 	gen       uint64      // atomic: which opening of the link the current stream is
 	ackedGen  uint64      // atomic: the latest opening that brought an ack (slow start)
 	firstGen  uint64      // atomic: the opening the latest heartbeat went out on
+	pushback  uint64      // atomic: float64 bits of the time before which no stream opens (a shed's hint)
 	mbox      chan []byte // the newest heartbeat not yet written (the SDK's rule 2)
 	retryAt   float64     // shard only: when a down link is opened again (0: not yet set)
 	opening   int32       // atomic: 1 while a NewStream is in flight
@@ -330,6 +332,13 @@ func (g *hbGen) read(n *hbNode, s *hbStream, st grpc.ClientStream, gen uint64) {
 			if atomic.LoadUint64(&s.gen) == gen {
 				if atomic.LoadInt32(&n.stopped) == 0 {
 					s.arb.noteErr(status.Code(err).String())
+					// a replica shedding new nodes says when to come back (gRFC A6), and
+					// the SDK waits that long (membership/heartbeats.py rule 5)
+					if v := st.Trailer().Get("grpc-retry-pushback-ms"); len(v) > 0 {
+						if ms, perr := strconv.ParseUint(v[0], 10, 32); perr == nil {
+							atomic.StoreUint64(&s.pushback, math.Float64bits(mono()+float64(ms)/1000))
+						}
+					}
 					if atomic.AddInt32(&errLogs, 1) <= 5 {
 						fmt.Fprintf(os.Stderr, "loadgen: %s stream to %s ended: %v\n", n.id, s.arb.addr, err)
 					}

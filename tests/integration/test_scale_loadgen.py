@@ -4,7 +4,8 @@ A grpc.aio server in this process, built on the generated membership.v1
 classes, receives what ``loadgen hb`` and ``loadgen sub`` send: every
 hand-encoded HeartbeatRequest must decode with the fields the SDK sets, the
 interval must follow the acks, a stream must carry one heartbeat until its
-first ack (the SDK's slow start), and a ``kill`` must end that node's stream
+first ack (the SDK's slow start), a shed stream must be reopened no sooner than
+the replica's retry hint, and a ``kill`` must end that node's stream
 (no Leave) while the others go on; the subscriber must decode a snapshot and
 a change. Skipped where Go and Debian's grpc-go are not installed (the
 benchmark installs them; the test does not). No speed is asserted.
@@ -17,6 +18,7 @@ import contextlib
 import json
 import shutil
 import sys
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,6 +37,7 @@ sys.path.append(str(BENCH))  # bench/ is not a package: its scripts import each 
 import loadgen  # noqa: E402
 
 SUGGESTED = 0.25
+HINT_MS = 2500  # a retry hint above the load generator's own 0.5 to 1.5 s reopen delay
 
 
 def _binary() -> Path:
@@ -53,6 +56,8 @@ class Recorder(pb_grpc.MembershipServicer):
         self.ended: set[str] = set()
         self.gate = asyncio.Event()  # acks wait for it
         self.gate.set()
+        self.shed: dict[str, int] = {}  # node -> streams to refuse with a retry hint (ms)
+        self.opened: dict[str, list[float]] = defaultdict(list)  # node -> stream open times
 
     async def Heartbeat(
         self, request_iterator: AsyncIterator[pb.HeartbeatRequest], context: Any
@@ -60,6 +65,15 @@ class Recorder(pb_grpc.MembershipServicer):
         node = ""
         try:
             async for req in request_iterator:
+                if req.node_id != node:  # a stream's first heartbeat
+                    self.opened[req.node_id].append(time.monotonic())
+                    if self.shed.get(req.node_id):
+                        self.shed[req.node_id] -= 1
+                        await context.abort(
+                            grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            "shedding: test",
+                            trailing_metadata=(("grpc-retry-pushback-ms", str(HINT_MS)),),
+                        )
                 node = req.node_id
                 self.requests[node].append(req)
                 await self.gate.wait()
@@ -208,6 +222,17 @@ async def test_loadgen_slow_start_one_heartbeat_per_stream_until_its_first_ack(
         await wait_async(
             lambda: all(len(rec.requests[n]) >= 3 for n in ("w0", "w1")), 10, "the cadence"
         )
+
+
+async def test_loadgen_waits_for_the_retry_hint_of_a_replica_that_sheds(
+    server: tuple[str, Recorder],
+) -> None:
+    addr, rec = server
+    rec.shed["h0"] = 1  # its first stream is refused, with a hint
+    async with _child("hb", "--arbiters", addr, "--prefix", "h", "--count", "1"):
+        await wait_async(lambda: len(rec.requests["h0"]) >= 2, 15, "h0 heartbeating again")
+        first, second = rec.opened["h0"][:2]
+        assert second - first >= HINT_MS / 1000 - 0.05
 
 
 async def test_loadgen_subscribers_decode_the_snapshot_and_a_death(

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from arbiter.server.looplag import LoopLagMonitor
+from arbiter.server.looplag import LASTING, LoopLagMonitor
 
 
 async def _until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -113,6 +113,37 @@ async def test_looplag_recent_lag_reports_a_stall_in_progress_and_just_ended() -
     finally:
         await m.stop()
     assert m.recent_lag(time.monotonic(), since=0.0) == 0.0  # stopped
+
+
+async def test_looplag_lasting_lag_is_a_loop_late_at_every_wake_up_not_one_stall() -> None:
+    m = LoopLagMonitor(name="a1", interval=0.05, warn_after=10.0)
+    assert m.lasting_lag() == 0.0  # not started
+    m.start()
+    stop = asyncio.Event()
+
+    async def saturate() -> None:
+        # More work than the loop gets through: every wake-up waits behind it.
+        while not stop.is_set():
+            _stall_blocked(0.3)
+            await asyncio.sleep(0)
+
+    hog: asyncio.Task[None] | None = None
+    try:
+        await _until(lambda: m.statistics().samples >= LASTING)
+        _stall_blocked(0.4)  # one stall...
+        await _until(lambda: m.statistics().max >= 0.3)
+        assert m.lasting_lag() < 0.1  # ...is not a lasting lag
+        hog = asyncio.get_running_loop().create_task(saturate())
+        await _until(lambda: m.lasting_lag() >= 0.2)
+        stop.set()
+        await hog
+        await _until(lambda: m.lasting_lag() < 0.1)  # on time again: gone at once
+    finally:
+        stop.set()
+        if hog is not None:
+            await hog
+        await m.stop()
+    assert m.lasting_lag() == 0.0  # stopped
 
 
 def test_looplag_rejects_bad_settings() -> None:
