@@ -99,8 +99,7 @@ _TUNABLES = (
     (
         "--shed-lateness",
         "shed_lateness",
-        "backlog (s: loop lag at each of its last wake-ups, or ingest) from which new nodes "
-        "are refused",
+        "backlog (s: loop lateness averaged over 2 s, or ingest) from which new nodes are refused",
     ),
     ("--shed-retry-after", "shed_retry_after", "retry hint to refused nodes, seconds (x1-x2)"),
     ("--lease-fraction", "lease_fraction", "lease granted per ack, as a fraction of D"),

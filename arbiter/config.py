@@ -69,8 +69,8 @@ class ArbiterConfig:
     load_target: float = 0.6
     # New nodes' streams are refused with RESOURCE_EXHAUSTED and the trailing
     # metadata grpc-retry-pushback-ms (gRFC A6) while the loop is on a CPU >
-    # shed_utilisation of the time (1.0: never) or its backlog (loop late at each
-    # of its last 5 wake-ups, or ingest backlog) is >= shed_lateness seconds
+    # shed_utilisation of the time (1.0: never) or its backlog (loop lateness
+    # averaged over 2 s, or ingest backlog) is >= shed_lateness seconds
     # (shedding.py): before acks reach the SDK's hedge time (0.3 s). Known nodes
     # always go on. The hint: shed_retry_after s, x1 to x2 at random (no herd).
     shed_utilisation: float = 0.9

@@ -32,9 +32,10 @@ Rules:
    that long to be read), the driver's own wake-up lag, and the backlog.
    The core bounds it.
 4. Backlog (:meth:`LocalHealth.backlog`): lateness that lasts, as opposed to
-   a stall that is over by the time it is measured: the loop's lag at every
-   one of its last wake-ups (``LoopLagMonitor.lasting_lag``: its work queue
-   holds that much, or it waits that long for a CPU each time it has work),
+   a stall that is over by the time it is measured: the loop's lateness
+   averaged over the last 2 s (``LoopLagMonitor.mean_lateness``: how long a
+   heartbeat arriving then waited, on average, for the loop to read it,
+   whether the loop had more work than it got through or waited for a CPU),
    and every lateness source (``fn(now) -> seconds``: an ingest backlog).
    Shedding reads it, with the utilisation: :mod:`arbiter.server.shedding`.
 """
@@ -211,7 +212,7 @@ class LocalHealth:
 
         Unlike a loop stall, which is over by the time it is measured, a backlog
         lasts: it is what shedding reads."""
-        late = self._monitor.lasting_lag()
+        late = self._monitor.mean_lateness(now)
         for fn in self._sources:
             try:
                 late = max(late, float(fn(now)))

@@ -7,11 +7,11 @@ without the wait for one: the replica's own work, not its neighbours')
 is above ``shed_utilisation`` of the time (1.0: never; through an ingest
 worker, the maximum of the replica's and that worker's, as its latest
 batch gave it), or its backlog is at least ``shed_lateness`` seconds
-(load.py rule 4: the loop late at every one of its last wake-ups, or an
-ingest backlog; a single stall is not counted, it is over by the time it
-is measured). The backlog is what makes shedding fire on a replica that
-falls behind while it *waits* for a CPU: a starved loop's time on a CPU
-stays low, but its acks are late. Refused:
+(load.py rule 4: the loop's lateness averaged over the last 2 s, or an
+ingest backlog; a short stall counts little, being short). The backlog is
+what makes shedding fire on a replica that falls behind while it *waits*
+for a CPU: a starved loop's time on a CPU stays low, but its acks are late.
+Refused:
 RESOURCE_EXHAUSTED with a message that starts ``shedding:`` and names the
 load, and the trailing metadata ``grpc-retry-pushback-ms`` (gRFC A6) of
 ``shed_retry_after`` seconds times a random factor in [1, 2), so that

@@ -123,7 +123,7 @@ class _Lag:
     def recent_lag(self, now: float, since: float) -> float:
         return self.ongoing
 
-    def lasting_lag(self) -> float:
+    def mean_lateness(self, now: float) -> float:
         return self.lasting
 
 
@@ -132,7 +132,7 @@ def test_load_backlog_is_the_lasting_loop_lag_or_a_source_not_a_stall() -> None:
     h = LocalHealth(lag, listen_after=0.15)  # type: ignore[arg-type]
     lag.ongoing, lag.latest_late = 0.8, (0.8, 10.0)  # one stall: lateness, no backlog
     assert h.lateness(10.0) == pytest.approx(0.8) and h.backlog(10.0) == 0.0
-    lag.ongoing, lag.lasting = 0.0, 0.25  # late at each of the last wake-ups
+    lag.ongoing, lag.lasting = 0.0, 0.25  # late for much of the last 2 s
     assert h.backlog(20.0) == pytest.approx(0.25)
     assert h.lateness(20.0) >= 0.25  # what lasts is lateness too
     h.add_source(lambda now: 1.5)  # an ingest backlog
