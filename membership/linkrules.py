@@ -50,10 +50,13 @@ Rules:
    wedged at once still gets fresh ones (HTTP/2 keepalive may never close
    them: its ping waits behind blocked writes, grpc/grpc#15871). A stream
    waiting for its first ack that is not a hedge is abandoned after
-   ``stall_timeout`` whatever the others do: a replica working through a
-   join storm is slow to take a new node (often slower than the others, as
-   it may lead or carry more load), and a node that reconnects loses its
-   place in that replica's queue and costs it a new stream.
+   ``first_ack_timeout`` whatever the others do: a replica working through
+   a join storm is slow to take new streams (often slower than the others,
+   as it may lead or carry more load); gRPC holds a stream its server has
+   not taken yet in a queue, and cancels it after 30 s there
+   (``grpc.server_max_unrequested_time_in_server``). A node that gave up
+   sooner would lose its place in that queue and join it again at the back,
+   with every other node that did the same: the queue would never drain.
 """
 
 from __future__ import annotations
@@ -79,12 +82,15 @@ class LinkTimings:
         ack_timeout: a stream silent this long is abandoned while another
             link answers (rule 4).
         stall_timeout: a stream silent this long is abandoned in any case (rule 4).
+        first_ack_timeout: a stream (not a hedge) waiting this long for its
+            first ack is abandoned (rule 4).
     """
 
     interval: float
     hedge_after: float
     ack_timeout: float
     stall_timeout: float
+    first_ack_timeout: float
 
 
 class StreamClock:
@@ -147,9 +153,9 @@ def abandon_after(st: StreamClock, timings: LinkTimings, others: bool) -> float:
         timings: the link's timings now.
         others: another arbiter's link answers (:func:`answering`).
     """
-    if others and (st.acked or st.hedge):
-        return timings.ack_timeout
-    return timings.stall_timeout
+    if not (st.acked or st.hedge):
+        return timings.first_ack_timeout
+    return timings.ack_timeout if others else timings.stall_timeout
 
 
 def hedge_due(streams: list[StreamClock], timings: LinkTimings, others: bool, now: float) -> bool:

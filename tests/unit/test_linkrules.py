@@ -23,7 +23,9 @@ from membership.linkrules import (
 from membership.v1 import membership_pb2 as pb
 from tests.integration.harness import wait_async
 
-T = LinkTimings(interval=0.15, hedge_after=0.3, ack_timeout=0.6, stall_timeout=3.0)
+T = LinkTimings(
+    interval=0.15, hedge_after=0.3, ack_timeout=0.6, stall_timeout=3.0, first_ack_timeout=30.0
+)
 
 
 def _acked_at(t: float, seq: int = 1) -> StreamClock:
@@ -138,8 +140,8 @@ def test_linkrules_no_hedge_of_a_stream_never_acked_nor_beside_a_hedge() -> None
         ("acked", False, T.stall_timeout),  # every link silent: only the stall bound
         ("hedge", True, T.ack_timeout),
         ("hedge", False, T.stall_timeout),
-        ("first", True, T.stall_timeout),  # waiting for its first ack: never sooner
-        ("first", False, T.stall_timeout),
+        ("first", True, T.first_ack_timeout),  # a storm's queue: never sooner
+        ("first", False, T.first_ack_timeout),
     ],
 )
 def test_linkrules_abandon_after(kind: str, others: bool, after: float) -> None:
@@ -199,9 +201,11 @@ class _Channels:
 
     def __init__(self) -> None:
         self.calls: list[_Call] = []
+        self.alone: list[bool] = []  # per stream: every earlier one was closed when it opened
 
     def fresh(self, address: str) -> tuple[object, object]:
         call = _Call()
+        self.alone.append(all(c.cancelled for c in self.calls))
         self.calls.append(call)
 
         class _Stub:
@@ -270,7 +274,9 @@ async def test_linkrules_link_sends_nothing_more_before_the_first_ack_then_keeps
 ):
     # Short timings, so that many heartbeat times pass quickly; the stall bound is
     # far, so the unacked first heartbeat keeps its stream.
-    t = LinkTimings(interval=0.01, hedge_after=0.02, ack_timeout=0.04, stall_timeout=60.0)
+    t = LinkTimings(
+        interval=0.01, hedge_after=0.02, ack_timeout=0.04, stall_timeout=60, first_ack_timeout=60
+    )
     owner, channels = _Owner(t, lambda: True), _Channels()
     task = await _running(owner, channels)
     try:
@@ -297,7 +303,9 @@ async def test_linkrules_link_sends_nothing_more_before_the_first_ack_then_keeps
 
 
 async def test_linkrules_link_hedges_a_silent_stream_only_while_another_arbiter_answers() -> None:
-    t = LinkTimings(interval=0.01, hedge_after=0.05, ack_timeout=30.0, stall_timeout=60.0)
+    t = LinkTimings(
+        interval=0.01, hedge_after=0.05, ack_timeout=30, stall_timeout=60, first_ack_timeout=60
+    )
     others = [False]
     owner, channels = _Owner(t, lambda: others[0]), _Channels()
     task = await _running(owner, channels)
@@ -320,14 +328,25 @@ async def test_linkrules_link_hedges_a_silent_stream_only_while_another_arbiter_
         await _stop(owner, task)
 
 
-async def test_linkrules_link_gives_up_a_stream_at_the_stall_bound_when_nothing_answers() -> None:
-    t = LinkTimings(interval=0.01, hedge_after=0.02, ack_timeout=0.03, stall_timeout=0.2)
+async def test_linkrules_link_gives_up_silent_streams_at_its_bounds_when_nothing_answers() -> None:
+    t = LinkTimings(
+        interval=0.01, hedge_after=0.02, ack_timeout=0.03, stall_timeout=0.2, first_ack_timeout=0.3
+    )
     owner, channels = _Owner(t, lambda: False), _Channels()
     task = await _running(owner, channels)
     try:
-        await wait_async(lambda: len(channels.calls) >= 2, 10, "the stall bound to reopen")
-        # The first stream was given up (its call cancelled), never hedged beside.
+        # A stream never acked is given up at the first-ack bound, having carried one
+        # heartbeat...
+        await wait_async(lambda: len(channels.calls) >= 2, 10, "the first-ack bound to reopen")
         assert channels.calls[0].cancelled
         assert [r.seq for r in channels.calls[0].written] == [1]
+        second = channels.calls[1]
+        await wait_async(lambda: bool(second.written), 5, "the second stream's heartbeat")
+        second.acks.put_nowait(pb.HeartbeatAck(seq=second.written[0].seq))
+        # ...an acked one that goes silent, at the stall bound; never a stream beside
+        # another, as no other arbiter answers.
+        await wait_async(lambda: len(channels.calls) >= 3, 10, "the stall bound to reopen")
+        assert second.cancelled and len(second.written) > 1
+        assert all(channels.alone)
     finally:
         await _stop(owner, task)
