@@ -90,6 +90,9 @@ class LoadMonitor:
         cpu: the same on a CPU only, the wait for one left out (shedding's, rule 4).
         cost: seconds spent sampling so far (the measurement's own price).
         shed: new nodes' streams refused so far (rule 4).
+        shed_since: when the shedding episode under way started (None: none),
+            monotonic seconds (arbiter/server/shedding.py's hint grows with it).
+        last_shed: the latest refusal, monotonic seconds.
     """
 
     def __init__(
@@ -115,6 +118,10 @@ class LoadMonitor:
         self.cost = 0.0
         self.samples = 0
         self.shed = 0  # new streams refused (rule 4)
+        # The shedding episode under way (arbiter/server/shedding.py): when it
+        # started (None: none) and the latest refusal, monotonic seconds.
+        self.shed_since: float | None = None
+        self.last_shed = float("-inf")
 
     def add_source(
         self, fn: Callable[[float], float], cpu: Callable[[float], float] | None = None

@@ -167,7 +167,7 @@ def _driver(utilisation: float, lateness: float, known: bool = False) -> SimpleN
     return SimpleNamespace(
         config=ArbiterConfig.lan(),
         replica_id="a1",
-        load=SimpleNamespace(cpu=utilisation, shed=0),
+        load=SimpleNamespace(cpu=utilisation, shed=0, shed_since=None, last_shed=-math.inf),
         health=SimpleNamespace(backlog=lambda now: lateness),
         observer=SimpleNamespace(opinion=lambda n: Opinion.ALIVE if known else None),
         state=SimpleNamespace(member=lambda n: None),
@@ -184,6 +184,27 @@ def test_load_shedding_refuses_new_nodes_with_a_jittered_retry_hint() -> None:
     assert d.load.shed == 1
     with pytest.raises(Shed, match=r"backlog 0\.500s"):
         check_shedding(_driver(0.1, 0.5), "n1", 0.0)  # type: ignore[arg-type]
+
+
+def test_load_shedding_hint_doubles_while_an_episode_lasts_and_starts_again_after() -> None:
+    d = _driver(utilisation=0.1, lateness=0.5)  # shed_retry_after 1 s (lan)
+
+    def hint(now: float) -> int:
+        with pytest.raises(Shed) as e:
+            check_shedding(d, "n1", now, random.Random(7))  # type: ignore[arg-type]
+        return e.value.pushback_ms
+
+    first = hint(100.0)
+    assert 1000 <= first < 2000
+    # Every second of the episode doubles it (the same jitter each time here)...
+    ratios = [round(hint(t) / first, 2) for t in (100.5, 101.2, 102.1, 103.0)]
+    assert ratios == [1, 2, 4, 8]
+    assert hint(130.0 - 1.5) <= 30_000  # ...up to the longest hint a client takes
+    d.health.backlog = lambda now: 0.0
+    check_shedding(d, "n1", 131.0)  # type: ignore[arg-type]  # unloaded: the episode ends
+    d.health.backlog = lambda now: 0.5
+    assert hint(131.5) == first
+    assert hint(140.0) == first  # nothing shed for 2 s: a new episode
 
 
 def test_load_shedding_never_refuses_a_known_node_nor_below_the_thresholds() -> None:
