@@ -136,7 +136,7 @@ class NodeAgent:
             hedge_after=0.0,
             ack_timeout=0.0,
             stall_timeout=0.0,
-            first_ack_timeout=0.0,
+            slow_start_timeout=0.0,
         )
         self._warned_size = False
         # The cluster instance the acks came from ("" until one said).
@@ -231,7 +231,7 @@ class NodeAgent:
             hedge_after=c.hedge_after * scale,
             ack_timeout=c.ack_timeout * scale,
             stall_timeout=c.stall_timeout * scale,
-            first_ack_timeout=max(c.first_ack_timeout, c.stall_timeout * scale),
+            slow_start_timeout=max(c.slow_start_timeout, c.stall_timeout * scale),
         )
         return self._timings
 

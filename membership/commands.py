@@ -200,7 +200,7 @@ _NODE_SETTINGS = (
     "ack_timeout",
     "hedge_after",
     "stall_timeout",
-    "first_ack_timeout",
+    "slow_start_timeout",
     "backoff_initial",
     "backoff_max",
     "keepalive_time",

@@ -72,13 +72,13 @@ class ClientConfig:
     # long enough for a replica's backlog in a storm, short beside keepalive
     # (which a wedged connection's blocked writes can hold up, grpc#15871).
     stall_timeout: float = 3.0
-    # A new stream (not a hedge) waiting this long for its first ack is given
-    # up (membership/linkrules.py rule 4). An arbiter working through a join
-    # storm takes new streams late; gRPC queues a stream its server has not
-    # taken yet, and cancels it after 30 s there. A node that gave up sooner
-    # would rejoin that queue at the back, behind every node that did the
-    # same. Nothing is at stake meanwhile: no lease of that arbiter is held.
-    first_ack_timeout: float = 30.0
+    # A stream in slow start (no lease granted on it yet: the node joins, or
+    # the stream is new) silent this long is given up (membership/linkrules.py
+    # rule 4). An arbiter working through a join storm answers new nodes late;
+    # gRPC queues a stream its server has not taken yet, and cancels it after
+    # 30 s there. A node that gave up sooner would rejoin that queue at the
+    # back, behind every node that did the same. No lease of it is at stake.
+    slow_start_timeout: float = 30.0
     # Each lease the node holds ends this long before the arbiter's promise
     # (session rule 2), so the node reports itself fenced at least this long
     # before a quorum of arbiters can suspect it, even when its own process
@@ -174,7 +174,7 @@ class ClientConfig:
             "keepalive_timeout",
             "hedge_after",
             "stall_timeout",
-            "first_ack_timeout",
+            "slow_start_timeout",
             "call_timeout",
             "leave_timeout",
             "stream_idle_timeout",
@@ -200,7 +200,7 @@ class ClientConfig:
                 f"hedge_after ({self.hedge_after}s) must be between heartbeat_interval "
                 f"({self.heartbeat_interval}s) and ack_timeout ({self.ack_timeout}s)"
             )
-        for name in ("stall_timeout", "first_ack_timeout"):
+        for name in ("stall_timeout", "slow_start_timeout"):
             if getattr(self, name) <= self.ack_timeout:
                 raise InvalidArgument(
                     f"{name} ({getattr(self, name)}s) must exceed ack_timeout ({self.ack_timeout}s)"

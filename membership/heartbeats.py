@@ -17,8 +17,8 @@ Rules:
    stream whose writes are stuck (flow control on a dead link) drops stale
    heartbeats instead of queueing them, and blocks nothing else.
 3. Which stream takes a heartbeat, and when a stream is hedged or abandoned,
-   is decided by :mod:`membership.linkrules` (sans-I/O): a stream waiting for
-   its first ack carries only its first heartbeat (slow start); a silent
+   is decided by :mod:`membership.linkrules` (sans-I/O): a stream carries one
+   heartbeat at a time until an ack grants a lease (slow start); a silent
    stream gets a second one on a fresh connection (hedging, after
    ``hedge_after``) and is given up (after ``ack_timeout``), but only while
    another arbiter's link answers; when every link is silent alike, a stream
@@ -185,7 +185,7 @@ class _Stream:
             ack = await self.call.read()
             if ack is grpc.aio.EOF:
                 return
-            self.clock.ack(ack.seq, time.monotonic())
+            self.clock.ack(ack.seq, time.monotonic(), ack.lease_seconds)
             self._on_ack(self, ack)
 
     async def close(self) -> None:

@@ -19,14 +19,20 @@ and 4).
 
 Rules:
 
-1. Slow start. A stream that has not been acked yet carries one heartbeat,
-   the first: no other is handed to it before that ack (as TCP's slow start
-   puts no more in flight than the path has shown it carries, RFC 5681).
-   Nothing is lost by waiting: before that ack the node holds no lease of
-   that arbiter to keep (session rule 2: a lease counts from the send of the
-   heartbeat acked), and it is not ALIVE before its first observations
-   commit. A hedge stream (rule 3) carries the heartbeat that opened it and
-   then waits the same way.
+1. Slow start. Until an ack on it grants a lease, a stream carries one
+   heartbeat at a time: the next is handed to it once the last one was
+   acked, at the interval or later (as TCP's slow start puts no more in
+   flight than the path has shown it carries, RFC 5681). Nothing is lost by
+   waiting: the node holds no lease of that arbiter to keep (session rule
+   2), and a replica grants none before the node's join committed (its
+   observation alive and committed), so this lasts while the node is
+   JOINING there, and one round trip on a new stream of a node already a
+   member. What it saves: in a join storm every joining node used to send
+   at the base interval (0.15 s) to replicas whose acks were seconds late,
+   and its first ack, suggesting the interval for the nodes counted so far,
+   could set it to that short interval for another late round trip. A
+   hedge stream (rule 3) carries the heartbeat that opened it and then
+   waits the same way.
 2. Silence. A stream's silence at ``now`` is the time since the later of the
    send of its oldest unacked heartbeat and the latest ack it brought; 0
    while nothing is unacked. A replica whose acks come late but keep coming
@@ -37,8 +43,8 @@ Rules:
    heartbeat's wait did before (the two are equal while acks come within an
    interval).
 3. Hedging (kubernetes/kubernetes#48638: a wedged connection is reused by
-   every retry until keepalive closes it). A link whose only stream has been
-   acked and is silent for more than ``hedge_after`` opens a second stream
+   every retry until keepalive closes it). A link whose only stream holds a
+   lease (rule 1) and is silent for more than ``hedge_after`` opens a second stream
    on a fresh connection, but only while another arbiter's link *answers*
    (:func:`answering`: it has an acked stream silent for at most
    ``hedge_after``). When every link is silent alike, the cause is what they
@@ -49,14 +55,17 @@ Rules:
    ``stall_timeout``: the bound within which a node whose every connection
    wedged at once still gets fresh ones (HTTP/2 keepalive may never close
    them: its ping waits behind blocked writes, grpc/grpc#15871). A stream
-   waiting for its first ack that is not a hedge is abandoned after
-   ``first_ack_timeout`` whatever the others do: a replica working through
-   a join storm is slow to take new streams (often slower than the others,
-   as it may lead or carry more load); gRPC holds a stream its server has
-   not taken yet in a queue, and cancels it after 30 s there
+   in slow start that is not a hedge is abandoned after
+   ``slow_start_timeout`` whatever the others do: no lease of that arbiter
+   is at stake, and a replica working through a join storm answers its
+   joining nodes late (often later than the others, as it may lead or carry
+   more load); gRPC holds a stream its server has not taken yet in a queue,
+   and cancels it after 30 s there
    (``grpc.server_max_unrequested_time_in_server``). A node that gave up
    sooner would lose its place in that queue and join it again at the back,
    with every other node that did the same: the queue would never drain.
+   (In slow start one heartbeat is in flight, so a stream's silence is its
+   round trip: a slow replica's looks as silent as a wedged one.)
 """
 
 from __future__ import annotations
@@ -82,15 +91,15 @@ class LinkTimings:
         ack_timeout: a stream silent this long is abandoned while another
             link answers (rule 4).
         stall_timeout: a stream silent this long is abandoned in any case (rule 4).
-        first_ack_timeout: a stream (not a hedge) waiting this long for its
-            first ack is abandoned (rule 4).
+        slow_start_timeout: a stream in slow start (not a hedge) silent this
+            long is abandoned (rule 4).
     """
 
     interval: float
     hedge_after: float
     ack_timeout: float
     stall_timeout: float
-    first_ack_timeout: float
+    slow_start_timeout: float
 
 
 class StreamClock:
@@ -99,21 +108,23 @@ class StreamClock:
     Attributes:
         hedge: the stream was opened beside a silent one (rule 3).
         acked: the stream brought at least one ack.
+        leased: one of its acks granted a lease (rule 1: slow start is over).
         heard: monotonic seconds of its latest ack (-inf before the first).
         unacked: (seq, monotonic send time) of heartbeats not yet acked, oldest first.
     """
 
-    __slots__ = ("acked", "heard", "hedge", "unacked")
+    __slots__ = ("acked", "heard", "hedge", "leased", "unacked")
 
     def __init__(self, *, hedge: bool = False) -> None:
         self.hedge = hedge
         self.acked = False
+        self.leased = False
         self.heard = -math.inf
         self.unacked: collections.deque[tuple[int, float]] = collections.deque()
 
     def takes_heartbeat(self) -> bool:
         """True when a heartbeat may be handed to the stream now (rule 1)."""
-        return self.acked or not self.unacked
+        return self.leased or not self.unacked
 
     def sent(self, seq: int, now: float) -> None:
         """Records heartbeat ``seq`` handed to the stream at ``now``."""
@@ -121,9 +132,11 @@ class StreamClock:
         while len(self.unacked) > _UNACKED_MEMORY:
             self.unacked.popleft()
 
-    def ack(self, seq: int, now: float) -> None:
-        """Records an ack of ``seq`` (and of every earlier heartbeat) received at ``now``."""
+    def ack(self, seq: int, now: float, lease: float = 0.0) -> None:
+        """Records an ack of ``seq`` (and of every earlier heartbeat) received at ``now``,
+        granting ``lease`` seconds (0: none)."""
         self.acked = True
+        self.leased = self.leased or lease > 0
         self.heard = now
         while self.unacked and self.unacked[0][0] <= seq:
             self.unacked.popleft()
@@ -153,8 +166,8 @@ def abandon_after(st: StreamClock, timings: LinkTimings, others: bool) -> float:
         timings: the link's timings now.
         others: another arbiter's link answers (:func:`answering`).
     """
-    if not (st.acked or st.hedge):
-        return timings.first_ack_timeout
+    if not (st.leased or st.hedge):
+        return timings.slow_start_timeout
     return timings.ack_timeout if others else timings.stall_timeout
 
 
@@ -163,7 +176,7 @@ def hedge_due(streams: list[StreamClock], timings: LinkTimings, others: bool, no
     if not others or len(streams) != 1:
         return False
     (st,) = streams
-    return st.acked and st.silence(now) > timings.hedge_after
+    return st.leased and st.silence(now) > timings.hedge_after
 
 
 def next_check(streams: list[StreamClock], timings: LinkTimings, others: bool, now: float) -> float:
@@ -177,7 +190,7 @@ def next_check(streams: list[StreamClock], timings: LinkTimings, others: bool, n
         if math.isinf(since):
             continue
         limits = [abandon_after(st, timings, others)]
-        if others and len(streams) == 1 and st.acked:
+        if others and len(streams) == 1 and st.leased:
             limits.append(timings.hedge_after)
         for limit in limits:
             if since + limit > now:

@@ -6,8 +6,9 @@ package main
 // arbiter suggested, 0.15 s until one did; interval_seconds declares it, 0
 // before any suggestion). With --interval-rule own each stream follows its own
 // arbiter's suggestion instead (a lightly loaded replica at a longer interval).
-// As the SDK's slow start (membership/linkrules.py rule 1), a stream carries
-// its first heartbeat and nothing more until that heartbeat is acked. The SDK's
+// As the SDK's slow start (membership/linkrules.py rule 1), a stream keeps one
+// heartbeat in flight until an ack on it grants a lease (the node's join
+// committed there): the next goes out once the last is acked. The SDK's
 // hedging and abandoning of silent streams are not simulated: the load
 // generator reopens a stream only when the replica ends it.
 //
@@ -73,8 +74,8 @@ type hbStream struct {
 	suggested uint64      // float64 bits of the last next_interval_seconds (0: none)
 	down      int32       // 1 once the stream failed
 	gen       uint64      // atomic: which opening of the link the current stream is
-	ackedGen  uint64      // atomic: the latest opening that brought an ack (slow start)
-	firstGen  uint64      // atomic: the opening the latest heartbeat went out on
+	leasedGen uint64      // atomic: the latest opening on which an ack granted a lease
+	inflight  int32       // atomic: 1 while a heartbeat sent is not acked (slow start)
 	pushback  uint64      // atomic: float64 bits of the time before which no stream opens (a shed's hint)
 	mbox      chan []byte // the newest heartbeat not yet written (the SDK's rule 2)
 	retryAt   float64     // shard only: when a down link is opened again (0: not yet set)
@@ -299,6 +300,7 @@ func (g *hbGen) open(n *hbNode, s *hbStream, now float64) {
 		}
 		s.st, s.cancel = st, cancel
 		s.mbox = make(chan []byte, 1)
+		atomic.StoreInt32(&s.inflight, 0)
 		go g.read(n, s, st, gen)
 		go g.write(s, st, s.mbox, ctx, gen)
 		atomic.StoreInt32(&s.down, 0)
@@ -354,7 +356,7 @@ func (g *hbGen) read(n *hbNode, s *hbStream, st grpc.ClientStream, gen uint64) {
 			continue
 		}
 		atomic.AddUint64(&s.arb.acks, 1)
-		atomic.StoreUint64(&s.ackedGen, gen)
+		atomic.StoreInt32(&s.inflight, 0)
 		if t := math.Float64frombits(atomic.LoadUint64(&s.sendT[a.seq%32])); t > 0 {
 			s.arb.lat.add(now - t)
 		}
@@ -365,6 +367,9 @@ func (g *hbGen) read(n *hbNode, s *hbStream, st grpc.ClientStream, gen uint64) {
 			}
 		}
 		atomic.StoreUint32(&s.state, uint32(a.state))
+		if a.lease > 0 {
+			atomic.StoreUint64(&s.leasedGen, gen) // slow start is over on this stream
+		}
 		if a.nextInterval > 0 {
 			atomic.StoreUint64(&s.suggested, math.Float64bits(a.nextInterval))
 		}
@@ -383,11 +388,12 @@ func (g *hbGen) read(n *hbNode, s *hbStream, st grpc.ClientStream, gen uint64) {
 	}
 }
 
-// waiting is true while the link's stream carries its first heartbeat, not yet
-// acked: it takes no other (the SDK's slow start, membership/linkrules.py rule 1).
+// waiting is true while the link's stream is in slow start (no ack on it granted a
+// lease yet) with a heartbeat in flight: it takes no other until that one is acked
+// (the SDK's rule, membership/linkrules.py rule 1).
 func (s *hbStream) waiting() bool {
 	gen := atomic.LoadUint64(&s.gen)
-	return atomic.LoadUint64(&s.firstGen) == gen && atomic.LoadUint64(&s.ackedGen) != gen
+	return atomic.LoadUint64(&s.leasedGen) != gen && atomic.LoadInt32(&s.inflight) == 1
 }
 
 // status is a NodeStatus with a few realistic fields: load, gpu_utilization, phase, step.

@@ -37,7 +37,7 @@ func (g *hbGen) snapshot(final bool) map[string]interface{} {
 			}
 			s := n.links[i]
 			states[stateName(uint64(atomic.LoadUint32(&s.state)))]++
-			if s.waiting() { // slow start: nothing more is required before the first ack
+			if s.waiting() { // slow start: nothing more is required before the ack
 				waiting++
 				continue
 			}
@@ -59,7 +59,7 @@ func (g *hbGen) snapshot(final bool) map[string]interface{} {
 		row := map[string]interface{}{
 			"addr": a.addr, "sent": sent, "acks": acks, "epoch": ep, "states": states,
 			"errors": errs, "required_rate": math.Round(required*10) / 10,
-			"stale": atomic.LoadUint64(&a.stale), "first_ack_waiting": waiting,
+			"stale": atomic.LoadUint64(&a.stale), "slow_start_waiting": waiting,
 		}
 		if final {
 			row["ack_ms"] = a.latTotal.ms()

@@ -110,8 +110,8 @@ func (sh *hbShard) serve(n *hbNode, now float64) {
 		iv, declared := g.intervalOf(n, s)
 		atomic.StoreUint64(&n.interval, math.Float64bits(iv))
 		if now >= s.next && s.waiting() {
-			// slow start: the first heartbeat is not acked yet; look again one
-			// interval on (the cadence goes on, nothing is sent)
+			// slow start: the heartbeat in flight is not acked yet; look again
+			// one interval on (the cadence goes on, nothing is sent)
 			for s.next <= now {
 				s.next += iv
 			}
@@ -121,7 +121,7 @@ func (sh *hbShard) serve(n *hbNode, now float64) {
 				stepped = true
 			}
 			g.late.add(now - s.next)
-			atomic.StoreUint64(&s.firstGen, atomic.LoadUint64(&s.gen))
+			atomic.StoreInt32(&s.inflight, 1)
 			s.seq++
 			// a fresh buffer each time: gRPC keeps the slice until its writer sent it
 			req := make([]byte, 0, len(n.prefix)+64)

@@ -3,11 +3,11 @@
 A grpc.aio server in this process, built on the generated membership.v1
 classes, receives what ``loadgen hb`` and ``loadgen sub`` send: every
 hand-encoded HeartbeatRequest must decode with the fields the SDK sets, the
-interval must follow the acks, a stream must carry one heartbeat until its
-first ack (the SDK's slow start), a shed stream must be reopened no sooner than
-the replica's retry hint, and a ``kill`` must end that node's stream
-(no Leave) while the others go on; the subscriber must decode a snapshot and
-a change. Skipped where Go and Debian's grpc-go are not installed (the
+interval must follow the acks, a stream must keep one heartbeat in flight
+until an ack grants a lease (the SDK's slow start), a shed stream must be
+reopened no sooner than the replica's retry hint, and a ``kill`` must end
+that node's stream (no Leave) while the others go on; the subscriber must
+decode a snapshot and a change. Skipped where Go and Debian's grpc-go are not installed (the
 benchmark installs them; the test does not). No speed is asserted.
 """
 
@@ -56,6 +56,7 @@ class Recorder(pb_grpc.MembershipServicer):
         self.ended: set[str] = set()
         self.gate = asyncio.Event()  # acks wait for it
         self.gate.set()
+        self.lease = 1.0  # granted in every ack
         self.shed: dict[str, int] = {}  # node -> streams to refuse with a retry hint (ms)
         self.opened: dict[str, list[float]] = defaultdict(list)  # node -> stream open times
 
@@ -79,6 +80,7 @@ class Recorder(pb_grpc.MembershipServicer):
                 await self.gate.wait()
                 yield pb.HeartbeatAck(
                     seq=req.seq,
+                    lease_seconds=self.lease,
                     epoch=7,
                     next_interval_seconds=SUGGESTED,
                     state=pb.MEMBER_STATE_ALIVE,
@@ -194,11 +196,12 @@ async def test_loadgen_heartbeats_decode_follow_the_interval_and_kill_ends_one_s
         assert final is not None and final["live"] == 2
 
 
-async def test_loadgen_slow_start_one_heartbeat_per_stream_until_its_first_ack(
+async def test_loadgen_slow_start_one_heartbeat_in_flight_until_an_ack_grants_a_lease(
     server: tuple[str, Recorder],
 ) -> None:
     addr, rec = server
     rec.gate.clear()  # the replica is late: no ack yet
+    rec.lease = 0.0  # and the nodes join: no lease
     argv = ("hb", "--arbiters", addr, "--prefix", "w", "--count", "2", "--report", "0.1")
     async with _child(*argv) as lg:
         await wait_async(lambda: set(rec.requests) == {"w0", "w1"}, 10, "both first heartbeats")
@@ -216,12 +219,25 @@ async def test_loadgen_slow_start_one_heartbeat_per_stream_until_its_first_ack(
         }
         last = lg.last("report")
         assert last is not None
-        assert last["arbiters"][0]["first_ack_waiting"] == 2
+        assert last["arbiters"][0]["slow_start_waiting"] == 2
         assert last["arbiters"][0]["required_rate"] == 0
-        rec.gate.set()  # the acks come: heartbeats follow at the interval
+        rec.gate.set()  # the acks come, one heartbeat at a time while nothing is leased
         await wait_async(
             lambda: all(len(rec.requests[n]) >= 3 for n in ("w0", "w1")), 10, "the cadence"
         )
+        rec.lease = 1.0  # the join committed: a lease, and slow start is over
+        leased = {n: len(rec.requests[n]) + 1 for n in ("w0", "w1")}
+        await wait_async(
+            lambda: all(len(rec.requests[n]) > leased[n] for n in leased), 10, "a leased ack"
+        )
+        rec.gate.clear()  # late again: a leased stream sends on at its interval
+        sent = lg.last("report")["arbiters"][0]["sent"]  # type: ignore[index]
+        await wait_async(
+            lambda: lg.last("report")["arbiters"][0]["sent"] >= sent + 6,  # type: ignore[index]
+            10,
+            "heartbeats with none acked",
+        )
+        rec.gate.set()
 
 
 async def test_loadgen_waits_for_the_retry_hint_of_a_replica_that_sheds(

@@ -24,32 +24,36 @@ from membership.v1 import membership_pb2 as pb
 from tests.integration.harness import wait_async
 
 T = LinkTimings(
-    interval=0.15, hedge_after=0.3, ack_timeout=0.6, stall_timeout=3.0, first_ack_timeout=30.0
+    interval=0.15, hedge_after=0.3, ack_timeout=0.6, stall_timeout=3.0, slow_start_timeout=30.0
 )
 
 
 def _acked_at(t: float, seq: int = 1) -> StreamClock:
-    """A stream that sent ``seq`` at ``t`` and had it acked at once."""
+    """A stream that sent ``seq`` at ``t`` and had it acked at once, with a lease."""
     st = StreamClock()
     st.sent(seq, t)
-    st.ack(seq, t)
+    st.ack(seq, t, lease=0.75)
     return st
 
 
 # --- rule 1: slow start -----------------------------------------------------------
 
 
-def test_linkrules_a_stream_takes_one_heartbeat_until_its_first_ack() -> None:
+def test_linkrules_a_stream_keeps_one_heartbeat_in_flight_until_an_ack_grants_a_lease() -> None:
     st = StreamClock()
     assert st.takes_heartbeat()
     st.sent(1, 0.0)
     assert not st.takes_heartbeat()  # the first waits for its ack
-    st.ack(1, 2.5)  # late: the replica works through a storm
-    assert st.takes_heartbeat() and st.acked
+    st.ack(1, 2.5)  # late (the replica works through a storm), and no lease: JOINING
+    assert st.takes_heartbeat() and st.acked and not st.leased
     st.sent(2, 2.6)
-    st.sent(3, 2.75)  # acked once, it takes every heartbeat
+    assert not st.takes_heartbeat()  # still one at a time
+    st.ack(2, 3.1, lease=0.75)  # the join committed: a lease
+    assert st.leased
+    st.sent(3, 3.2)
+    st.sent(4, 3.35)  # leased, it takes every heartbeat
     assert st.takes_heartbeat()
-    assert [seq for seq, _ in st.unacked] == [2, 3]
+    assert [seq for seq, _ in st.unacked] == [3, 4]
 
 
 def test_linkrules_a_hedge_takes_the_heartbeat_that_opens_it_then_waits() -> None:
@@ -124,9 +128,12 @@ def test_linkrules_hedge_only_while_another_arbiter_answers(
     assert hedge_due([st], T, others, 10.0 + silent_for) is hedge
 
 
-def test_linkrules_no_hedge_of_a_stream_never_acked_nor_beside_a_hedge() -> None:
+def test_linkrules_no_hedge_of_a_stream_in_slow_start_nor_beside_a_hedge() -> None:
     first = StreamClock()
     first.sent(1, 0.0)
+    assert not hedge_due([first], T, True, 1.0)
+    first.ack(1, 0.1)  # acked without a lease: the node joins; its replica may be slow
+    first.sent(2, 0.2)
     assert not hedge_due([first], T, True, 1.0)
     old, hedge = _silent(0.0), StreamClock(hedge=True)
     hedge.sent(3, 0.35)
@@ -140,14 +147,18 @@ def test_linkrules_no_hedge_of_a_stream_never_acked_nor_beside_a_hedge() -> None
         ("acked", False, T.stall_timeout),  # every link silent: only the stall bound
         ("hedge", True, T.ack_timeout),
         ("hedge", False, T.stall_timeout),
-        ("first", True, T.first_ack_timeout),  # a storm's queue: never sooner
-        ("first", False, T.first_ack_timeout),
+        ("first", True, T.slow_start_timeout),  # a storm's queue: never sooner
+        ("first", False, T.slow_start_timeout),
+        ("joining", True, T.slow_start_timeout),  # acked, no lease yet
     ],
 )
 def test_linkrules_abandon_after(kind: str, others: bool, after: float) -> None:
     st = StreamClock(hedge=kind == "hedge")
     if kind == "acked":
         st = _acked_at(0.0)
+    if kind == "joining":
+        st.sent(1, 0.0)
+        st.ack(1, 0.1)
     assert abandon_after(st, T, others) == after
 
 
@@ -269,13 +280,13 @@ async def _stop(owner: _Owner, task: asyncio.Task[None]) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
-async def test_linkrules_link_sends_nothing_more_before_the_first_ack_then_keeps_its_cadence() -> (
+async def test_linkrules_link_keeps_one_heartbeat_in_flight_until_a_lease_then_its_cadence() -> (
     None
 ):
-    # Short timings, so that many heartbeat times pass quickly; the stall bound is
-    # far, so the unacked first heartbeat keeps its stream.
+    # A short interval, so that many heartbeat times pass quickly; the other bounds
+    # far, so that no stream is hedged or given up here.
     t = LinkTimings(
-        interval=0.01, hedge_after=0.02, ack_timeout=0.04, stall_timeout=60, first_ack_timeout=60
+        interval=0.01, hedge_after=20, ack_timeout=30, stall_timeout=60, slow_start_timeout=60
     )
     owner, channels = _Owner(t, lambda: True), _Channels()
     task = await _running(owner, channels)
@@ -295,16 +306,21 @@ async def test_linkrules_link_sends_nothing_more_before_the_first_ack_then_keeps
         # ...yet the stream carries its first heartbeat only, and no other stream opened.
         assert [r.seq for r in call.written] == [1]
         assert len(channels.calls) == 1 and owner.seq == 1
-        call.acks.put_nowait(pb.HeartbeatAck(seq=1))
-        await wait_async(lambda: len(call.written) >= 3, 5, "heartbeats after the first ack")
-        assert owner.acks == [1] and not call.cancelled
+        call.acks.put_nowait(pb.HeartbeatAck(seq=1))  # no lease: the node joins
+        await wait_async(lambda: len(call.written) == 2, 5, "the second heartbeat")
+        seen = reads[0]
+        await wait_async(lambda: reads[0] >= seen + 20, 5, "many intervals more")
+        assert [r.seq for r in call.written] == [1, 2]  # one at a time
+        call.acks.put_nowait(pb.HeartbeatAck(seq=2, lease_seconds=0.75))  # joined
+        await wait_async(lambda: len(call.written) >= 5, 5, "heartbeats at the interval")
+        assert owner.acks == [1, 2] and not call.cancelled
     finally:
         await _stop(owner, task)
 
 
 async def test_linkrules_link_hedges_a_silent_stream_only_while_another_arbiter_answers() -> None:
     t = LinkTimings(
-        interval=0.01, hedge_after=0.05, ack_timeout=30, stall_timeout=60, first_ack_timeout=60
+        interval=0.01, hedge_after=0.05, ack_timeout=30, stall_timeout=60, slow_start_timeout=60
     )
     others = [False]
     owner, channels = _Owner(t, lambda: others[0]), _Channels()
@@ -312,7 +328,7 @@ async def test_linkrules_link_hedges_a_silent_stream_only_while_another_arbiter_
     try:
         await wait_async(lambda: channels.calls and channels.calls[0].written, 5, "1st")
         first = channels.calls[0]
-        first.acks.put_nowait(pb.HeartbeatAck(seq=1))
+        first.acks.put_nowait(pb.HeartbeatAck(seq=1, lease_seconds=0.75))
         # Acked once, then silent (no more acks) while no other arbiter answers:
         # heartbeats go on over the one stream, and no second one opens.
         await wait_async(lambda: len(first.written) >= 30, 5, "30 heartbeats unacked")
@@ -330,7 +346,7 @@ async def test_linkrules_link_hedges_a_silent_stream_only_while_another_arbiter_
 
 async def test_linkrules_link_gives_up_silent_streams_at_its_bounds_when_nothing_answers() -> None:
     t = LinkTimings(
-        interval=0.01, hedge_after=0.02, ack_timeout=0.03, stall_timeout=0.2, first_ack_timeout=0.3
+        interval=0.01, hedge_after=0.02, ack_timeout=0.03, stall_timeout=0.2, slow_start_timeout=0.3
     )
     owner, channels = _Owner(t, lambda: False), _Channels()
     task = await _running(owner, channels)
@@ -342,7 +358,7 @@ async def test_linkrules_link_gives_up_silent_streams_at_its_bounds_when_nothing
         assert [r.seq for r in channels.calls[0].written] == [1]
         second = channels.calls[1]
         await wait_async(lambda: bool(second.written), 5, "the second stream's heartbeat")
-        second.acks.put_nowait(pb.HeartbeatAck(seq=second.written[0].seq))
+        second.acks.put_nowait(pb.HeartbeatAck(seq=second.written[0].seq, lease_seconds=0.75))
         # ...an acked one that goes silent, at the stall bound; never a stream beside
         # another, as no other arbiter answers.
         await wait_async(lambda: len(channels.calls) >= 3, 10, "the stall bound to reopen")
