@@ -34,6 +34,10 @@ async def leave(agent: NodeAgent, timeout: float, epoch_now: int) -> int:
         timeout: seconds to try for.
         epoch_now: the view epoch the client holds (returned when nothing
             had to be committed).
+
+    Raises:
+        RejectedError: the session ended otherwise before.
+        UnavailableError: no majority committed it within ``timeout``.
     """
     session = agent.session
     if session.end_reason is EndReason.LEFT:

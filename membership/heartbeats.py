@@ -12,10 +12,10 @@ Rules:
    (:meth:`membership.transport.Channels.fresh`); closing the stream closes
    its connection.
 2. Every heartbeat is handed to every open stream that takes one (rule 3);
-   each stream writes from a
-   task of its own and writes only the newest heartbeat handed to it, so a
-   stream whose writes are stuck (flow control on a dead link) drops stale
-   heartbeats instead of queueing them, and blocks nothing else.
+   each stream writes from a task of its own and writes only the newest
+   heartbeat handed to it, so a stream whose writes are stuck (flow control
+   on a dead link) drops stale heartbeats instead of queueing them, and
+   blocks nothing else.
 3. Which stream takes a heartbeat, and when a stream is hedged or abandoned,
    is decided by :mod:`membership.linkrules` (sans-I/O): a stream carries one
    heartbeat at a time until an ack grants a lease (slow start); a silent
