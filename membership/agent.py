@@ -34,7 +34,7 @@ from membership.errors import (
 from membership.eventlog import log_session_event
 from membership.heartbeats import HeartbeatLink
 from membership.identity import ClusterCheck
-from membership.linkrules import LinkTimings
+from membership.linkrules import LinkTimings, odd_one_out
 from membership.session import (
     Fenced,
     NodeSession,
@@ -240,11 +240,14 @@ class NodeAgent:
         return self.session.incarnation
 
     def others_answer(self, address: str, now: float) -> bool:
-        """True when the link of an arbiter other than ``address`` has an acked stream
-        silent for at most the hedge time (membership/linkrules.py rules 3, 4): then a
-        silent stream to ``address`` is that connection's fault, not load's."""
-        within = self.timings().hedge_after
-        return any(link.answering(now, within) for a, link in self.links.items() if a != address)
+        """True when another arbiter's link answers within half the silence of the link to
+        ``address`` (membership/linkrules.py rules 3, 4: ``odd_one_out``): then a silent
+        stream to ``address`` is that connection's fault, not load's."""
+        return odd_one_out(
+            self.links[address].clocks(),
+            (link.clocks() for a, link in self.links.items() if a != address),
+            now,
+        )
 
     def next_request(self, address: str, now: float) -> tuple[int, pb.HeartbeatRequest]:
         """The next heartbeat for ``address``, recorded by the session as sent at ``now``."""

@@ -61,7 +61,6 @@ from membership.linkrules import (
     LinkTimings,
     StreamClock,
     abandon_after,
-    answering,
     hedge_due,
     next_check,
 )
@@ -89,8 +88,8 @@ class LinkOwner(Protocol):
         ...
 
     def others_answer(self, address: str, now: float) -> bool:
-        """True when the link of an arbiter other than ``address`` answers at ``now``
-        (:func:`membership.linkrules.answering`)."""
+        """True when the link to ``address`` is the odd one out at ``now``: another
+        arbiter's answers (:func:`membership.linkrules.odd_one_out`)."""
         ...
 
     def on_ack(self, address: str, ack: pb.HeartbeatAck, now: float) -> None:
@@ -267,7 +266,7 @@ class HeartbeatLink:
             # Wake for the next heartbeat, the next hedge or abandon deadline,
             # an ack that changes the streams, or a stream that ended.
             others = self._owner.others_answer(self.address, now)
-            deadline = min(next_beat, next_check(self._clocks(), t, others, now))
+            deadline = min(next_beat, next_check(self.clocks(), t, others, now))
             self._changed.clear()
             ended: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._changed.wait())]
             ended += [st.reader for st in self._streams] + [st.writer for st in self._streams]
@@ -277,13 +276,9 @@ class HeartbeatLink:
             ended[0].cancel()
             await self._check(time.monotonic(), t)
 
-    def _clocks(self) -> list[StreamClock]:
+    def clocks(self) -> list[StreamClock]:
+        """What the link rules know of each open stream (:mod:`membership.linkrules`)."""
         return [st.clock for st in self._streams]
-
-    def answering(self, now: float, within: float) -> bool:
-        """True when a stream of this link has been acked and is silent for at most
-        ``within`` seconds (:func:`membership.linkrules.answering`)."""
-        return answering(self._clocks(), now, within)
 
     def _beat(self, now: float) -> None:
         incarnation = self._owner.incarnation()
@@ -336,7 +331,7 @@ class HeartbeatLink:
                     log.info("heartbeat stream to %s ended: %s", self.address, reason)
                 self._fail(st, f"no ack from {self.address} for {silence:.2f}s")
                 await self._drop(st)
-        if hedge_due(self._clocks(), t, others, now):
+        if hedge_due(self.clocks(), t, others, now):
             # Rule 3 (linkrules rule 3): a healthy stream went silent while another
             # arbiter answers: a fresh connection beside it. (A stream that never
             # acked is not hedged: its failure goes through the backoff, or an

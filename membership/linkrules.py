@@ -44,12 +44,15 @@ Rules:
    interval).
 3. Hedging (kubernetes/kubernetes#48638: a wedged connection is reused by
    every retry until keepalive closes it). A link whose only stream holds a
-   lease (rule 1) and is silent for more than ``hedge_after`` opens a second stream
-   on a fresh connection, but only while another arbiter's link *answers*
-   (:func:`answering`: it has an acked stream silent for at most
-   ``hedge_after``). When every link is silent alike, the cause is what they
-   share: the replicas' load, or this node's own process running late; a
-   new connection would only add load.
+   lease (rule 1) and is silent for more than ``hedge_after`` opens a second
+   stream on a fresh connection, but only while this link is the odd one
+   out (:func:`odd_one_out`): another arbiter's link answers, with an acked
+   stream silent for at most half as long as this link's. When every link
+   is silent alike, the cause is what they share: the replicas' load, or
+   this node's own process running late; a new connection would only add
+   load. (Half, not ``hedge_after``: on a loaded machine the other links are
+   late too, only less; a wedged link's silence grows without bound and
+   soon doubles theirs.)
 4. Abandoning. A stream silent for more than ``ack_timeout`` is abandoned
    while another link answers, otherwise once it is silent for more than
    ``stall_timeout``: the bound within which a node whose every connection
@@ -75,7 +78,15 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["LinkTimings", "StreamClock", "abandon_after", "answering", "hedge_due", "next_check"]
+__all__ = [
+    "LinkTimings",
+    "StreamClock",
+    "abandon_after",
+    "answering",
+    "hedge_due",
+    "next_check",
+    "odd_one_out",
+]
 
 # Unacked heartbeats remembered per stream (older ones are forgotten, oldest first).
 _UNACKED_MEMORY = 64
@@ -158,13 +169,28 @@ def answering(streams: Iterable[StreamClock], now: float, within: float) -> bool
     return any(st.acked and st.silence(now) <= within for st in streams)
 
 
+def odd_one_out(
+    mine: Iterable[StreamClock], others: Iterable[Iterable[StreamClock]], now: float
+) -> bool:
+    """True when another arbiter's link answers at ``now`` (:func:`answering`) within half
+    the silence of this link's most silent stream (rule 3): this link is the odd one out.
+
+    Args:
+        mine: this link's streams.
+        others: the streams of every other arbiter's link.
+        now: monotonic seconds.
+    """
+    within = max((st.silence(now) for st in mine), default=0.0) / 2
+    return any(answering(streams, now, within) for streams in others)
+
+
 def abandon_after(st: StreamClock, timings: LinkTimings, others: bool) -> float:
     """Seconds of silence after which ``st`` is abandoned (rule 4).
 
     Args:
         st: the stream.
         timings: the link's timings now.
-        others: another arbiter's link answers (:func:`answering`).
+        others: this link is the odd one out (:func:`odd_one_out`).
     """
     if not (st.leased or st.hedge):
         return timings.slow_start_timeout

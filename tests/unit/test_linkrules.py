@@ -19,6 +19,7 @@ from membership.linkrules import (
     answering,
     hedge_due,
     next_check,
+    odd_one_out,
 )
 from membership.v1 import membership_pb2 as pb
 from tests.integration.harness import wait_async
@@ -110,6 +111,32 @@ def _silent(since: float) -> StreamClock:
     st = _acked_at(since - 0.15)
     st.sent(2, since)
     return st
+
+
+@pytest.mark.parametrize(
+    ("mine", "theirs", "odd"),
+    [
+        (0.4, [0.05, 0.4], True),  # a wedge: another arbiter answers promptly
+        (0.4, [0.2, 0.9], True),  # loaded, but the other answers twice as fast
+        (0.4, [0.35, 0.38], False),  # every link late alike: load, or the node itself
+        (0.4, [0.21, 0.5], False),
+        (0.0, [0.0, 0.0], True),  # nothing unacked anywhere: answering, no silence to judge
+    ],
+)
+def test_linkrules_a_link_is_the_odd_one_out_when_another_answers_twice_as_promptly(
+    mine: float, theirs: list[float], odd: bool
+) -> None:
+    now = 10.0
+
+    def silent_for(seconds: float) -> StreamClock:
+        st = _acked_at(now - seconds - 0.15)
+        if seconds > 0:
+            st.sent(2, now - seconds)
+        return st
+
+    others = [[silent_for(t)] for t in theirs]
+    assert odd_one_out([silent_for(mine)], others, now) is odd
+    assert not odd_one_out([silent_for(mine)], [], now)  # a single arbiter: never
 
 
 @pytest.mark.parametrize(
