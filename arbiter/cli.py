@@ -96,7 +96,11 @@ _TUNABLES = (
     ),
     ("--load-target", "load_target", "utilisation the adaptive interval aims at, 0 to 1"),
     ("--shed-utilisation", "shed_utilisation", "utilisation from which new nodes are refused"),
-    ("--shed-lateness", "shed_lateness", "ingest backlog (s) from which new nodes are refused"),
+    (
+        "--shed-lateness",
+        "shed_lateness",
+        "backlog (s: loop lateness averaged over 2 s, or ingest) from which new nodes are refused",
+    ),
     ("--shed-retry-after", "shed_retry_after", "retry hint to refused nodes, seconds (x1-x2)"),
     ("--lease-fraction", "lease_fraction", "lease granted per ack, as a fraction of D"),
     (

@@ -65,14 +65,14 @@ class ArbiterConfig:
     # interval aims at: above target x 1.25 it grows at once by enough steps,
     # below target / 1.5 for 10 s it comes down one step (interval rule 4).
     load_target: float = 0.6
-    # New nodes' heartbeat streams are refused with RESOURCE_EXHAUSTED and the
-    # trailing metadata grpc-retry-pushback-ms (gRFC A6) while its loop is on a
-    # CPU > shed_utilisation of the time (1.0: never) or its ingest backlog is
-    # >= shed_lateness seconds (shedding.py): before it falls behind. Known
-    # nodes' streams always go on (refusing them would suspect live nodes).
-    # The hint: shed_retry_after seconds, x1 to x2 at random (no herd).
+    # New nodes' streams are refused with RESOURCE_EXHAUSTED and the trailing
+    # metadata grpc-retry-pushback-ms (gRFC A6) while the loop is on a CPU >
+    # shed_utilisation of the time (1.0: never) or its backlog (loop lateness
+    # averaged over 2 s, or ingest backlog) is >= shed_lateness seconds
+    # (shedding.py): before acks reach the SDK's hedge time (0.3 s). Known nodes
+    # always go on. The hint: shed_retry_after s, x1 to x2 at random (no herd).
     shed_utilisation: float = 0.9
-    shed_lateness: float = 0.3
+    shed_lateness: float = 0.1
     shed_retry_after: float = 1.0
     # Which failure detector a replica runs: "missed" (suspect after
     # missed_heartbeats silent intervals) or "phi" (phi accrual, Hayashibara

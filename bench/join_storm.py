@@ -11,9 +11,11 @@ Issue 12, item 5 (arbiter/core/batching.py). For each ``--intervals`` value
    one real ``Heartbeat`` stream per replica (50 streams per connection),
    first heartbeats at times drawn uniformly within ``--spread`` seconds
    (seeded), later ones at the ``next_interval_seconds`` of the acks, as the
-   SDK does; it reports how late its own first sends were (the write
-   returned, on a stream that gRPC had to open first), so that a slow
-   load generator is never mistaken for a slow replica;
+   SDK does; a stream refused with a retry hint (a replica shedding new
+   nodes) is opened again after the hint, as the SDK does, and counted; it
+   reports how late its own first sends were (the write returned, on a
+   stream that gRPC had to open first), so that a slow load generator is
+   never mistaken for a slow replica;
 3. measures, from the first scheduled send: the time until the watcher's
    view holds every node ALIVE (and, as ``last join+``, from the load's last
    first heartbeat written: the replicas' share when the load ran late), the
@@ -82,6 +84,7 @@ def _percentile(xs: list[float], p: float) -> float:
 async def _load(arbiters: list[str], nodes: int, spread: float, seed: int, t0: float) -> None:
     import grpc
 
+    from membership.backoff import retry_pushback
     from membership.v1 import membership_pb2 as pb
     from membership.v1 import membership_pb2_grpc as pb_grpc
 
@@ -97,15 +100,30 @@ async def _load(arbiters: list[str], nodes: int, spread: float, seed: int, t0: f
     written: list[float] = []  # monotonic time of each stream's first write
     first_ack: dict[int, float] = {}  # replica -> latest first ack of its streams
     sent = [0]
+    shed = [0]  # streams refused with a retry hint
     stop = asyncio.Event()
 
     async def stream(i: int, r: int) -> None:
+        due, attempt = t0 + starts[i], 0
+        while not stop.is_set():
+            attempt += 1
+            try:
+                return await one_stream(i, r, due, attempt == 1)
+            except grpc.aio.AioRpcError as e:
+                # A replica that sheds new nodes says when to come back (gRFC A6); the
+                # SDK waits that long (membership/heartbeats.py rule 5), and so does this.
+                hint = retry_pushback(e.trailing_metadata())
+                if hint is None:
+                    return
+                shed[0] += 1
+                due = time.monotonic() + hint
+
+    async def one_stream(i: int, r: int, due: float, first_try: bool) -> None:
         node_id = f"s{i:05d}"
         call = stubs[r][i // STREAMS_PER_CONNECTION].Heartbeat()
-        due = t0 + starts[i]
         interval = 0.0
         seq = 0
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+        with contextlib.suppress(asyncio.CancelledError):
             while not stop.is_set():
                 wait = due - time.monotonic()
                 if wait > 0:
@@ -121,7 +139,7 @@ async def _load(arbiters: list[str], nodes: int, spread: float, seed: int, t0: f
                     )
                 )
                 sent[0] += 1
-                if seq == 1:  # written: the stream is open and the heartbeat on its way
+                if seq == 1 and first_try:  # written: the stream is open, the heartbeat sent
                     written.append(time.monotonic())
                     late.append(written[-1] - due)
                 ack = await call.read()
@@ -158,7 +176,7 @@ async def _load(arbiters: list[str], nodes: int, spread: float, seed: int, t0: f
             await stop.wait()
     rate = (sent[0] - mark) / (time.monotonic() - t_mark)
     acks = {arbiters[r]: round(t, 3) for r, t in sorted(first_ack.items())}
-    line = {"steady_heartbeats_per_s": round(rate, 1), "last_first_ack": acks}
+    line = {"steady_heartbeats_per_s": round(rate, 1), "last_first_ack": acks, "shed": shed[0]}
     print(json.dumps(line), flush=True)
     await stop.wait()
     for t in tasks:
@@ -330,6 +348,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
     head = (
         f"{'where':<10} {'interval':>8} {'nodes':>6} {'ALIVE after':>11} {'last join+':>10} "
         f"{'epochs':>6} {'entries':>7}  per replica            load: first sends late p50/p99/max"
+        ", streams shed"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -337,7 +356,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
         ld = r["load"]
         late = (
             f"{ld['first_send_late_p50']:.3f}/{ld['first_send_late_p99']:.3f}/"
-            f"{ld['first_send_late_max']:.3f} s"
+            f"{ld['first_send_late_max']:.3f} s, {ld.get('shed', 0)}"
             if ld
             else "(virtual time)"
         )

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from membership import calls, convert
 from membership.agent_follow import follow
+from membership.agent_leave import leave
 from membership.arbiterset import ArbiterFollower
 from membership.backoff import Backoff
 from membership.config import ClientConfig
@@ -29,14 +30,12 @@ from membership.errors import (
     ClusterMismatch,
     MembershipError,
     PermissionDenied,
-    RejectedError,
-    UnavailableError,
 )
 from membership.eventlog import log_session_event
-from membership.heartbeats import HeartbeatLink, LinkTimings
+from membership.heartbeats import HeartbeatLink
 from membership.identity import ClusterCheck
+from membership.linkrules import LinkTimings, odd_one_out
 from membership.session import (
-    EndReason,
     Fenced,
     NodeSession,
     SessionEvent,
@@ -114,12 +113,12 @@ class NodeAgent:
         self.follower = ArbiterFollower(self.arbiters)  # membership/arbiterset.py
         self.link_tasks: dict[str, asyncio.Task[None]] = {}
         self.settled: asyncio.Event | None = None
-        self._check = check
+        self.check = check  # the client's cluster identity check
         self._denied: dict[str, str] = {}  # arbiter address -> its PERMISSION_DENIED
         self._discovery = discovery
         self.channels = channels
         self.backoff = backoff
-        self._left_epoch = 0
+        self.left_epoch = 0  # the epoch the leave committed at (agent_leave.py)
         from membership.collector import StatusCollector  # threads: only for nodes
 
         self._own_status = status is None
@@ -134,6 +133,13 @@ class NodeAgent:
         self._closed = closed
         # Interval each arbiter suggested in its latest ack (seconds).
         self._suggested: dict[str, float] = {}
+        self._timings = LinkTimings(  # cached per interval (timings())
+            interval=0.0,
+            hedge_after=0.0,
+            ack_timeout=0.0,
+            stall_timeout=0.0,
+            slow_start_timeout=0.0,
+        )
         self._warned_size = False
         # The cluster instance the acks came from ("" until one said).
         self.instance = ""
@@ -187,20 +193,20 @@ class NodeAgent:
                 # Identity rule 3: a stranger found after the client settled
                 # is refused; the node keeps the cluster it has, and asks the
                 # address again later (the real replica may come back there).
-                if self._check.refuse(link.address, str(e)):
+                if self.check.refuse(link.address, str(e)):
                     log.error(
                         "%s: arbiter %s refused (asked again every %gs): %s",
                         self.node_id,
                         link.address,
                         self.config.reachability_log_interval,
-                        self._check.refused[link.address],
+                        self.check.refused[link.address],
                     )
-                link.last_error = f"refused: {self._check.refused[link.address]}"
-                if self._check.lost():
+                link.last_error = f"refused: {self.check.refused[link.address]}"
+                if self.check.lost():
                     self._fail(
                         ClusterMismatch(
                             "most of the arbiters given now belong to another cluster: "
-                            + "; ".join(self._check.refused.values())
+                            + "; ".join(self.check.refused.values())
                         )
                     )
                     return
@@ -217,11 +223,32 @@ class NodeAgent:
     def timings(self) -> LinkTimings:
         """The links' current timings: the interval and the deadlines scaled with it."""
         c = self.config
-        scale = max(1.0, self.interval / c.heartbeat_interval)
-        return LinkTimings(
-            interval=self.interval,
+        interval = self.interval
+        cached = self._timings
+        if cached.interval == interval:
+            return cached
+        scale = max(1.0, interval / c.heartbeat_interval)
+        self._timings = LinkTimings(
+            interval=interval,
             hedge_after=c.hedge_after * scale,
             ack_timeout=c.ack_timeout * scale,
+            stall_timeout=c.stall_timeout * scale,
+            slow_start_timeout=max(c.slow_start_timeout, c.stall_timeout * scale),
+        )
+        return self._timings
+
+    def incarnation(self) -> int:
+        """The incarnation the node heartbeats at now."""
+        return self.session.incarnation
+
+    def others_answer(self, address: str, now: float) -> bool:
+        """True when another arbiter's link answers within half the silence of the link to
+        ``address`` (membership/linkrules.py rules 3, 4: ``odd_one_out``): then a silent
+        stream to ``address`` is that connection's fault, not load's."""
+        return odd_one_out(
+            self.links[address].clocks(),
+            (link.clocks() for a, link in self.links.items() if a != address),
+            now,
         )
 
     def next_request(self, address: str, now: float) -> tuple[int, pb.HeartbeatRequest]:
@@ -254,7 +281,7 @@ class NodeAgent:
 
     def expected_cluster(self) -> str:
         """The cluster identity every arbiter must have ("" while unknown)."""
-        return self._check.expected or ""
+        return self.check.expected or ""
 
     def finished(self) -> bool:
         """True once heartbeats must stop (closed, failed, or the session ended)."""
@@ -266,8 +293,8 @@ class NodeAgent:
         Raises:
             ClusterMismatch: the ack names another cluster.
         """
-        if not self._check.record(address, ack.cluster, ack.arbiter_id):
-            raise ClusterMismatch(self._check.refused[address])
+        if not self.check.record(address, ack.cluster, ack.arbiter_id):
+            raise ClusterMismatch(self.check.refused[address])
         if ack.instance and ack.instance != self.instance:
             if self.instance:
                 log.warning(
@@ -448,49 +475,9 @@ class NodeAgent:
             timeout: seconds to try for.
             epoch_now: the view epoch the client holds (returned when nothing
                 had to be committed).
+
+        Raises:
+            RejectedError: the session ended otherwise before.
+            UnavailableError: no majority committed it within ``timeout``.
         """
-        session = self.session
-        if session.end_reason is EndReason.LEFT:
-            return self._left_epoch
-        if session.ended:
-            raise RejectedError(
-                f"{self.node_id} cannot leave: its session ended ({session.end_reason})"
-            )
-        if not session.heard:
-            # Nothing can hold this incarnation: no arbiter ever answered it.
-            self.dispatch(session.leave(time.monotonic(), joined=False))
-            return epoch_now
-        session.leaving = True  # an ack saying LEFT from now on is this leave's
-        request = pb.LeaveRequest(
-            node_id=session.node_id,
-            incarnation=session.incarnation,
-            cluster=self._check.expected or "",
-        )
-        deadline = time.monotonic() + timeout
-        errors: dict[str, str] = {}
-        attempt = 0
-        while time.monotonic() < deadline:
-            resp = await calls.leave_round(
-                self.arbiters,
-                self.channels,
-                request,
-                deadline=deadline,
-                call_timeout=self.config.call_timeout,
-                errors=errors,
-                quorum=session.quorum,
-            )
-            if resp is calls.NOTHING_TO_LEAVE:
-                # A majority never heard this incarnation: nothing can admit it.
-                log.info("%s: no majority of arbiters heard it; nothing to leave", self.node_id)
-                self.dispatch(session.leave(time.monotonic(), joined=False))
-                return epoch_now
-            if resp is not None:
-                self._left_epoch = int(resp.epoch)
-                self.dispatch(session.leave(time.monotonic(), joined=resp.joined))
-                return self._left_epoch
-            attempt += 1
-            await asyncio.sleep(
-                min(self.backoff.delay(attempt), max(0.0, deadline - time.monotonic()))
-            )
-        detail = "; ".join(f"{a}: {e}" for a, e in errors.items()) or "no arbiter tried"
-        raise UnavailableError(f"leave not committed within {timeout:g}s ({detail})")
+        return await leave(self, timeout, epoch_now)

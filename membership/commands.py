@@ -199,6 +199,8 @@ _NODE_SETTINGS = (
     "heartbeat_interval",
     "ack_timeout",
     "hedge_after",
+    "stall_timeout",
+    "slow_start_timeout",
     "backoff_initial",
     "backoff_max",
     "keepalive_time",

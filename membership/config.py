@@ -60,6 +60,25 @@ class ClientConfig:
     # at 0.3 s a fresh connection has about 0.3 s to bring an ack before the
     # lease of the last acked heartbeat (D = 0.75 s from its send) runs out.
     hedge_after: float = 0.3
+    # A heartbeat stream silent this long is abandoned even when no other
+    # arbiter answers either (membership/linkrules.py rule 4; below that, a
+    # node whose every link is silent alike keeps its streams: the cause is
+    # the arbiters' load or its own process, and reconnecting only adds
+    # load), and so is a stream waiting for its first ack (a replica working
+    # through a join storm is slow to take a new node). The bound within
+    # which a node whose every connection wedged at once gets fresh ones.
+    # Scaled with the interval like ack_timeout; above ack_timeout. At 3 s it
+    # is 4 x the arbiters' suspicion time D (0.75 s at the default interval):
+    # long enough for a replica's backlog in a storm, short beside keepalive
+    # (which a wedged connection's blocked writes can hold up, grpc#15871).
+    stall_timeout: float = 3.0
+    # A stream in slow start (no lease granted on it yet: the node joins, or
+    # the stream is new) silent this long is given up (membership/linkrules.py
+    # rule 4). An arbiter working through a join storm answers new nodes late;
+    # gRPC queues a stream its server has not taken yet, and cancels it after
+    # 30 s there. A node that gave up sooner would rejoin that queue at the
+    # back, behind every node that did the same. No lease of it is at stake.
+    slow_start_timeout: float = 30.0
     # Each lease the node holds ends this long before the arbiter's promise
     # (session rule 2), so the node reports itself fenced at least this long
     # before a quorum of arbiters can suspect it, even when its own process
@@ -154,6 +173,8 @@ class ClientConfig:
             "keepalive_time",
             "keepalive_timeout",
             "hedge_after",
+            "stall_timeout",
+            "slow_start_timeout",
             "call_timeout",
             "leave_timeout",
             "stream_idle_timeout",
@@ -179,6 +200,11 @@ class ClientConfig:
                 f"hedge_after ({self.hedge_after}s) must be between heartbeat_interval "
                 f"({self.heartbeat_interval}s) and ack_timeout ({self.ack_timeout}s)"
             )
+        for name in ("stall_timeout", "slow_start_timeout"):
+            if getattr(self, name) <= self.ack_timeout:
+                raise InvalidArgument(
+                    f"{name} ({getattr(self, name)}s) must exceed ack_timeout ({self.ack_timeout}s)"
+                )
         if self.keepalive_time < MIN_KEEPALIVE_TIME:
             raise InvalidArgument(
                 f"keepalive_time ({self.keepalive_time}s) must be >= {MIN_KEEPALIVE_TIME}s: "

@@ -1,4 +1,4 @@
-"""A node's heartbeat link to one arbiter: its streams, supervised, hedged when an ack is late.
+"""A node's heartbeat link to one arbiter: its streams, supervised, hedged when one wedges.
 
 One :class:`HeartbeatLink` per arbiter, all independent: a link that is
 stuck never delays another: one frozen arbiter must not stop the heartbeats
@@ -11,22 +11,21 @@ Rules:
 1. Each heartbeat stream has a TCP connection of its own
    (:meth:`membership.transport.Channels.fresh`); closing the stream closes
    its connection.
-2. Every heartbeat is handed to every open stream; each stream writes from a
-   task of its own and writes only the newest heartbeat handed to it, so a
-   stream whose writes are stuck (flow control on a dead link) drops stale
-   heartbeats instead of queueing them, and blocks nothing else.
-3. Hedging (the kubelet failure of kubernetes/kubernetes#48638: a connection
-   that wedges, bytes stopping both ways with no FIN or RST, is reused by
-   every retry until keepalive closes it, tens of seconds later). When the
-   oldest heartbeat a stream has not had acked was handed to it
-   ``hedge_after`` seconds ago, a second stream is opened on a fresh
-   connection while the first is still tried, and a heartbeat goes out on
-   both at once. Once both are open, the first to ack wins and the other is
-   closed with its connection. ``hedge_after`` (0.3 s by default) leaves time
-   for a new connection to bring an ack before the lease of the last acked
-   heartbeat (D = 0.75 s from its send) runs out.
-4. A stream whose oldest unacked heartbeat waits ``ack_timeout`` seconds is
-   abandoned, even while its writes are stuck.
+2. Every heartbeat is handed to every open stream that takes one (rule 3);
+   each stream writes from a task of its own and writes only the newest
+   heartbeat handed to it, so a stream whose writes are stuck (flow control
+   on a dead link) drops stale heartbeats instead of queueing them, and
+   blocks nothing else.
+3. Which stream takes a heartbeat, and when a stream is hedged or abandoned,
+   is decided by :mod:`membership.linkrules` (sans-I/O): a stream carries one
+   heartbeat at a time until an ack grants a lease (slow start); a silent
+   stream gets a second one on a fresh connection (hedging, after
+   ``hedge_after``) and is given up (after ``ack_timeout``), but only while
+   another arbiter's link answers; when every link is silent alike, a stream
+   is given up after ``stall_timeout`` only. A stream is abandoned even while
+   its writes are stuck.
+4. Once a hedge and the stream beside it are both open, the first to ack
+   wins and the other is closed with its connection.
 5. After a stream that never acked, the next one waits a jittered
    exponential backoff (:class:`membership.backoff.Backoff`); after one that
    was healthy, a short jitter only. A refusal that carries a retry hint
@@ -48,11 +47,9 @@ Rules:
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
@@ -60,27 +57,19 @@ import grpc
 from membership.aiotools import reap
 from membership.backoff import Backoff, retry_pushback
 from membership.errors import ClusterMismatch, PermissionDenied
+from membership.linkrules import (
+    LinkTimings,
+    StreamClock,
+    abandon_after,
+    hedge_due,
+    next_check,
+)
 from membership.transport import Channels
 from membership.v1 import membership_pb2 as pb
 
 __all__ = ["HeartbeatLink", "LinkTimings"]
 
 log = logging.getLogger("membership.heartbeats")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LinkTimings:
-    """The timings a link works with right now, seconds (they scale with the interval).
-
-    Attributes:
-        interval: between two heartbeats.
-        hedge_after: an unacked heartbeat this old opens a second stream (rule 3).
-        ack_timeout: an unacked heartbeat this old abandons its stream (rule 4).
-    """
-
-    interval: float
-    hedge_after: float
-    ack_timeout: float
 
 
 class LinkOwner(Protocol):
@@ -90,8 +79,17 @@ class LinkOwner(Protocol):
         """The current timings."""
         ...
 
+    def incarnation(self) -> int:
+        """The incarnation the node heartbeats at now."""
+        ...
+
     def next_request(self, address: str, now: float) -> tuple[int, pb.HeartbeatRequest]:
         """The next heartbeat for ``address``, recorded as sent at ``now``: (seq, request)."""
+        ...
+
+    def others_answer(self, address: str, now: float) -> bool:
+        """True when the link to ``address`` is the odd one out at ``now``: another
+        arbiter's answers (:func:`membership.linkrules.odd_one_out`)."""
         ...
 
     def on_ack(self, address: str, ack: pb.HeartbeatAck, now: float) -> None:
@@ -121,15 +119,13 @@ class _Stream:
         call: grpc.aio.StreamStreamCall,
         on_ack: Callable[[_Stream, pb.HeartbeatAck], None],
         cluster: str,
+        hedge: bool,
     ) -> None:
         self.address = address
         self.channel = channel
         self.call = call
-        self.acked = False
-        self.hedge = False  # opened beside a late stream (rule 3)
+        self.clock = StreamClock(hedge=hedge)  # acks and unacked heartbeats (rule 3)
         self.incarnation = 0  # of the heartbeats it carries (rule 6); 0 before the first
-        # (seq, monotonic time handed over) of heartbeats not yet acked, oldest first.
-        self.unacked: collections.deque[tuple[int, float]] = collections.deque()
         self._pending: pb.HeartbeatRequest | None = None
         self._cluster = cluster
         self._wake = asyncio.Event()
@@ -141,15 +137,9 @@ class _Stream:
     def offer(self, seq: int, request: pb.HeartbeatRequest, now: float) -> None:
         """Hands over the newest heartbeat; an older one not yet written is dropped."""
         self.incarnation = request.incarnation
-        self.unacked.append((seq, now))
-        while len(self.unacked) > 64:
-            self.unacked.popleft()
+        self.clock.sent(seq, now)
         self._pending = request
         self._wake.set()
-
-    def waiting(self, now: float) -> float:
-        """Seconds the oldest unacked heartbeat has waited (0 when none waits)."""
-        return now - self.unacked[0][1] if self.unacked else 0.0
 
     def ended(self) -> bool:
         """True once the stream is over (its reader or writer finished)."""
@@ -194,8 +184,7 @@ class _Stream:
             ack = await self.call.read()
             if ack is grpc.aio.EOF:
                 return
-            while self.unacked and self.unacked[0][0] <= ack.seq:
-                self.unacked.popleft()
+            self.clock.ack(ack.seq, time.monotonic(), ack.lease_seconds)
             self._on_ack(self, ack)
 
     async def close(self) -> None:
@@ -276,12 +265,8 @@ class HeartbeatLink:
                 next_beat = now + t.interval
             # Wake for the next heartbeat, the next hedge or abandon deadline,
             # an ack that changes the streams, or a stream that ended.
-            deadline = next_beat
-            for st in self._streams:
-                if st.unacked:
-                    oldest = st.unacked[0][1]
-                    limit = t.hedge_after if len(self._streams) == 1 else t.ack_timeout
-                    deadline = min(deadline, oldest + limit)
+            others = self._owner.others_answer(self.address, now)
+            deadline = min(next_beat, next_check(self.clocks(), t, others, now))
             self._changed.clear()
             ended: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._changed.wait())]
             ended += [st.reader for st in self._streams] + [st.writer for st in self._streams]
@@ -291,16 +276,24 @@ class HeartbeatLink:
             ended[0].cancel()
             await self._check(time.monotonic(), t)
 
+    def clocks(self) -> list[StreamClock]:
+        """What the link rules know of each open stream (:mod:`membership.linkrules`)."""
+        return [st.clock for st in self._streams]
+
     def _beat(self, now: float) -> None:
-        seq, request = self._owner.next_request(self.address, now)
-        stale = [st for st in self._streams if st.incarnation not in (0, request.incarnation)]
+        incarnation = self._owner.incarnation()
+        stale = [st for st in self._streams if st.incarnation not in (0, incarnation)]
         if stale:
             # Rule 6: a new life gets a new stream, at once (no backoff: nothing failed).
             for st in stale:
                 self._close_later(st)
             if not self._streams:
                 self._open()
-        for st in self._streams:
+        takers = [st for st in self._streams if st.clock.takes_heartbeat()]
+        if not takers:
+            return  # rule 3 (slow start): the only stream waits for its first ack
+        seq, request = self._owner.next_request(self.address, now)
+        for st in takers:
             st.offer(seq, request, now)
 
     def _close_later(self, st: _Stream) -> None:
@@ -313,36 +306,40 @@ class HeartbeatLink:
     def _open(self) -> _Stream:
         channel, stub = self._channels.fresh(self.address)
         st = _Stream(
-            self.address, channel, stub.Heartbeat(), self._acked, self._owner.expected_cluster()
+            self.address,
+            channel,
+            stub.Heartbeat(),
+            self._acked,
+            self._owner.expected_cluster(),
+            hedge=bool(self._streams),
         )
-        st.hedge = bool(self._streams)
         self._streams.append(st)
         return st
 
     async def _check(self, now: float, t: LinkTimings) -> None:
+        others = self._owner.others_answer(self.address, now)
         for st in list(self._streams):
+            silence = st.clock.silence(now)
             if st.ended():
                 await self._ended(st)
-            elif st.waiting(now) > t.ack_timeout:
-                # Rule 4: abandoned even if its writes are stuck.
-                reason = f"no ack for {st.waiting(now):.2f}s"
-                if st.acked:
+            elif silence > abandon_after(st.clock, t, others):
+                # Rule 3 (linkrules rule 4): abandoned even if its writes are stuck.
+                reason = f"no ack for {silence:.2f}s"
+                if not others:
+                    reason += " (no arbiter answers: the node or every arbiter stalls)"
+                if st.clock.acked:
                     log.info("heartbeat stream to %s ended: %s", self.address, reason)
-                self._fail(st, f"no ack from {self.address} for {st.waiting(now):.2f}s")
+                self._fail(st, f"no ack from {self.address} for {silence:.2f}s")
                 await self._drop(st)
-        if (
-            len(self._streams) == 1
-            and self._streams[0].acked
-            and self._streams[0].waiting(now) > t.hedge_after
-        ):
-            # Rule 3: a healthy stream went late: a fresh connection beside it.
-            # (A stream that never acked is not hedged: its failure goes
-            # through the backoff, or an unreachable arbiter would get a new
-            # connection every hedge_after.)
+        if hedge_due(self.clocks(), t, others, now):
+            # Rule 3 (linkrules rule 3): a healthy stream went silent while another
+            # arbiter answers: a fresh connection beside it. (A stream that never
+            # acked is not hedged: its failure goes through the backoff, or an
+            # unreachable arbiter would get a new connection every hedge_after.)
             log.info(
                 "no ack from %s for %.2fs: trying a new connection beside the old one",
                 self.address,
-                self._streams[0].waiting(now),
+                self._streams[0].clock.silence(now),
             )
             self._open()
             self._beat(now)
@@ -369,14 +366,14 @@ class HeartbeatLink:
             grpc.StatusCode.FAILED_PRECONDITION,
         ):
             log.error("arbiter %s refused our heartbeats: %s", self.address, reason)
-        elif st.acked:
+        elif st.clock.acked:
             log.info("heartbeat stream to %s ended: %s", self.address, reason)
         self._fail(st, reason)
         await self._drop(st)
 
     def _fail(self, st: _Stream, reason: str) -> None:
         self.last_error = reason
-        if not st.acked:
+        if not st.clock.acked:
             self._failures += 1
         elif len(self._streams) == 1:
             self._failures = 1  # rule 5: a short jitter before the next stream
@@ -385,7 +382,6 @@ class HeartbeatLink:
 
     def _acked(self, st: _Stream, ack: pb.HeartbeatAck) -> None:
         now = time.monotonic()
-        st.acked = True
         self._failures = 0
         losers = [other for other in self._streams if other is not st]
         if losers:
@@ -395,7 +391,7 @@ class HeartbeatLink:
             log.info(
                 "heartbeats to %s go on over the %s connection",
                 self.address,
-                "new" if st.hedge else "old",
+                "new" if st.clock.hedge else "old",
             )
             self._changed.set()
         if not self.up:

@@ -29,9 +29,15 @@ Rules:
    seconds of the recent past this replica could not hear: the maximum of a
    loop stall in progress, a stall of ``L`` seconds that ended less than
    ``max(listen_after, L)`` ago (the heartbeats it left queued take up to
-   that long to be read), the driver's own wake-up lag, and every lateness
-   source (``fn(now) -> seconds``: an ingest backlog). The core bounds it.
-4. Shedding reads this module's figures: :mod:`arbiter.server.shedding`.
+   that long to be read), the driver's own wake-up lag, and the backlog.
+   The core bounds it.
+4. Backlog (:meth:`LocalHealth.backlog`): lateness that lasts, as opposed to
+   a stall that is over by the time it is measured: the loop's lateness
+   averaged over the last 2 s (``LoopLagMonitor.mean_lateness``: how long a
+   heartbeat arriving then waited, on average, for the loop to read it,
+   whether the loop had more work than it got through or waited for a CPU),
+   and every lateness source (``fn(now) -> seconds``: an ingest backlog).
+   Shedding reads it, with the utilisation: :mod:`arbiter.server.shedding`.
 """
 
 from __future__ import annotations
@@ -84,6 +90,9 @@ class LoadMonitor:
         cpu: the same on a CPU only, the wait for one left out (shedding's, rule 4).
         cost: seconds spent sampling so far (the measurement's own price).
         shed: new nodes' streams refused so far (rule 4).
+        shed_since: when the shedding episode under way started (None: none),
+            monotonic seconds (arbiter/server/shedding.py's hint grows with it).
+        last_shed: the latest refusal, monotonic seconds.
     """
 
     def __init__(
@@ -109,6 +118,10 @@ class LoadMonitor:
         self.cost = 0.0
         self.samples = 0
         self.shed = 0  # new streams refused (rule 4)
+        # The shedding episode under way (arbiter/server/shedding.py): when it
+        # started (None: none) and the latest refusal, monotonic seconds.
+        self.shed_since: float | None = None
+        self.last_shed = float("-inf")
 
     def add_source(
         self, fn: Callable[[float], float], cpu: Callable[[float], float] | None = None
@@ -201,11 +214,12 @@ class LocalHealth:
         return max(late, self.backlog(now))
 
     def backlog(self, now: float) -> float:
-        """The lateness the sources report (an ingest backlog), seconds; 0 without any.
+        """Lateness that lasts, seconds (rule 4): the loop's lasting lag and what the
+        sources report (an ingest backlog); 0 without either.
 
         Unlike a loop stall, which is over by the time it is measured, a backlog
-        lasts: it is what shedding reads (rule 4)."""
-        late = 0.0
+        lasts: it is what shedding reads."""
+        late = self._monitor.mean_lateness(now)
         for fn in self._sources:
             try:
                 late = max(late, float(fn(now)))

@@ -27,6 +27,16 @@ Rules:
 5. :meth:`LoopLagMonitor.recent_lag` tells the driver whether the loop was
    just late (a stall in progress, or one that ended moments ago), so that
    the replica blames itself rather than the nodes.
+   :meth:`LoopLagMonitor.mean_lateness` tells whether it stays late: the
+   loop's lateness averaged over the last ``MEAN_WINDOW`` seconds (at each
+   instant, how long its overdue timer has waited: 0 while on time, rising
+   to L over a wake-up L late), which is how long a heartbeat arriving in
+   that window waited on average before the loop could read it. A loop with
+   more work than it gets through is late at every wake-up; one starved of
+   CPU by its neighbours is late for most of every second, in bursts
+   between which it wakes on time; both show here, however the lateness is
+   cut up. One short stall (a GC pause) counts little: a stall of L adds
+   L * L / 2 / MEAN_WINDOW (0.04 s for 0.4 s). Shedding reads it.
 6. Every ``summary_every`` seconds the max and p99 lag of that period are
    logged at DEBUG with the longest GC (for measurements: ``--log-level debug``).
 """
@@ -53,6 +63,7 @@ __all__ = ["LoopLagMonitor", "LoopLagStatistics"]
 log = logging.getLogger("arbiter.looplag")
 
 _WINDOW = 4096  # lags kept for statistics (at 20 Hz: the last 3.4 minutes)
+MEAN_WINDOW = 2.0  # seconds over which the lateness is averaged (rule 5)
 _ASYNCIO = f"{os.sep}asyncio{os.sep}"
 _SELECTORS = f"{os.sep}selectors.py"
 
@@ -123,6 +134,9 @@ class LoopLagMonitor:
         self.summary_every = summary_every
         self._period: list[float] = []
         self._lags: collections.deque[float] = collections.deque(maxlen=_WINDOW)
+        # (monotonic time, lag) of the wake-ups late by over 1 ms within about
+        # MEAN_WINDOW (rule 5); the rest add nothing that counts.
+        self._recent: collections.deque[tuple[float, float]] = collections.deque(maxlen=256)
         self._samples = 0
         self._max = 0.0
         # Called with every measured lag (seconds): the replica's metrics histogram.
@@ -193,6 +207,29 @@ class LoopLagMonitor:
         lag, at = self._late
         return max(ongoing, lag if at > since else 0.0)
 
+    def mean_lateness(self, now: float) -> float:
+        """The loop's lateness averaged over the :data:`MEAN_WINDOW` seconds before
+        ``now`` (monotonic), seconds (rule 5); 0.0 before :meth:`start` and after
+        :meth:`stop`.
+
+        A wake-up ``L`` late at ``t`` was overdue from ``t - L``, by a lateness that
+        grew from 0 to ``L``: its area inside the window is added, as is a stall in
+        progress, and the sum is divided by the window.
+        """
+        if self._task is None:
+            return 0.0
+        start = now - MEAN_WINDOW
+        recent = self._recent
+        while recent and recent[0][0] <= start:
+            recent.popleft()
+        area = 0.0
+        for t, lag in recent:
+            cut = max(0.0, start - (t - lag))  # the part of the lateness before the window
+            area += (lag * lag - cut * cut) / 2
+        ongoing = max(0.0, now - self._beat - self.interval)  # a stall in progress
+        cut = max(0.0, ongoing - MEAN_WINDOW)
+        return (area + (ongoing * ongoing - cut * cut) / 2) / MEAN_WINDOW
+
     @property
     def latest_late(self) -> tuple[float, float]:
         """(lag, monotonic time) of the latest wake-up later than one interval
@@ -220,6 +257,8 @@ class LoopLagMonitor:
             self._beat = now
             lag = max(0.0, now - asked)
             self.record(lag)
+            if lag > 0.001:
+                self._recent.append((now, lag))
             if lag > self.interval:
                 self._late = (lag, now)
             new_sched, new_cpu = _schedstat(), time.thread_time()

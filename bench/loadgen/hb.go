@@ -6,6 +6,11 @@ package main
 // arbiter suggested, 0.15 s until one did; interval_seconds declares it, 0
 // before any suggestion). With --interval-rule own each stream follows its own
 // arbiter's suggestion instead (a lightly loaded replica at a longer interval).
+// As the SDK's slow start (membership/linkrules.py rule 1), a stream keeps one
+// heartbeat in flight until an ack on it grants a lease (the node's join
+// committed there): the next goes out once the last is acked. The SDK's
+// hedging and abandoning of silent streams are not simulated: the load
+// generator reopens a stream only when the replica ends it.
 //
 // Streams are multiplexed: node i uses connection i % C of each arbiter, with
 // C = ceil(count / --streams-per-conn) so that no connection needs more than
@@ -19,6 +24,7 @@ import (
 	"math"
 	"math/rand"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -68,6 +74,9 @@ type hbStream struct {
 	suggested uint64      // float64 bits of the last next_interval_seconds (0: none)
 	down      int32       // 1 once the stream failed
 	gen       uint64      // atomic: which opening of the link the current stream is
+	leasedGen uint64      // atomic: the latest opening on which an ack granted a lease
+	inflight  int32       // atomic: 1 while a heartbeat sent is not acked (slow start)
+	pushback  uint64      // atomic: float64 bits of the time before which no stream opens (a shed's hint)
 	mbox      chan []byte // the newest heartbeat not yet written (the SDK's rule 2)
 	retryAt   float64     // shard only: when a down link is opened again (0: not yet set)
 	opening   int32       // atomic: 1 while a NewStream is in flight
@@ -291,6 +300,7 @@ func (g *hbGen) open(n *hbNode, s *hbStream, now float64) {
 		}
 		s.st, s.cancel = st, cancel
 		s.mbox = make(chan []byte, 1)
+		atomic.StoreInt32(&s.inflight, 0)
 		go g.read(n, s, st, gen)
 		go g.write(s, st, s.mbox, ctx, gen)
 		atomic.StoreInt32(&s.down, 0)
@@ -324,6 +334,13 @@ func (g *hbGen) read(n *hbNode, s *hbStream, st grpc.ClientStream, gen uint64) {
 			if atomic.LoadUint64(&s.gen) == gen {
 				if atomic.LoadInt32(&n.stopped) == 0 {
 					s.arb.noteErr(status.Code(err).String())
+					// a replica shedding new nodes says when to come back (gRFC A6), and
+					// the SDK waits that long (membership/heartbeats.py rule 5)
+					if v := st.Trailer().Get("grpc-retry-pushback-ms"); len(v) > 0 {
+						if ms, perr := strconv.ParseUint(v[0], 10, 32); perr == nil {
+							atomic.StoreUint64(&s.pushback, math.Float64bits(mono()+float64(ms)/1000))
+						}
+					}
 					if atomic.AddInt32(&errLogs, 1) <= 5 {
 						fmt.Fprintf(os.Stderr, "loadgen: %s stream to %s ended: %v\n", n.id, s.arb.addr, err)
 					}
@@ -339,6 +356,7 @@ func (g *hbGen) read(n *hbNode, s *hbStream, st grpc.ClientStream, gen uint64) {
 			continue
 		}
 		atomic.AddUint64(&s.arb.acks, 1)
+		atomic.StoreInt32(&s.inflight, 0)
 		if t := math.Float64frombits(atomic.LoadUint64(&s.sendT[a.seq%32])); t > 0 {
 			s.arb.lat.add(now - t)
 		}
@@ -349,6 +367,9 @@ func (g *hbGen) read(n *hbNode, s *hbStream, st grpc.ClientStream, gen uint64) {
 			}
 		}
 		atomic.StoreUint32(&s.state, uint32(a.state))
+		if a.lease > 0 {
+			atomic.StoreUint64(&s.leasedGen, gen) // slow start is over on this stream
+		}
 		if a.nextInterval > 0 {
 			atomic.StoreUint64(&s.suggested, math.Float64bits(a.nextInterval))
 		}
@@ -365,6 +386,14 @@ func (g *hbGen) read(n *hbNode, s *hbStream, st grpc.ClientStream, gen uint64) {
 			atomic.AddUint64(&g.lefts, 1)
 		}
 	}
+}
+
+// waiting is true while the link's stream is in slow start (no ack on it granted a
+// lease yet) with a heartbeat in flight: it takes no other until that one is acked
+// (the SDK's rule, membership/linkrules.py rule 1).
+func (s *hbStream) waiting() bool {
+	gen := atomic.LoadUint64(&s.gen)
+	return atomic.LoadUint64(&s.leasedGen) != gen && atomic.LoadInt32(&s.inflight) == 1
 }
 
 // status is a NodeStatus with a few realistic fields: load, gpu_utilization, phase, step.

@@ -21,6 +21,7 @@ func (g *hbGen) snapshot(final bool) map[string]interface{} {
 	for i, a := range g.arbs {
 		states := map[string]int{}
 		required := 0.0
+		waiting := 0
 		for _, n := range g.nodes {
 			if atomic.LoadInt32(&n.started) == 0 {
 				continue
@@ -36,6 +37,10 @@ func (g *hbGen) snapshot(final bool) map[string]interface{} {
 			}
 			s := n.links[i]
 			states[stateName(uint64(atomic.LoadUint32(&s.state)))]++
+			if s.waiting() { // slow start: nothing more is required before the ack
+				waiting++
+				continue
+			}
 			iv, _ := g.intervalOf(n, s)
 			required += 1 / iv
 		}
@@ -54,7 +59,7 @@ func (g *hbGen) snapshot(final bool) map[string]interface{} {
 		row := map[string]interface{}{
 			"addr": a.addr, "sent": sent, "acks": acks, "epoch": ep, "states": states,
 			"errors": errs, "required_rate": math.Round(required*10) / 10,
-			"stale": atomic.LoadUint64(&a.stale),
+			"stale": atomic.LoadUint64(&a.stale), "slow_start_waiting": waiting,
 		}
 		if final {
 			row["ack_ms"] = a.latTotal.ms()

@@ -78,11 +78,15 @@ func (sh *hbShard) serve(n *hbNode, now float64) {
 	for _, s := range n.links {
 		if atomic.LoadInt32(&s.down) == 1 {
 			// down: being opened (look again soon), or failed (open again after a
-			// jittered 0.5 to 1.5 s, as the SDK's short jitter after a stream ends)
+			// jittered 0.5 to 1.5 s, as the SDK's short jitter after a stream ends, or
+			// after the retry hint of a replica that sheds new nodes)
 			retry := now + 0.05
 			if atomic.LoadInt32(&s.opening) == 0 {
 				if s.retryAt == 0 {
 					s.retryAt = now + 0.5 + rand.Float64()
+					if pb := math.Float64frombits(atomic.LoadUint64(&s.pushback)); pb > s.retryAt {
+						s.retryAt = pb // the replica's retry hint (it sheds new nodes)
+					}
 				} else if now >= s.retryAt {
 					s.retryAt = 0
 					g.open(n, s, now)
@@ -105,12 +109,19 @@ func (sh *hbShard) serve(n *hbNode, now float64) {
 		}
 		iv, declared := g.intervalOf(n, s)
 		atomic.StoreUint64(&n.interval, math.Float64bits(iv))
-		if now >= s.next {
+		if now >= s.next && s.waiting() {
+			// slow start: the heartbeat in flight is not acked yet; look again
+			// one interval on (the cadence goes on, nothing is sent)
+			for s.next <= now {
+				s.next += iv
+			}
+		} else if now >= s.next {
 			if !stepped {
 				n.step++
 				stepped = true
 			}
 			g.late.add(now - s.next)
+			atomic.StoreInt32(&s.inflight, 1)
 			s.seq++
 			// a fresh buffer each time: gRPC keeps the slice until its writer sent it
 			req := make([]byte, 0, len(n.prefix)+64)

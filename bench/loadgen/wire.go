@@ -116,7 +116,7 @@ func stateName(s uint64) string {
 // ack is the part of a membership.v1.HeartbeatAck the load generator uses.
 type ack struct {
 	seq, epoch, incarnation uint64
-	nextInterval            float64
+	nextInterval, lease     float64
 	state                   uint64
 	inQuorum                bool
 }
@@ -128,6 +128,8 @@ func decodeAck(msg []byte) (a ack, err error) {
 			a.seq = f.u
 		case 2:
 			a.epoch = f.u
+		case 3:
+			a.lease = math.Float64frombits(f.u)
 		case 4:
 			a.nextInterval = math.Float64frombits(f.u)
 		case 5:

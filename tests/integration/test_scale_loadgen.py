@@ -3,9 +3,11 @@
 A grpc.aio server in this process, built on the generated membership.v1
 classes, receives what ``loadgen hb`` and ``loadgen sub`` send: every
 hand-encoded HeartbeatRequest must decode with the fields the SDK sets, the
-interval must follow the acks, and a ``kill`` must end that node's stream
-(no Leave) while the others go on; the subscriber must decode a snapshot and
-a change. Skipped where Go and Debian's grpc-go are not installed (the
+interval must follow the acks, a stream must keep one heartbeat in flight
+until an ack grants a lease (the SDK's slow start), a shed stream must be
+reopened no sooner than the replica's retry hint, and a ``kill`` must end
+that node's stream (no Leave) while the others go on; the subscriber must
+decode a snapshot and a change. Skipped where Go and Debian's grpc-go are not installed (the
 benchmark installs them; the test does not). No speed is asserted.
 """
 
@@ -16,6 +18,7 @@ import contextlib
 import json
 import shutil
 import sys
+import time
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -34,6 +37,7 @@ sys.path.append(str(BENCH))  # bench/ is not a package: its scripts import each 
 import loadgen  # noqa: E402
 
 SUGGESTED = 0.25
+HINT_MS = 2500  # a retry hint above the load generator's own 0.5 to 1.5 s reopen delay
 
 
 def _binary() -> Path:
@@ -50,6 +54,11 @@ class Recorder(pb_grpc.MembershipServicer):
     def __init__(self) -> None:
         self.requests: dict[str, list[pb.HeartbeatRequest]] = defaultdict(list)
         self.ended: set[str] = set()
+        self.gate = asyncio.Event()  # acks wait for it
+        self.gate.set()
+        self.lease = 1.0  # granted in every ack
+        self.shed: dict[str, int] = {}  # node -> streams to refuse with a retry hint (ms)
+        self.opened: dict[str, list[float]] = defaultdict(list)  # node -> stream open times
 
     async def Heartbeat(
         self, request_iterator: AsyncIterator[pb.HeartbeatRequest], context: Any
@@ -57,10 +66,21 @@ class Recorder(pb_grpc.MembershipServicer):
         node = ""
         try:
             async for req in request_iterator:
+                if req.node_id != node:  # a stream's first heartbeat
+                    self.opened[req.node_id].append(time.monotonic())
+                    if self.shed.get(req.node_id):
+                        self.shed[req.node_id] -= 1
+                        await context.abort(
+                            grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            "shedding: test",
+                            trailing_metadata=(("grpc-retry-pushback-ms", str(HINT_MS)),),
+                        )
                 node = req.node_id
                 self.requests[node].append(req)
+                await self.gate.wait()
                 yield pb.HeartbeatAck(
                     seq=req.seq,
+                    lease_seconds=self.lease,
                     epoch=7,
                     next_interval_seconds=SUGGESTED,
                     state=pb.MEMBER_STATE_ALIVE,
@@ -174,6 +194,61 @@ async def test_loadgen_heartbeats_decode_follow_the_interval_and_kill_ends_one_s
         await wait_async(lambda: lg.last("final") is not None, 5, "the final report")
         final = lg.last("final")
         assert final is not None and final["live"] == 2
+
+
+async def test_loadgen_slow_start_one_heartbeat_in_flight_until_an_ack_grants_a_lease(
+    server: tuple[str, Recorder],
+) -> None:
+    addr, rec = server
+    rec.gate.clear()  # the replica is late: no ack yet
+    rec.lease = 0.0  # and the nodes join: no lease
+    argv = ("hb", "--arbiters", addr, "--prefix", "w", "--count", "2", "--report", "0.1")
+    async with _child(*argv) as lg:
+        await wait_async(lambda: set(rec.requests) == {"w0", "w1"}, 10, "both first heartbeats")
+
+        def reports() -> int:
+            return sum(1 for x in lg.lines if x.get("ev") == "report")
+
+        seen = reports()
+        # Five reports later (0.5 s: three of the 0.15 s intervals) nothing more was sent,
+        # and the load generator says both streams wait for their first ack.
+        await wait_async(lambda: reports() >= seen + 5, 10, "five more reports")
+        assert {n: [r.seq for r in reqs] for n, reqs in rec.requests.items()} == {
+            "w0": [1],
+            "w1": [1],
+        }
+        last = lg.last("report")
+        assert last is not None
+        assert last["arbiters"][0]["slow_start_waiting"] == 2
+        assert last["arbiters"][0]["required_rate"] == 0
+        rec.gate.set()  # the acks come, one heartbeat at a time while nothing is leased
+        await wait_async(
+            lambda: all(len(rec.requests[n]) >= 3 for n in ("w0", "w1")), 10, "the cadence"
+        )
+        rec.lease = 1.0  # the join committed: a lease, and slow start is over
+        leased = {n: len(rec.requests[n]) + 1 for n in ("w0", "w1")}
+        await wait_async(
+            lambda: all(len(rec.requests[n]) > leased[n] for n in leased), 10, "a leased ack"
+        )
+        rec.gate.clear()  # late again: a leased stream sends on at its interval
+        sent = lg.last("report")["arbiters"][0]["sent"]  # type: ignore[index]
+        await wait_async(
+            lambda: lg.last("report")["arbiters"][0]["sent"] >= sent + 6,  # type: ignore[index]
+            10,
+            "heartbeats with none acked",
+        )
+        rec.gate.set()
+
+
+async def test_loadgen_waits_for_the_retry_hint_of_a_replica_that_sheds(
+    server: tuple[str, Recorder],
+) -> None:
+    addr, rec = server
+    rec.shed["h0"] = 1  # its first stream is refused, with a hint
+    async with _child("hb", "--arbiters", addr, "--prefix", "h", "--count", "1"):
+        await wait_async(lambda: len(rec.requests["h0"]) >= 2, 15, "h0 heartbeating again")
+        first, second = rec.opened["h0"][:2]
+        assert second - first >= HINT_MS / 1000 - 0.05
 
 
 async def test_loadgen_subscribers_decode_the_snapshot_and_a_death(

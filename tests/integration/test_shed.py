@@ -3,6 +3,8 @@ that long and joins once the load is gone (arbiter/server/shedding.py, heartbeat
 
 One replica that is its own quorum runs in this process; the test plays its load with a
 load source (``LoadMonitor.add_source``), so nothing here depends on the machine's speed.
+A replica made late by a test hook (its loop-lag monitor reporting the loop late for
+much of the last 2 s) sheds on that backlog alone, its CPU time low (load.py rule 4).
 The same through an ingest worker (``ingest_workers=1``): the consensus process decides,
 the worker ends the stream with the same status and hint (ingest/pool.py rule 3).
 """
@@ -32,12 +34,15 @@ from tests.integration.harness import wait_async
 pytestmark = pytest.mark.integration
 
 RETRY_AFTER = 0.5  # seconds: hints of 500 to 999 ms
+BACKLOG = 0.1  # seconds of lasting loop lag from which the replica sheds (the lan preset's)
 
 
 @pytest.fixture
 async def lone_replica() -> AsyncIterator[ArbiterServer]:
     addr = f"127.0.0.1:{free_ports(1)[0]}"
-    config = ArbiterConfig.local(shed_retry_after=RETRY_AFTER, shed_utilisation=0.9)
+    config = ArbiterConfig.local(
+        shed_retry_after=RETRY_AFTER, shed_utilisation=0.9, shed_lateness=BACKLOG
+    )
     server = ArbiterServer(replica_id="a1", peers={"a1": addr}, listen=addr, config=config)
     await server.start()
     try:
@@ -115,6 +120,43 @@ async def test_shed_new_nodes_get_the_status_and_hint_known_ones_go_on_sdk_waits
         await wait_async(lambda: _member(lone_replica, "n2") is MemberState.ALIVE, 15, "n2 joins")
     finally:
         await client.close()
+
+
+async def test_shed_a_replica_late_at_every_wake_up_sheds_new_nodes_serves_known_ones(
+    lone_replica: ArbiterServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    driver = lone_replica.driver
+    lag = [0.0]
+    # The hook: the loop-lag monitor reports the loop late for much of the last 2 s
+    # (tests/unit/test_looplag.py starves a loop that much for real; its CPU time
+    # stays low: a starved loop waits for a CPU).
+    monkeypatch.setattr(driver.lag_monitor, "mean_lateness", lambda now: lag[0])
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{lone_replica.port}") as channel:
+        stub = pb_grpc.MembershipStub(channel)
+        known, ack = await _first_ack(stub, "n0")
+        await wait_async(lambda: _member(lone_replica, "n0") is MemberState.ALIVE, 10, "n0")
+
+        lag[0] = 0.25
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await _first_ack(stub, "n1")
+        assert e.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        details = e.value.details() or ""
+        assert details.startswith("shedding: arbiter a1 is loaded"), details
+        assert "backlog 0.250s, shed_lateness 0.1s" in details
+        hints = dict(e.value.trailing_metadata() or ())
+        assert 500 <= int(hints[PUSHBACK_KEY]) < 1000
+        assert driver.load.cpu <= 0.9 and driver.load.shed == 1  # the backlog, not the CPU
+        # The known node is served on, on its old stream and on a new one.
+        await known.write(pb.HeartbeatRequest(node_id="n0", incarnation=1, seq=2))
+        assert (await known.read()).state == pb.MEMBER_STATE_ALIVE
+        again, ack = await _first_ack(stub, "n0")
+        assert ack.state == pb.MEMBER_STATE_ALIVE
+
+        lag[0] = 0.0  # on time again: n1 is taken
+        joined, ack = await _first_ack(stub, "n1")
+        assert ack.seq == 1
+        for call in (known, again, joined):
+            await call.done_writing()
 
 
 @pytest.fixture

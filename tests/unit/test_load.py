@@ -118,9 +118,25 @@ class _Lag:
     def __init__(self) -> None:
         self.ongoing = 0.0
         self.latest_late = (0.0, -math.inf)
+        self.lasting = 0.0
 
     def recent_lag(self, now: float, since: float) -> float:
         return self.ongoing
+
+    def mean_lateness(self, now: float) -> float:
+        return self.lasting
+
+
+def test_load_backlog_is_the_lasting_loop_lag_or_a_source_not_a_stall() -> None:
+    lag = _Lag()
+    h = LocalHealth(lag, listen_after=0.15)  # type: ignore[arg-type]
+    lag.ongoing, lag.latest_late = 0.8, (0.8, 10.0)  # one stall: lateness, no backlog
+    assert h.lateness(10.0) == pytest.approx(0.8) and h.backlog(10.0) == 0.0
+    lag.ongoing, lag.lasting = 0.0, 0.25  # late for much of the last 2 s
+    assert h.backlog(20.0) == pytest.approx(0.25)
+    assert h.lateness(20.0) >= 0.25  # what lasts is lateness too
+    h.add_source(lambda now: 1.5)  # an ingest backlog
+    assert h.backlog(20.0) == pytest.approx(1.5)
 
 
 def test_load_lateness_covers_a_stall_for_as_long_as_it_lasted_then_sources() -> None:
@@ -151,7 +167,7 @@ def _driver(utilisation: float, lateness: float, known: bool = False) -> SimpleN
     return SimpleNamespace(
         config=ArbiterConfig.lan(),
         replica_id="a1",
-        load=SimpleNamespace(cpu=utilisation, shed=0),
+        load=SimpleNamespace(cpu=utilisation, shed=0, shed_since=None, last_shed=-math.inf),
         health=SimpleNamespace(backlog=lambda now: lateness),
         observer=SimpleNamespace(opinion=lambda n: Opinion.ALIVE if known else None),
         state=SimpleNamespace(member=lambda n: None),
@@ -170,9 +186,30 @@ def test_load_shedding_refuses_new_nodes_with_a_jittered_retry_hint() -> None:
         check_shedding(_driver(0.1, 0.5), "n1", 0.0)  # type: ignore[arg-type]
 
 
+def test_load_shedding_hint_doubles_while_an_episode_lasts_and_starts_again_after() -> None:
+    d = _driver(utilisation=0.1, lateness=0.5)  # shed_retry_after 1 s (lan)
+
+    def hint(now: float) -> int:
+        with pytest.raises(Shed) as e:
+            check_shedding(d, "n1", now, random.Random(7))  # type: ignore[arg-type]
+        return e.value.pushback_ms
+
+    first = hint(100.0)
+    assert 1000 <= first < 2000
+    # Every second of the episode doubles it (the same jitter each time here)...
+    ratios = [round(hint(t) / first, 2) for t in (100.5, 101.2, 102.1, 103.0)]
+    assert ratios == [1, 2, 4, 8]
+    assert hint(130.0 - 1.5) <= 30_000  # ...up to the longest hint a client takes
+    d.health.backlog = lambda now: 0.0
+    check_shedding(d, "n1", 131.0)  # type: ignore[arg-type]  # unloaded: the episode ends
+    d.health.backlog = lambda now: 0.5
+    assert hint(131.5) == first
+    assert hint(140.0) == first  # nothing shed for 2 s: a new episode
+
+
 def test_load_shedding_never_refuses_a_known_node_nor_below_the_thresholds() -> None:
     check_shedding(_driver(0.95, 5.0, known=True), "n1", 0.0)  # type: ignore[arg-type]
-    check_shedding(_driver(0.89, 0.29), "n1", 0.0)  # type: ignore[arg-type]
+    check_shedding(_driver(0.89, 0.09), "n1", 0.0)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

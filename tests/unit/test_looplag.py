@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from arbiter.server.looplag import LoopLagMonitor
+from arbiter.server.looplag import MEAN_WINDOW, LoopLagMonitor
 
 
 async def _until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -113,6 +113,39 @@ async def test_looplag_recent_lag_reports_a_stall_in_progress_and_just_ended() -
     finally:
         await m.stop()
     assert m.recent_lag(time.monotonic(), since=0.0) == 0.0  # stopped
+
+
+async def test_looplag_mean_lateness_counts_a_loop_late_in_bursts_not_one_short_stall() -> None:
+    m = LoopLagMonitor(name="a1", interval=0.05, warn_after=10.0)
+    assert m.mean_lateness(time.monotonic()) == 0.0  # not started
+    m.start()
+    stop = asyncio.Event()
+
+    async def starve() -> None:
+        # A loop starved in bursts (as by CPU-bound neighbours): 0.5 s without a turn,
+        # then 0.1 s in which it wakes on time.
+        while not stop.is_set():
+            _stall_blocked(0.5)
+            await asyncio.sleep(0.1)
+
+    hog: asyncio.Task[None] | None = None
+    try:
+        await _until(lambda: m.statistics().samples >= 5)
+        _stall_blocked(0.4)  # one short stall...
+        await _until(lambda: m.statistics().max >= 0.3)
+        assert m.mean_lateness(time.monotonic()) < 0.1  # ...counts little (0.04 s)
+        hog = asyncio.get_running_loop().create_task(starve())
+        await _until(lambda: m.mean_lateness(time.monotonic()) >= 0.12)
+        stop.set()
+        await hog
+        # On time again: it fades within the window.
+        await _until(lambda: m.mean_lateness(time.monotonic()) < 0.01, timeout=MEAN_WINDOW + 3)
+    finally:
+        stop.set()
+        if hog is not None:
+            await hog
+        await m.stop()
+    assert m.mean_lateness(time.monotonic()) == 0.0  # stopped
 
 
 def test_looplag_rejects_bad_settings() -> None:
