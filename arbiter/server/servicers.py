@@ -343,7 +343,8 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         Another instance's epoch is refused with OUT_OF_RANGE at once. An epoch
         beyond this replica's is waited for; once the replica has been in a
         quorum for FUTURE_EPOCH_WAIT seconds and is still behind, it is refused
-        with OUT_OF_RANGE. A replica without quorum cannot tell, and never
+        with OUT_OF_RANGE (the wait counts only while it has applied every entry
+        it knows committed). A replica without quorum cannot tell, and never
         serves another history: it keeps waiting (its subscriber, told
         ``in_quorum = false``, goes elsewhere); so does a replica that does
         not know its instance yet when the subscriber names one.
@@ -362,7 +363,10 @@ class MembershipServicer(pb_grpc.MembershipServicer):
             if state.epoch >= since and (not instance or state.instance):
                 return
             now = loop.time()
-            if not self._driver.status().in_quorum:
+            raft = self._driver.raft.status()
+            if not self._driver.status().in_quorum or raft.applied < raft.commit:
+                # Out of quorum it cannot tell; with committed entries still to
+                # apply it is behind its own log, not the subscriber ahead of it.
                 in_quorum_since = None
             elif in_quorum_since is None:
                 in_quorum_since = now
