@@ -210,13 +210,17 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else round(v * 1e3, 2)
 
 
+NATIVE = False  # --native: py-spy shows C frames (gRPC's core, the GC) too
+
+
 def _spy(pid: int, out: Path | None) -> subprocess.Popen[bytes] | None:
     if out is None:
         return None
     exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     return subprocess.Popen(
         [exe, "record", "--pid", str(pid), "--rate", "250", "--format", "raw",
-         "--output", str(out), "--nonblocking"],
+         "--output", str(out), *(["--native"] if NATIVE else []),
+         *([] if NATIVE else ["--nonblocking"])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 
@@ -248,6 +252,14 @@ def _phase(
     """One phase's changes (from changer ``first``), with the readings around them."""
     phase = Phase(name)
     pids = {rid: c.pid for rid, c in cluster.children.items()}
+
+    def at_rest() -> float:
+        """The replicas' cores at rest (progress markers, heartbeats, Raft) over --idle s."""
+        c, t = sum(tree_cpu_seconds(p) for p in pids.values()), time.monotonic()
+        time.sleep(args.idle)
+        return (sum(tree_cpu_seconds(p) for p in pids.values()) - c) / (time.monotonic() - t)
+
+    idle_before = at_rest()
     spy = _spy(pids["a1"], profile)
     m0 = {r: scrape(maddr[r]) for r in cluster.arbiters}
     c0 = {r: tree_cpu_seconds(p) for r, p in pids.items()}
@@ -261,18 +273,14 @@ def _phase(
     dt = time.monotonic() - t0
     m1 = {r: scrape(maddr[r]) for r in cluster.arbiters}
     deltas = [histogram_delta(m1[r], m0[r], HISTOGRAM) for r in cluster.arbiters]
-    phase.figures = {
-        "epochs": len(phase.epochs),
-        "seconds": round(dt, 1),
-        "server_p50_ms": _ms(histogram_quantile(deltas, HISTOGRAM, 0.5)),
-        "server_p99_ms": _ms(histogram_quantile(deltas, HISTOGRAM, 0.99)),
-        "replica_cores": {r: round((tree_cpu_seconds(p) - c0[r]) / dt, 3) for r, p in pids.items()},
-        "subscriber_cores": round((subs.cpu() - s0) / dt, 3),
-    }
+    cpu = sum(tree_cpu_seconds(p) - c0[r] for r, p in pids.items())
+    rc = {r: round((tree_cpu_seconds(p) - c0[r]) / dt, 3) for r, p in pids.items()}
+    sc = round((subs.cpu() - s0) / dt, 3)
+    loadgen = None
     if fleet is not None:
         tot = fleet.totals()
         a1 = tot["arbiters"][0]
-        phase.figures["loadgen"] = {
+        loadgen = {
             "sent_per_s": round(a1["sent_rate"]),
             "required_per_s": round(a1["required_rate"]),
             "late_p99_ms": tot["late_p99_ms"],
@@ -280,6 +288,24 @@ def _phase(
             "cores": round((fleet.cpu() - lg0) / dt, 3),
         }
     top = _unspy(spy, profile)
+    # The joined nodes heartbeat from their join on: the rate at rest grows over the
+    # phase, so the baseline is the mean of the rates before and after it.
+    idle = (idle_before + at_rest()) / 2
+    per_epoch = (cpu - idle * dt) / max(1, len(phase.epochs))
+    phase.figures = {
+        "epochs": len(phase.epochs),
+        "seconds": round(dt, 1),
+        "idle_cores": round(idle, 3),
+        # the replicas' CPU for one change to every subscriber, above the rate at rest
+        "cpu_ms_per_epoch": round(per_epoch * 1e3, 2),
+        "cpu_us_per_delivery": round(per_epoch / args.subscribers * 1e6, 1),
+        "server_p50_ms": _ms(histogram_quantile(deltas, HISTOGRAM, 0.5)),
+        "server_p99_ms": _ms(histogram_quantile(deltas, HISTOGRAM, 0.99)),
+        "replica_cores": rc,
+        "subscriber_cores": sc,
+    }
+    if loadgen is not None:
+        phase.figures["loadgen"] = loadgen
     if top is not None:
         phase.figures["profile_top"] = top
     return phase
@@ -381,6 +407,7 @@ def _row(r: dict[str, Any], phase: str) -> str:
         f"{_f(p['p50_ms']):>7} {_f(p['p90_ms']):>7} {_f(p['p99_ms']):>7} {_f(p['max_ms']):>7} "
         f"{_f(p['spread_p50_ms']):>7} {_f(p['spread_max_ms']):>7} "
         f"{_f(p['server_p50_ms']):>6}/{_f(p['server_p99_ms']):<6} "
+        f"{p['cpu_us_per_delivery']:>6.1f} {p['idle_cores']:>5.2f} "
         f"{rc['a1']:>5.2f} {rc['a2']:>5.2f} {rc['a3']:>5.2f} {p['subscriber_cores']:>5.2f}"
         f"{load}"
     )
@@ -395,6 +422,7 @@ def table(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     head = (
         f"{'system':<7} {'rd':>2} {'phase':<7} {'ep':>3} {'recv':>6} {'p50':>7} {'p90':>7} "
         f"{'p99':>7} {'max':>7} {'spr50':>7} {'sprmax':>7} {'server p50/p99':>13} "
+        f"{'us/dlv':>6} {'idle':>5} "
         f"{'a1':>5} {'a2':>5} {'a3':>5} {'subs':>5}"
     )
     lines = [head, "-" * len(head)]
@@ -407,13 +435,14 @@ def table(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     lines.append("")
     for system in dict.fromkeys(r["system"] for r in results):
         for phase in ("quiet", "loaded"):
-            p99 = [r[phase]["p99_ms"] for r in results if r["system"] == system and phase in r]
-            p99 = [x for x in p99 if x is not None]
-            if p99:
-                lines.append(
-                    f"{system} {phase}: p99 median {statistics.median(p99):.1f} ms, "
-                    f"min {min(p99):.1f}, max {max(p99):.1f} over {len(p99)} round(s)"
-                )
+            rs = [r[phase] for r in results if r["system"] == system and phase in r]
+            for key, unit in (("p50_ms", "ms"), ("p99_ms", "ms"), ("cpu_us_per_delivery", "us")):
+                xs = [x[key] for x in rs if x.get(key) is not None]
+                if xs:
+                    lines.append(
+                        f"{system} {phase} {key}: median {statistics.median(xs):.1f} {unit} "
+                        f"(min {min(xs):.1f}, max {max(xs):.1f}, {len(xs)} round(s))"
+                    )
     lines.append(
         f"\n{args.subscribers} subscribers spread over 3 replicas; N = {args.nodes} heartbeating "
         f"nodes in the loaded phase{' (a2, a3 light)' if args.light else ''}; "
@@ -422,7 +451,9 @@ def table(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
         "of that epoch (log line, ms, truncated: up to 1 ms high), over every subscriber and "
         "epoch; spr50/sprmax: the last minus the first receive among one replica's "
         "subscribers, per epoch; server: the replicas' membership_commit_to_subscriber_seconds "
-        "(apply to the write returning; bucket upper bounds). a1..a3, subs: cores used over "
+        "(apply to the write returning; bucket upper bounds). us/dlv: the replicas' CPU "
+        "over the phase less their rate at rest (idle, cores: the mean of --idle seconds "
+        "just before and just after), per epoch and subscriber. a1..a3, subs: cores used over "
         "the phase (replicas; the Go subscriber process). lg: what the load generator sent "
         "to a1 against the rate required, and its send lateness."
     )
@@ -438,6 +469,7 @@ def main() -> int:
     p.add_argument("--kills", type=int, default=3, help="deaths per phase")
     p.add_argument("--gap", type=float, default=0.5, help="seconds between changes")
     p.add_argument("--settle", type=float, default=5.0)
+    p.add_argument("--idle", type=float, default=5.0, help="seconds at rest before the changes")
     p.add_argument("--join-spread", type=float, default=1.0)
     p.add_argument("--join-rate", type=float, default=100.0, help="nodes started a second")
     p.add_argument("--keep-logs", type=Path, default=None, help="copy every process's log here")
@@ -449,9 +481,12 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--before", type=Path, default=None, help="another source tree, same run")
     p.add_argument("--profile", type=Path, default=None, help="py-spy profiles into DIR")
+    p.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
     p.add_argument("--out", type=Path, default=RESULTS / "fanout")
     args = p.parse_args()
     args.light = args.nodes > args.full_load_max
+    global NATIVE
+    NATIVE = args.native
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     systems: list[tuple[str, Path | None]] = [("ours", None)]
     if args.before is not None:
