@@ -48,8 +48,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -59,13 +57,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from detection_common import Procs, say
-from heartbeat_path import profile_top
+from fanout_common import ms, receive_latency, start_spy, stop_spy, summary
 from loadgen import Fleet, Process
 from scale_common import (
     histogram_delta,
     histogram_quantile,
     metric,
-    pct,
     scrape,
     tree_cpu_seconds,
     wait_until,
@@ -75,6 +72,7 @@ from membership.localcluster import LocalCluster, free_ports
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HISTOGRAM = "membership_commit_to_subscriber_seconds"
+PHASES = ("quiet", "loaded")
 
 
 def _start_cluster(args: argparse.Namespace, workdir: Path, before: Path | None) -> Any:
@@ -174,70 +172,6 @@ def _ramp(args: argparse.Namespace, fleet: Fleet) -> None:
         time.sleep(1.0)
 
 
-def _latency(
-    subs: Process, applied: dict[tuple[str, int], float], epochs: list[int]
-) -> dict[str, Any]:
-    """Receive minus apply over every subscriber and epoch of ``epochs`` (seconds)."""
-    samples: list[float] = []
-    spreads: list[float] = []
-    per: dict[str, list[float]] = {}
-    missing = 0
-    wanted = set(epochs)
-    for e in subs.events:
-        if e.get("ev") != "epoch" or e["epoch"] not in wanted or not e.get("recv"):
-            continue
-        for rid, times in e["recv"].items():
-            at = applied.get((rid, int(e["epoch"])))
-            if at is None:
-                missing += len(times)
-                continue
-            lat = [t - at for t in times]
-            samples += lat
-            per.setdefault(rid, []).extend(lat)
-            spreads.append(max(times) - min(times))
-    return {
-        "samples": len(samples),
-        "unmatched": missing,
-        **{f"p{p}_ms": _ms(pct(samples, p)) for p in (50, 90, 99)},
-        "max_ms": _ms(max(samples, default=None)),
-        "per_replica_p99_ms": {r: _ms(pct(v, 99)) for r, v in sorted(per.items())},
-        "spread_p50_ms": _ms(pct(spreads, 50)),
-        "spread_max_ms": _ms(max(spreads, default=None)),
-    }
-
-
-def _ms(v: float | None) -> float | None:
-    return None if v is None else round(v * 1e3, 2)
-
-
-NATIVE = False  # --native: py-spy shows C frames (gRPC's core, the GC) too
-
-
-def _spy(pid: int, out: Path | None) -> subprocess.Popen[bytes] | None:
-    if out is None:
-        return None
-    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    return subprocess.Popen(
-        [exe, "record", "--pid", str(pid), "--rate", "250", "--format", "raw",
-         "--output", str(out), *(["--native"] if NATIVE else []),
-         *([] if NATIVE else ["--nonblocking"])],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-
-
-def _unspy(spy: subprocess.Popen[bytes] | None, out: Path | None) -> str | None:
-    if spy is None or out is None:
-        return None
-    spy.send_signal(signal.SIGINT)  # py-spy writes its output on Ctrl-C
-    try:
-        spy.wait(30)
-    except subprocess.TimeoutExpired:
-        spy.kill()
-        spy.wait()
-        return None
-    return profile_top(out) if out.exists() else None
-
-
 def _phase(
     args: argparse.Namespace,
     name: str,
@@ -260,7 +194,7 @@ def _phase(
         return (sum(tree_cpu_seconds(p) for p in pids.values()) - c) / (time.monotonic() - t)
 
     idle_before = at_rest()
-    spy = _spy(pids["a1"], profile)
+    spy = start_spy(pids["a1"], profile, args.native)
     m0 = {r: scrape(maddr[r]) for r in cluster.arbiters}
     c0 = {r: tree_cpu_seconds(p) for r, p in pids.items()}
     s0, t0 = subs.cpu(), time.monotonic()
@@ -268,7 +202,7 @@ def _phase(
     try:
         _changes(args, subs, changers, phase, first)
     except BaseException:
-        _unspy(spy, profile)
+        stop_spy(spy, profile)
         raise
     dt = time.monotonic() - t0
     m1 = {r: scrape(maddr[r]) for r in cluster.arbiters}
@@ -287,7 +221,7 @@ def _phase(
             "ack_p99_ms_a1": a1["ack_p99_ms"],
             "cores": round((fleet.cpu() - lg0) / dt, 3),
         }
-    top = _unspy(spy, profile)
+    top = stop_spy(spy, profile)
     # The joined nodes heartbeat from their join on: the rate at rest grows over the
     # phase, so the baseline is the mean of the rates before and after it.
     idle = (idle_before + at_rest()) / 2
@@ -299,8 +233,8 @@ def _phase(
         # the replicas' CPU for one change to every subscriber, above the rate at rest
         "cpu_ms_per_epoch": round(per_epoch * 1e3, 2),
         "cpu_us_per_delivery": round(per_epoch / args.subscribers * 1e6, 1),
-        "server_p50_ms": _ms(histogram_quantile(deltas, HISTOGRAM, 0.5)),
-        "server_p99_ms": _ms(histogram_quantile(deltas, HISTOGRAM, 0.99)),
+        "server_p50_ms": ms(histogram_quantile(deltas, HISTOGRAM, 0.5)),
+        "server_p99_ms": ms(histogram_quantile(deltas, HISTOGRAM, 0.99)),
         "replica_cores": rc,
         "subscriber_cores": sc,
     }
@@ -375,7 +309,10 @@ def run_system(
         for name in ("quiet", "loaded"):
             if name in res:
                 phase = res[name]
-                res[name] = {**phase.figures, **_latency(subs, applied, phase.epochs)}
+                lat = receive_latency(
+                    subs.events, lambda r, e: applied.get((r, e)), set(phase.epochs)
+                )
+                res[name] = {**phase.figures, **lat}
         res["elections"] = int(
             max(metric(scrape(maddr[r]), "membership_raft_term") for r in cluster.arbiters) - term0
         )
@@ -433,16 +370,9 @@ def table(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
         if "error" in r:
             lines.append(f"{r['system']:<7} {r['round']:>2} {r['error']}")
     lines.append("")
-    for system in dict.fromkeys(r["system"] for r in results):
-        for phase in ("quiet", "loaded"):
-            rs = [r[phase] for r in results if r["system"] == system and phase in r]
-            for key, unit in (("p50_ms", "ms"), ("p99_ms", "ms"), ("cpu_us_per_delivery", "us")):
-                xs = [x[key] for x in rs if x.get(key) is not None]
-                if xs:
-                    lines.append(
-                        f"{system} {phase} {key}: median {statistics.median(xs):.1f} {unit} "
-                        f"(min {min(xs):.1f}, max {max(xs):.1f}, {len(xs)} round(s))"
-                    )
+    rows = [{"label": f"{r['system']} {ph}", **r[ph]} for r in results for ph in PHASES if ph in r]
+    keys = ("p50_ms", "p99_ms", "max_ms", "cpu_us_per_delivery")
+    lines += summary(rows, lambda x: str(x["label"]), keys)
     lines.append(
         f"\n{args.subscribers} subscribers spread over 3 replicas; N = {args.nodes} heartbeating "
         f"nodes in the loaded phase{' (a2, a3 light)' if args.light else ''}; "
@@ -485,8 +415,6 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=RESULTS / "fanout")
     args = p.parse_args()
     args.light = args.nodes > args.full_load_max
-    global NATIVE
-    NATIVE = args.native
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     systems: list[tuple[str, Path | None]] = [("ours", None)]
     if args.before is not None:

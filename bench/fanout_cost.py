@@ -37,8 +37,6 @@ import contextlib
 import inspect
 import json
 import os
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -308,8 +306,8 @@ def run_system(
     """One server, its subscribers, the changes; returns the figures."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from detection_common import Procs
+    from fanout_common import receive_latency, start_spy, stop_spy
     from loadgen import Process
-    from scale_common import pct
 
     work.mkdir(parents=True, exist_ok=True)
     procs = Procs(work)
@@ -332,15 +330,7 @@ def run_system(
         c0, t0 = server.cpu(), time.monotonic()
         time.sleep(args.idle)
         idle = (server.cpu() - c0) / (time.monotonic() - t0)
-        if profile is not None:
-            exe = Path(sys.executable).parent / "py-spy"
-            spy = subprocess.Popen(
-                [str(exe), "record", "--pid", str(server.ready["pid"]), "--rate", "500",
-                 "--format", "raw", "--output", str(profile), *(["--native"] if args.native
-                                                                else ["--nonblocking"])],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
-            time.sleep(1.0)
+        spy = start_spy(server.ready["pid"], profile, args.native)
         c1, t1, s1 = server.cpu(), time.monotonic(), subs.cpu()
         server.send(f"publish {args.changes} {args.rate} {args.batch}")
         server.expect("done")
@@ -351,37 +341,23 @@ def run_system(
         dt = time.monotonic() - t1
         cpu = server.cpu() - c1
         sub_cores = (subs.cpu() - s1) / dt
-        if spy is not None:
-            spy.send_signal(signal.SIGINT)
-            spy.wait(30)
+        top = stop_spy(spy, profile)
+        spy = None
         published = {ln["epoch"]: ln["wall"] for ln in server.lines if ln["ev"] == "published"}
-        lat: list[float] = []
-        spread: list[float] = []
-        got = 0
-        for e in subs.events:
-            if e.get("ev") != "epoch" or e["epoch"] not in published:
-                continue
-            times = [t for ts in (e.get("recv") or {}).values() for t in ts]
-            got += len(times)
-            lat += [t - published[e["epoch"]] for t in times]
-            if times:
-                spread.append(max(times) - min(times))
+        lat = receive_latency(subs.events, lambda r, e: published.get(e), set(published))
         deliveries = args.changes * args.subscribers
         return {
             "system": system,
-            "received": got,
             "deliveries": deliveries,
-            **{f"p{p}_ms": round(1e3 * (pct(lat, p) or 0.0), 2) for p in (50, 90, 99)},
-            "max_ms": round(1e3 * max(lat, default=0.0), 2),
-            "spread_p50_ms": round(1e3 * (pct(spread, 50) or 0.0), 2),
+            "profile_top": top,
+            **lat,
             "idle_cores": round(idle, 4),
             "cpu_us_per_delivery": round((cpu - idle * dt) / deliveries * 1e6, 2),
             "open_ms_per_subscriber": round(open_cpu * 1e3, 3),
             "subscriber_cores": round(sub_cores, 3),
         }
     finally:
-        if spy is not None and spy.poll() is None:
-            spy.kill()
+        stop_spy(spy, profile)
         if subs is not None:
             subs.stop()
         server.stop()
@@ -389,6 +365,8 @@ def run_system(
 
 
 def _table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    from fanout_common import summary
+
     head = (
         f"{'system':<7} {'rd':>2} {'recv':>7} {'p50':>7} {'p90':>7} {'p99':>7} {'max':>7} "
         f"{'spr50':>7} {'us/dlv':>7} {'idle':>6} {'open ms':>7}"
@@ -396,22 +374,13 @@ def _table(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(
-            f"{r['system']:<7} {r['round']:>2} {r['received']:>7} {r['p50_ms']:>7.1f} "
+            f"{r['system']:<7} {r['round']:>2} {r['samples']:>7} {r['p50_ms']:>7.1f} "
             f"{r['p90_ms']:>7.1f} {r['p99_ms']:>7.1f} {r['max_ms']:>7.1f} "
             f"{r['spread_p50_ms']:>7.1f} {r['cpu_us_per_delivery']:>7.1f} {r['idle_cores']:>6.3f} "
             f"{r['open_ms_per_subscriber']:>7.2f}"
         )
-    lines.append("")
-    systems = list(dict.fromkeys(r["system"] for r in results))
     keys = ("p50_ms", "p99_ms", "max_ms", "cpu_us_per_delivery", "idle_cores")
-    for key in (*keys, "open_ms_per_subscriber"):
-        parts = []
-        for s in systems:
-            xs = [r[key] for r in results if r["system"] == s]
-            if not xs:
-                continue
-            parts.append(f"{s} {statistics.median(xs):.3g} ({min(xs):.3g}..{max(xs):.3g})")
-        lines.append(f"{key:<20} median (min..max): " + "; ".join(parts))
+    lines += ["", *summary(results, lambda r: str(r["system"]), (*keys, "open_ms_per_subscriber"))]
     lines.append(
         f"\n{args.subscribers} subscribers on one server, a view of {args.members} members; "
         f"{args.changes} changes of {args.batch} member(s) each at {args.rate}/s. p50..max: "
@@ -471,13 +440,10 @@ def main() -> int:
                 print(_table([r], args).split("\n\n")[0].splitlines()[-1], flush=True)
         if args.profile is not None:
             args.profile.mkdir(parents=True, exist_ok=True)
-            from heartbeat_path import profile_top
-
             for system, tree in systems:
                 out = args.profile / f"cost-{system}.txt"
-                run_system(args, system, tree, tmp / f"{system}-profile", out)
-                if out.exists():
-                    top = profile_top(out)
+                top = run_system(args, system, tree, tmp / f"{system}-profile", out)["profile_top"]
+                if top is not None:
                     (args.profile / f"cost-{system}-top.txt").write_text(top + "\n")
                     print(f"\nprofile of {system} (py-spy on the server):\n{top}")
     text = _table(results, args)
@@ -485,7 +451,8 @@ def main() -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "fanout_cost.txt").write_text(text + "\n")
-        (args.out / "fanout_cost.json").write_text(json.dumps(results, indent=1))
+        rows = [{k: v for k, v in r.items() if k != "profile_top"} for r in results]
+        (args.out / "fanout_cost.json").write_text(json.dumps(rows, indent=1))
     return 0
 
 
