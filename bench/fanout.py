@@ -17,7 +17,9 @@ joined node stopped abruptly):
    own cost);
 2. loaded: after ``--nodes`` nodes joined (the Go load generator, each a
    Heartbeat stream to every replica at the interval the replicas suggest;
-   above ``--full-load-max`` nodes a2 and a3 are light, as in bench/scale.py)
+   above ``--full-load-max`` nodes a2 and a3 are light, as in bench/scale.py;
+   ``--light a1,a2,a3`` makes all three light, for a machine whose other work
+   leaves too little CPU for a fully loaded replica)
    and ``--settle`` seconds.
 
 Measured, per phase, over the epochs those changes committed: for every
@@ -76,7 +78,7 @@ PHASES = ("quiet", "loaded")
 
 
 def _start_cluster(args: argparse.Namespace, workdir: Path, before: Path | None) -> Any:
-    """The 3 replicas (a2, a3 light above --full-load-max) and their metrics addresses."""
+    """The 3 replicas (those of ``args.light`` light) and their metrics addresses."""
     env = {**os.environ, "MEMBERSHIP_LOG_FORMAT": "json"}
     if before is not None:
         env["PYTHONPATH"] = str(before)
@@ -91,7 +93,7 @@ def _start_cluster(args: argparse.Namespace, workdir: Path, before: Path | None)
     ]
     for rid in cluster.arbiters:
         extra = [*limits, "--metrics-listen", maddr[rid]]
-        if args.light and rid != "a1":
+        if rid in args.light:
             iv = str(args.light_interval)
             extra += ["--heartbeat-interval", iv, "--max-heartbeat-interval", iv]
             extra += ["--missed-heartbeats", str(args.light_missed)]
@@ -160,16 +162,20 @@ def _changes(
         commit(f"kill c{first + i}", f"kill of c{first + i}")
 
 
-def _ramp(args: argparse.Namespace, fleet: Fleet) -> None:
-    """Starts the fleet's nodes at ``--join-rate`` a second (a join storm is not what
-    this measures: bench/scale.py and bench/join_storm.py time it)."""
-    per = max(1, round(args.join_rate / len(fleet.parts)))
+def _ramp(args: argparse.Namespace, fleet: Fleet, subs: Process) -> None:
+    """Starts the fleet's nodes ``--join-batch`` at a time, each batch once the last is
+    ALIVE (or after 10 s): a join storm is not what this measures (bench/scale.py and
+    bench/join_storm.py time it), and on a loaded machine one collapses the replicas
+    (nodes heartbeat at the base interval until their first ack)."""
+    per = max(1, args.join_batch // len(fleet.parts))
+    base = subs.report.get("alive") or 0
     started = 0
     while started < fleet.count:
         for _, _, p in fleet.parts:
             p.send(f"join {per}")
-        started += per * len(fleet.parts)
-        time.sleep(1.0)
+        started = min(fleet.count, started + per * len(fleet.parts))
+        target = base + started
+        wait_until(lambda t=target: (subs.report.get("alive") or 0) >= t, 10.0, 0.2)
 
 
 def _phase(
@@ -285,7 +291,7 @@ def run_system(
                 )  # fmt: skip
                 fleet.wait_ready()
                 want = (subs.report.get("alive") or 0) + args.nodes
-                _ramp(args, fleet)
+                _ramp(args, fleet, subs)
                 joined = wait_until(
                     lambda want=want: (subs.report.get("alive") or 0) >= want,
                     args.join_timeout,
@@ -373,9 +379,10 @@ def table(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     rows = [{"label": f"{r['system']} {ph}", **r[ph]} for r in results for ph in PHASES if ph in r]
     keys = ("p50_ms", "p99_ms", "max_ms", "cpu_us_per_delivery")
     lines += summary(rows, lambda x: str(x["label"]), keys)
+    light = f" (light at {args.light_interval} s: {','.join(args.light)})" if args.light else ""
     lines.append(
         f"\n{args.subscribers} subscribers spread over 3 replicas; N = {args.nodes} heartbeating "
-        f"nodes in the loaded phase{' (a2, a3 light)' if args.light else ''}; "
+        f"nodes in the loaded phase{light}; "
         f"{args.changes} joins + {args.kills} kills per phase, {args.gap} s apart.\n"
         "Times in ms. p50..max: a subscriber's receive (wall clock) minus its replica's apply "
         "of that epoch (log line, ms, truncated: up to 1 ms high), over every subscriber and "
@@ -401,11 +408,12 @@ def main() -> int:
     p.add_argument("--settle", type=float, default=5.0)
     p.add_argument("--idle", type=float, default=5.0, help="seconds at rest before the changes")
     p.add_argument("--join-spread", type=float, default=1.0)
-    p.add_argument("--join-rate", type=float, default=100.0, help="nodes started a second")
+    p.add_argument("--join-batch", type=int, default=100, help="nodes started at a time")
     p.add_argument("--keep-logs", type=Path, default=None, help="copy every process's log here")
     p.add_argument("--join-timeout", type=float, default=120.0)
     p.add_argument("--change-timeout", type=float, default=20.0)
     p.add_argument("--full-load-max", type=int, default=999, help="above it a2, a3 are light")
+    p.add_argument("--light", default=None, help="light replicas (default: a2,a3 above it)")
     p.add_argument("--light-interval", type=float, default=3.0)
     p.add_argument("--light-missed", type=float, default=2.0)
     p.add_argument("--rounds", type=int, default=1)
@@ -414,7 +422,9 @@ def main() -> int:
     p.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
     p.add_argument("--out", type=Path, default=RESULTS / "fanout")
     args = p.parse_args()
-    args.light = args.nodes > args.full_load_max
+    if args.light is None:
+        args.light = "a2,a3" if args.nodes > args.full_load_max else ""
+    args.light = [x for x in args.light.split(",") if x]
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     systems: list[tuple[str, Path | None]] = [("ours", None)]
     if args.before is not None:
