@@ -16,7 +16,8 @@ joined node stopped abruptly):
 1. quiet: nothing else heartbeats but the few nodes that join (the fan-out's
    own cost);
 2. loaded: after ``--nodes`` nodes joined (the Go load generator, each a
-   Heartbeat stream to every replica at the interval the replicas suggest;
+   Heartbeat stream to every replica at the interval the replicas suggest,
+   started ``--join-batch`` at a time, each batch once the last is ALIVE;
    above ``--full-load-max`` nodes a2 and a3 are light, as in bench/scale.py;
    ``--light a1,a2,a3`` makes all three light, for a machine whose other work
    leaves too little CPU for a fully loaded replica)
@@ -192,14 +193,6 @@ def _phase(
     """One phase's changes (from changer ``first``), with the readings around them."""
     phase = Phase(name)
     pids = {rid: c.pid for rid, c in cluster.children.items()}
-
-    def at_rest() -> float:
-        """The replicas' cores at rest (progress markers, heartbeats, Raft) over --idle s."""
-        c, t = sum(tree_cpu_seconds(p) for p in pids.values()), time.monotonic()
-        time.sleep(args.idle)
-        return (sum(tree_cpu_seconds(p) for p in pids.values()) - c) / (time.monotonic() - t)
-
-    idle_before = at_rest()
     spy = start_spy(pids["a1"], profile, args.native)
     m0 = {r: scrape(maddr[r]) for r in cluster.arbiters}
     c0 = {r: tree_cpu_seconds(p) for r, p in pids.items()}
@@ -228,17 +221,10 @@ def _phase(
             "cores": round((fleet.cpu() - lg0) / dt, 3),
         }
     top = stop_spy(spy, profile)
-    # The joined nodes heartbeat from their join on: the rate at rest grows over the
-    # phase, so the baseline is the mean of the rates before and after it.
-    idle = (idle_before + at_rest()) / 2
-    per_epoch = (cpu - idle * dt) / max(1, len(phase.epochs))
     phase.figures = {
         "epochs": len(phase.epochs),
         "seconds": round(dt, 1),
-        "idle_cores": round(idle, 3),
-        # the replicas' CPU for one change to every subscriber, above the rate at rest
-        "cpu_ms_per_epoch": round(per_epoch * 1e3, 2),
-        "cpu_us_per_delivery": round(per_epoch / args.subscribers * 1e6, 1),
+        "replicas_cores": round(cpu / dt, 3),
         "server_p50_ms": ms(histogram_quantile(deltas, HISTOGRAM, 0.5)),
         "server_p99_ms": ms(histogram_quantile(deltas, HISTOGRAM, 0.99)),
         "replica_cores": rc,
@@ -350,7 +336,7 @@ def _row(r: dict[str, Any], phase: str) -> str:
         f"{_f(p['p50_ms']):>7} {_f(p['p90_ms']):>7} {_f(p['p99_ms']):>7} {_f(p['max_ms']):>7} "
         f"{_f(p['spread_p50_ms']):>7} {_f(p['spread_max_ms']):>7} "
         f"{_f(p['server_p50_ms']):>6}/{_f(p['server_p99_ms']):<6} "
-        f"{p['cpu_us_per_delivery']:>6.1f} {p['idle_cores']:>5.2f} "
+        f"{p['replicas_cores']:>5.2f} "
         f"{rc['a1']:>5.2f} {rc['a2']:>5.2f} {rc['a3']:>5.2f} {p['subscriber_cores']:>5.2f}"
         f"{load}"
     )
@@ -365,7 +351,7 @@ def table(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     head = (
         f"{'system':<7} {'rd':>2} {'phase':<7} {'ep':>3} {'recv':>6} {'p50':>7} {'p90':>7} "
         f"{'p99':>7} {'max':>7} {'spr50':>7} {'sprmax':>7} {'server p50/p99':>13} "
-        f"{'us/dlv':>6} {'idle':>5} "
+        f"{'cores':>5} "
         f"{'a1':>5} {'a2':>5} {'a3':>5} {'subs':>5}"
     )
     lines = [head, "-" * len(head)]
@@ -377,7 +363,7 @@ def table(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
             lines.append(f"{r['system']:<7} {r['round']:>2} {r['error']}")
     lines.append("")
     rows = [{"label": f"{r['system']} {ph}", **r[ph]} for r in results for ph in PHASES if ph in r]
-    keys = ("p50_ms", "p99_ms", "max_ms", "cpu_us_per_delivery")
+    keys = ("p50_ms", "p99_ms", "max_ms", "replicas_cores")
     lines += summary(rows, lambda x: str(x["label"]), keys)
     light = f" (light at {args.light_interval} s: {','.join(args.light)})" if args.light else ""
     lines.append(
@@ -388,9 +374,9 @@ def table(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
         "of that epoch (log line, ms, truncated: up to 1 ms high), over every subscriber and "
         "epoch; spr50/sprmax: the last minus the first receive among one replica's "
         "subscribers, per epoch; server: the replicas' membership_commit_to_subscriber_seconds "
-        "(apply to the write returning; bucket upper bounds). us/dlv: the replicas' CPU "
-        "over the phase less their rate at rest (idle, cores: the mean of --idle seconds "
-        "just before and just after), per epoch and subscriber. a1..a3, subs: cores used over "
+        "(apply to the write returning; bucket upper bounds). cores: the three replicas' "
+        "CPU over the phase (bench/fanout_cost.py measures the CPU per delivery alone); "
+        "a1..a3, subs: cores used over "
         "the phase (replicas; the Go subscriber process). lg: what the load generator sent "
         "to a1 against the rate required, and its send lateness."
     )
@@ -406,7 +392,6 @@ def main() -> int:
     p.add_argument("--kills", type=int, default=3, help="deaths per phase")
     p.add_argument("--gap", type=float, default=0.5, help="seconds between changes")
     p.add_argument("--settle", type=float, default=5.0)
-    p.add_argument("--idle", type=float, default=5.0, help="seconds at rest before the changes")
     p.add_argument("--join-spread", type=float, default=1.0)
     p.add_argument("--join-batch", type=int, default=100, help="nodes started at a time")
     p.add_argument("--keep-logs", type=Path, default=None, help="copy every process's log here")
