@@ -135,32 +135,34 @@ class Phase:
     def __init__(self, name: str) -> None:
         self.name = name
         self.epochs: list[int] = []
+        self.late = 0  # changes that committed nothing within --change-timeout
         self.figures: dict[str, Any] = {}
 
 
 def _changes(
     args: argparse.Namespace, subs: Process, changers: Process, phase: Phase, first: int
 ) -> None:
-    """``--changes`` joins of changer nodes c<first>.., then ``--kills`` of them, each
-    waited for until every subscriber received its epoch (or --epoch-wait passed)."""
+    """``--changes`` joins of the next changer nodes, then ``--kills`` of c<first>..,
+    each waited for (up to --change-timeout) until every subscriber received an epoch
+    after it; the phase's epochs are all those committed meanwhile."""
 
     def top() -> int:
         return max((e["epoch"] for e in subs.events if e.get("ev") == "epoch"), default=0)
 
-    def commit(command: str, what: str) -> None:
+    start = top()
+
+    def commit(command: str) -> None:
         seen = top()
         changers.send(command)
-        if not subs.wait_for(lambda: top() > seen, args.change_timeout + 5):
-            raise RuntimeError(f"{phase.name}: {what} committed no epoch within "
-                               f"{args.change_timeout} s")  # fmt: skip
-        # every epoch since (a change may take more than one, a DEAD and a rejoin)
-        phase.epochs += list(range(seen + 1, top() + 1))
+        if not subs.wait_for(lambda: top() > seen, args.change_timeout):
+            phase.late += 1  # an overloaded cluster: measured all the same
         time.sleep(args.gap)
 
-    for i in range(args.changes):
-        commit("join 1", f"join of c{first + i}")
+    for _ in range(args.changes):
+        commit("join 1")
     for i in range(args.kills):
-        commit(f"kill c{first + i}", f"kill of c{first + i}")
+        commit(f"kill c{first + i}")
+    phase.epochs = list(range(start + 1, top() + 1))
 
 
 def _ramp(args: argparse.Namespace, fleet: Fleet, subs: Process) -> None:
@@ -223,6 +225,7 @@ def _phase(
     top = stop_spy(spy, profile)
     phase.figures = {
         "epochs": len(phase.epochs),
+        "late_changes": phase.late,
         "seconds": round(dt, 1),
         "replicas_cores": round(cpu / dt, 3),
         "server_p50_ms": ms(histogram_quantile(deltas, HISTOGRAM, 0.5)),
@@ -331,6 +334,8 @@ def _row(r: dict[str, Any], phase: str) -> str:
     alive = r.get("alive_before_loaded")
     if phase == "loaded" and alive is not None:
         load += f", {alive} ALIVE"
+    if p.get("late_changes"):
+        load += f" [{p['late_changes']} change(s) not committed within --change-timeout]"
     return (
         f"{r['system']:<7} {r['round']:>2} {phase:<7} {p['epochs']:>3} {p['samples']:>6} "
         f"{_f(p['p50_ms']):>7} {_f(p['p90_ms']):>7} {_f(p['p99_ms']):>7} {_f(p['max_ms']):>7} "
