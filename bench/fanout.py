@@ -196,7 +196,7 @@ def _phase(
     phase = Phase(name)
     pids = {rid: c.pid for rid, c in cluster.children.items()}
     spy = start_spy(pids["a1"], profile, args.native)
-    m0 = {r: scrape(maddr[r]) for r in cluster.arbiters}
+    m0 = {r: scrape(maddr[r], 30.0) for r in cluster.arbiters}
     c0 = {r: tree_cpu_seconds(p) for r, p in pids.items()}
     s0, t0 = subs.cpu(), time.monotonic()
     lg0 = fleet.cpu() if fleet is not None else 0.0
@@ -206,7 +206,7 @@ def _phase(
         stop_spy(spy, profile)
         raise
     dt = time.monotonic() - t0
-    m1 = {r: scrape(maddr[r]) for r in cluster.arbiters}
+    m1 = {r: scrape(maddr[r], 30.0) for r in cluster.arbiters}
     deltas = [histogram_delta(m1[r], m0[r], HISTOGRAM) for r in cluster.arbiters]
     cpu = sum(tree_cpu_seconds(p) - c0[r] for r, p in pids.items())
     rc = {r: round((tree_cpu_seconds(p) - c0[r]) / dt, 3) for r, p in pids.items()}
@@ -270,7 +270,11 @@ def run_system(
         ).parts[0][2]  # fmt: skip
         changers.ready.wait(30)
         time.sleep(1.0)
-        term0 = max(metric(scrape(maddr[r]), "membership_raft_term") for r in cluster.arbiters)
+
+        def term() -> float:
+            return max(metric(scrape(maddr[r], 30.0), "membership_raft_term") for r in maddr)
+
+        term0 = term()
         first = 0
         for name in ("quiet", "loaded"):
             if name == "loaded":
@@ -308,9 +312,7 @@ def run_system(
                     subs.events, lambda r, e: applied.get((r, e)), set(phase.epochs)
                 )
                 res[name] = {**phase.figures, **lat}
-        res["elections"] = int(
-            max(metric(scrape(maddr[r]), "membership_raft_term") for r in cluster.arbiters) - term0
-        )
+        res["elections"] = int(term() - term0)
         return res
     finally:
         if fleet is not None:
