@@ -38,7 +38,12 @@ Rules:
    said so three times (a lagging follower is not enough to give up on a
    real epoch). Then :class:`~membership.errors.EpochOutOfRange` is raised,
    or, with ``reset_if_ahead``, :class:`~membership.view.ViewReset` is
-   passed on and the watcher starts again from a fresh snapshot.
+   passed on and the watcher starts again from a fresh snapshot. An epoch
+   the watcher knows the cluster committed (it was served that epoch, or an
+   arbiter of this instance reported its own view at it or later) is never
+   beyond the cluster's: a refusal of it comes from a replica that has not
+   applied it yet (its leader is ahead, or it is loaded), so it is not
+   counted, and the subscription moves to another arbiter.
 7. Instances. Every subscription names the cluster's instance id (drawn by
    its first leader; a cluster started again on fresh data dirs has
    another). The watcher keeps the first it was served from (or the one it
@@ -156,6 +161,8 @@ class FeedState:
         # Rule 6: addresses that said OUT_OF_RANGE, and how many times in all.
         self._out_of_range: set[str] = set()
         self._out_of_range_answers = 0
+        # The highest epoch of this instance known committed: served to this
+        # watcher, or an arbiter's own applied epoch as it reported it (rule 6).
         self._cluster_epoch = 0
         self._pending: Resubscribe | None = Resubscribe(reason="start", since_epoch=since_epoch)
 
@@ -244,6 +251,15 @@ class FeedState:
         Raises:
             EpochOutOfRange: when the refusal is confirmed and ``reset_if_ahead`` is off.
         """
+        if self.last_epoch <= self._cluster_epoch:
+            # Committed, as this watcher knows: the arbiter lags (rule 6); ask another.
+            reason = (
+                f"{address} has not applied epoch {self.last_epoch} yet (the cluster is at "
+                f"{self._cluster_epoch} or later); asking another arbiter"
+            )
+            self.on_failure(address, reason, now)
+            self._pending = Resubscribe(reason=reason, since_epoch=self.last_epoch, avoid=address)
+            return []
         self._out_of_range.add(address)
         self._out_of_range_answers += 1
         self.on_failure(address, f"epoch {self.last_epoch} is beyond the cluster's", now)
@@ -403,6 +419,7 @@ class FeedState:
             )
             return []
         self.last_epoch = event.view.epoch
+        self._cluster_epoch = max(self._cluster_epoch, self.last_epoch)
         self.view = event.view
         return [event]
 
@@ -417,5 +434,6 @@ class FeedState:
             )
             return []
         self.last_epoch = event.epoch
+        self._cluster_epoch = max(self._cluster_epoch, self.last_epoch)
         self.view = self.view.with_changes(event.epoch, event.changes)
         return [event]

@@ -32,7 +32,8 @@ made by :mod:`arbiter.core`, fed by the driver loop. Modules:
   that depends on it leaves).
 * ``hub.py``: fan-out of committed view changes to subscribers, bounded and
   resumable by epoch: the queues and wake-ups around the rules of
-  ``arbiter/core/history.py``.
+  ``arbiter/core/history.py``; ``frames.py``: each subscriber event
+  serialised once per replica, the same bytes written to every stream.
 * ``statusboard.py``: the latest status each node reported (informational,
   never used for liveness).
 * ``ingest/``: ``--ingest-workers K``, heartbeat streams held by K worker
@@ -42,7 +43,7 @@ A heartbeat: ``servicers.py`` -> ``Driver.on_heartbeat`` ->
 ``Replica.heartbeat`` (core) -> the ack. A view change: ``Driver._turn`` ->
 Raft Ready -> ``storage.py`` (persist) and ``peers.py`` (send) ->
 ``Replica.advance`` (apply, tally) -> ``ViewChange`` -> ``app.py`` ->
-``Hub.publish`` -> each subscriber's ``Subscribe`` stream.
+``Hub.publish`` -> each subscriber's ``Subscribe`` stream (``frames.py``).
 ``arbiter/__init__.py`` gives the whole path, death included.
 
 ``ArbiterServer`` is imported on first use, so importing this package loads

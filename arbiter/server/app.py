@@ -22,6 +22,7 @@ from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
 from arbiter.server.backup import restore_data_dir
 from arbiter.server.decoding import DecodeRefusal
 from arbiter.server.driver import Driver, ReplicaStatus
+from arbiter.server.frames import add_membership_service
 from arbiter.server.hub import Hub, HubStatus
 from arbiter.server.joining import ask_group
 from arbiter.server.peers import PeerServicer, PeerTransport
@@ -267,6 +268,8 @@ class ArbiterServer:
             view=lambda: self.driver.state.view(),
             history_size=cfg.history_size,
             queue_limit=cfg.subscriber_queue,
+            progress_interval=cfg.progress_interval,
+            write_timeout=cfg.subscriber_write_timeout,
         )
         try:
             self.driver = Driver(
@@ -298,7 +301,7 @@ class ArbiterServer:
             interceptors.insert(0, ProxiedIdentity())
             options = [o for o in options if o[0] != "grpc.max_concurrent_streams"]
         server = grpc.aio.server(options=options, interceptors=interceptors)
-        membership_pb2_grpc.add_MembershipServicer_to_server(self.api, server)
+        add_membership_service(self.api, server)  # Subscribe writes bytes (frames.py)
         self.admin_api = AdminServicer(
             self.driver, cluster=identity, authz=self.authz, status=lambda: status.describe(self)
         )

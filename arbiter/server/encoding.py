@@ -10,9 +10,7 @@ report is sent again when the marks change.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
-from arbiter.core.tally import ViewChange
 from arbiter.server.degradation import DegradedMarks
 from arbiter.server.driver import Driver
 from arbiter.server.statusboard import StatusBoard
@@ -25,8 +23,6 @@ __all__ = ["ViewEncoder"]
 # Nodes per StatusUpdate message: keeps each well under the 4 MiB gRPC default
 # receive limit (a report is at most a few KiB with 64 gauges).
 _STATUS_CHUNK = 256
-# Change events kept for subscribers still behind (ViewEncoder.change_event).
-_CHANGES_KEPT = 64
 
 
 class ViewEncoder:
@@ -42,25 +38,6 @@ class ViewEncoder:
         self._driver = driver
         self._board = board
         self._marks = marks
-        # The last committed changes as events: every subscriber is sent the same
-        # object, converted once (1,000 subscribers of a 1,000-join epoch would
-        # otherwise convert it 1,000 times on the loop).
-        self._changes: dict[tuple[int, str], pb.MembershipEvent] = {}
-
-    def change_event(
-        self, change: ViewChange, stamp: Callable[..., pb.MembershipEvent]
-    ) -> pb.MembershipEvent:
-        """The event for a committed ``change``, made by ``stamp(change=...)`` once per
-        epoch and instance and shared by every subscriber (it is never mutated)."""
-        key = (change.epoch, self._driver.state.instance)
-        event = self._changes.get(key)
-        if event is None:
-            if len(self._changes) >= _CHANGES_KEPT:
-                del self._changes[next(iter(self._changes))]  # the oldest
-            changes = [convert.change_to_pb(c) for c in change.changes]
-            event = stamp(change=pb.ViewChange(epoch=change.epoch, changes=changes))
-            self._changes[key] = event
-        return event
 
     def suspected_by(self, node_id: str) -> tuple[str, ...]:
         """Replicas suspecting ``node_id`` now (none for a life that is over)."""

@@ -28,19 +28,19 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import grpc
 
 from arbiter.core.tally import ViewChange
 from arbiter.server import limits
-from arbiter.server.arbiterset import ArbiterSet, to_protos
+from arbiter.server.arbiterset import ArbiterSet
 from arbiter.server.authz import AllowAll, Authorizer, Refusal
 from arbiter.server.degradation import DegradedMarks
 from arbiter.server.driver import Driver
 from arbiter.server.encoding import ViewEncoder
+from arbiter.server.frames import EventFrames
 from arbiter.server.heartbeat_path import AckBuilder, ClusterMismatch, HeartbeatChecks
-from arbiter.server.hub import Hub, HubStatus
+from arbiter.server.hub import Hub, HubStatus, Marker
 from arbiter.server.limits import LimitExceeded
 from arbiter.server.replies import cluster_mismatch, committed, deny, refusal_status
 from arbiter.server.shedding import Shed, check_shedding
@@ -93,14 +93,9 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         self._pruned_at = time.monotonic()
         # The configuration in force (set by the server: arbiter/server/arbiterset.py).
         self.arbiters: Callable[[], ArbiterSet] = lambda: ArbiterSet(voters={})
-        self._wire: tuple[ArbiterSet, list[pb.Arbiter]] = (ArbiterSet(voters={}), [])
-
-    def _arbiter_set(self) -> tuple[list[pb.Arbiter], int]:
-        """The configuration in force on the wire and its index (arbiterset.py rule 2)."""
-        now = self.arbiters()
-        if self._wire[0] is not now:
-            self._wire = (now, to_protos(now))
-        return self._wire[1], now.index
+        self._frames = EventFrames(
+            driver, self._views, cluster, lambda: self.arbiters(), self._config.progress_interval
+        )
 
     def close(self) -> None:
         """Shutdown: heartbeat streams end with UNAVAILABLE so nodes go elsewhere."""
@@ -219,6 +214,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         try:
             await self._subscription(request, context)
         except limits.NotReading as e:
+            log.info("subscriber %s does not read: its subscription is ended", context.peer())
             # Not context.abort(): its status would wait behind the event gRPC
             # cannot send, and so would this handler, holding the slot. Ended
             # so, the handler returns now; gRPC sends the status after that
@@ -228,15 +224,21 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         finally:
             self.subscriptions -= 1
 
-    async def _send(self, context: grpc.aio.ServicerContext, event: pb.MembershipEvent) -> None:
-        """Writes one event to a subscriber, or ends the call if it does not read."""
+    async def _send(self, context: grpc.aio.ServicerContext, data: bytes) -> None:
+        """Writes one event (serialised) to a subscriber not yet in the hub, or ends the
+        call if it does not read."""
         timeout = self._config.subscriber_write_timeout
         try:
             async with asyncio.timeout(timeout):
-                await context.write(event)
+                await context.write(data)
         except TimeoutError:
-            log.info("subscriber %s does not read: its subscription is ended", context.peer())
             raise limits.NotReading(timeout) from None
+
+    def _in_quorum(self) -> bool:
+        """Whether this replica is in a quorum, as the driver last published it (its
+        turns are at most 0.05 s apart) or, before that, now."""
+        status = self._hub.status
+        return self._driver.status().in_quorum if status is None else status.in_quorum
 
     async def _subscription(
         self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
@@ -253,14 +255,16 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 f"{request.status_interval_seconds}",
             )
         # Never more often than the configured interval: a subscriber may only ask for less.
-        status_every = max(self._config.status_interval, request.status_interval_seconds)
-        sent: dict[str, tuple[object, ...]] = {}
-        loop = asyncio.get_running_loop()
-        next_status = loop.time() if request.include_status else math.inf
+        status_every = (
+            max(self._config.status_interval, request.status_interval_seconds)
+            if request.include_status
+            else math.inf
+        )
         status = self._driver.status()
+        frames = self._frames
         await self._send(
             context,
-            self._quorum_event(
+            frames.quorum(
                 HubStatus(
                     in_quorum=status.in_quorum, leader_id=status.leader_id, epoch=status.epoch
                 )
@@ -272,69 +276,35 @@ class MembershipServicer(pb_grpc.MembershipServicer):
             or (request.instance and request.instance != state.instance)
         ):
             await self._wait_for_resume(request.since_epoch, request.instance, context)
-        sub = self._hub.subscribe(request.since_epoch)
+        sub = self._hub.subscribe(
+            request.since_epoch, status_every, asyncio.get_running_loop().time()
+        )
+        # The fan-out's hot path (hub.py rules): bytes made once per replica, one
+        # write per item, no timer of its own.
+        write, timeout, counters = context.write, self._hub.write_timeout, self._driver.counters
+        sent: dict[str, tuple[object, ...]] = {}
         try:
-            next_progress = loop.time() + self._config.progress_interval
             while not self._closing.is_set():
-                # Status only once the snapshot or catch-up changes are out:
-                # a status must never arrive before the view it refers to.
-                if loop.time() >= next_status and not sub.queue:
-                    for update in self._views.status_updates(sent):
-                        await self._send(context, self._event(status=update))
-                    next_status = loop.time() + status_every
-                item = await sub.get(max(0.0, min(next_progress, next_status) - loop.time()))
-                if item is None:
-                    if sub.closed:
-                        break
-                    if loop.time() >= next_progress:
-                        await self._send(
-                            context,
-                            self._event(
-                                progress=pb.Progress(
-                                    epoch=self._driver.state.epoch,
-                                    in_quorum=self._driver.status().in_quorum,
-                                    progress_interval_seconds=self._config.progress_interval,
-                                    arbiters=self._arbiter_set()[0],
-                                    config_index=self._arbiter_set()[1],
-                                ),
-                            ),
-                        )
-                        next_progress = loop.time() + self._config.progress_interval
-                    continue
-                next_progress = loop.time() + self._config.progress_interval
-                if isinstance(item, View):
-                    event = self._event(snapshot=pb.ViewSnapshot(view=self._views.view_pb(item)))
-                elif isinstance(item, ViewChange):
-                    event = self._views.change_event(item, self._event)
-                else:
-                    assert isinstance(item, HubStatus)
-                    event = self._quorum_event(item)
-                await self._send(context, event)
+                item = await sub.get()
                 if isinstance(item, ViewChange):
-                    self._driver.counters.delivered(item.epoch, time.monotonic())
+                    await sub.write(write, frames.change(item), timeout)
+                    counters.delivered(item.epoch, time.monotonic())
+                elif item is Marker.PROGRESS:
+                    await sub.write(write, frames.progress(self._in_quorum()), timeout)
+                elif isinstance(item, View):
+                    await sub.write(write, frames.snapshot(item), timeout)
+                elif isinstance(item, HubStatus):
+                    await sub.write(write, frames.quorum(item), timeout)
+                elif item is Marker.STATUS:
+                    # After the snapshot or catch-up changes: never before the view
+                    # it refers to (the marker was queued behind them).
+                    for update in self._views.status_updates(sent):
+                        data = frames.event(status=update).SerializeToString()
+                        await sub.write(write, data, timeout)
+                else:
+                    break  # closed
         finally:
             self._hub.unsubscribe(sub)
-
-    def _event(self, **event: Any) -> pb.MembershipEvent:
-        """An event to a subscriber, stamped with this replica, its cluster and instance."""
-        return pb.MembershipEvent(
-            arbiter_id=self._driver.replica_id,
-            cluster=self.cluster,
-            instance=self._driver.state.instance,
-            **event,
-        )
-
-    def _quorum_event(self, status: HubStatus) -> pb.MembershipEvent:
-        """A subscriber's quorum status event: this replica's standing now or at a change."""
-        return self._event(
-            quorum=pb.QuorumStatus(
-                in_quorum=status.in_quorum,
-                leader_id=status.leader_id or "",
-                epoch=status.epoch,
-                arbiters=self._arbiter_set()[0],
-                config_index=self._arbiter_set()[1],
-            ),
-        )
 
     async def _wait_for_resume(
         self, since: int, instance: str, context: grpc.aio.ServicerContext
@@ -345,7 +315,8 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         Another instance's epoch is refused with OUT_OF_RANGE at once. An epoch
         beyond this replica's is waited for; once the replica has been in a
         quorum for FUTURE_EPOCH_WAIT seconds and is still behind, it is refused
-        with OUT_OF_RANGE. A replica without quorum cannot tell, and never
+        with OUT_OF_RANGE (the wait counts only while it has applied every entry
+        it knows committed). A replica without quorum cannot tell, and never
         serves another history: it keeps waiting (its subscriber, told
         ``in_quorum = false``, goes elsewhere); so does a replica that does
         not know its instance yet when the subscriber names one.
@@ -364,7 +335,10 @@ class MembershipServicer(pb_grpc.MembershipServicer):
             if state.epoch >= since and (not instance or state.instance):
                 return
             now = loop.time()
-            if not self._driver.status().in_quorum:
+            raft = self._driver.raft.status()
+            if not self._driver.status().in_quorum or raft.applied < raft.commit:
+                # Out of quorum it cannot tell; with committed entries still to
+                # apply it is behind its own log, not the subscriber ahead of it.
                 in_quorum_since = None
             elif in_quorum_since is None:
                 in_quorum_since = now
@@ -399,8 +373,8 @@ class MembershipServicer(pb_grpc.MembershipServicer):
             local_suspects=[] if request.summary else self._driver.local_suspects(),
             cluster=self.cluster,
             instance=self._driver.state.instance,
-            arbiters=self._arbiter_set()[0],
-            config_index=self._arbiter_set()[1],
+            arbiters=self._frames.arbiter_set()[0],
+            config_index=self._frames.arbiter_set()[1],
         )
 
     async def Leave(

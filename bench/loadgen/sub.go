@@ -6,6 +6,11 @@ package main
 // the first did): the first and last receive time, how many subscribers got
 // it, the nodes it made DEAD or LEFT, and the ALIVE members of the view after
 // it (the first subscriber's snapshot, then each epoch as first received).
+// With --times the line also carries, per serving arbiter (the event's
+// arbiter_id), every subscriber's receive time of that epoch in wall-clock
+// seconds (CLOCK_REALTIME, the clock of the replicas' log timestamps), so that
+// the fan-out benchmark (bench/fanout.py) can time each delivery from the
+// replica's apply.
 
 import (
 	"context"
@@ -32,6 +37,7 @@ type epochSeen struct {
 	alive       int
 	changes     int
 	printed     bool
+	recv        map[string][]float64 // --times: arbiter id -> wall-clock receive times
 }
 
 type subGen struct {
@@ -46,6 +52,7 @@ type subGen struct {
 	errs      map[string]int
 	wait      float64
 	cpu0      float64
+	times     bool
 }
 
 func runSubscribers(argv []string) {
@@ -55,12 +62,13 @@ func runSubscribers(argv []string) {
 	perConn := fs.Int("streams-per-conn", 90, "subscriptions per connection")
 	wait := fs.Float64("epoch-wait", 5, "seconds after its first receipt an epoch is reported anyway")
 	report := fs.Float64("report", 1.0, "seconds between reports")
+	times := fs.Bool("times", false, "print every subscriber's wall-clock receive time of each epoch")
 	fs.Parse(argv)
 	addrs := strings.Split(*arbiters, ",")
 	if *arbiters == "" {
 		fatal("sub: --arbiters is required")
 	}
-	g := &subGen{count: *count, epochs: map[uint64]*epochSeen{}, view: map[string]uint64{}, errs: map[string]int{}, wait: *wait, cpu0: cpuSeconds()}
+	g := &subGen{count: *count, epochs: map[uint64]*epochSeen{}, view: map[string]uint64{}, errs: map[string]int{}, wait: *wait, cpu0: cpuSeconds(), times: *times}
 	conns := map[string][]*grpc.ClientConn{}
 	for i := 0; i < *count; i++ {
 		addr := addrs[i%len(addrs)]
@@ -117,17 +125,24 @@ func (g *subGen) once(i int, conn *grpc.ClientConn) error {
 		if err := st.RecvMsg(&buf); err != nil {
 			return err
 		}
-		t := mono()
+		t, wall := mono(), float64(time.Now().UnixNano())*1e-9
+		var arbiter string
+		var change []byte
 		eachField(buf, func(f field) {
 			switch f.num {
+			case 1: // arbiter_id
+				arbiter = string(f.b)
 			case 2: // snapshot
 				if atomic.AddUint64(&g.snapshots, 1) == 1 {
 					g.snapshot(f.b)
 				}
 			case 3: // change
-				g.change(i, f.b, t)
+				change = f.b
 			}
 		})
+		if change != nil {
+			g.change(i, change, t, arbiter, wall)
+		}
 	}
 }
 
@@ -164,7 +179,7 @@ func (g *subGen) snapshot(b []byte) {
 	})
 }
 
-func (g *subGen) change(i int, b []byte, t float64) {
+func (g *subGen) change(i int, b []byte, t float64, arbiter string, wall float64) {
 	var epoch uint64
 	type mc struct {
 		id        string
@@ -201,6 +216,12 @@ func (g *subGen) change(i int, b []byte, t float64) {
 	}
 	e.last = t
 	e.subs++
+	if g.times {
+		if e.recv == nil {
+			e.recv = map[string][]float64{}
+		}
+		e.recv[arbiter] = append(e.recv[arbiter], wall)
+	}
 	if epoch > g.maxEpoch {
 		g.maxEpoch = epoch
 	}
@@ -240,10 +261,14 @@ func (g *subGen) print(epoch uint64, e *epochSeen) {
 		return
 	}
 	e.printed = true
-	emit(map[string]interface{}{
+	line := map[string]interface{}{
 		"ev": "epoch", "epoch": epoch, "first": e.first, "last": e.last, "subs": e.subs,
 		"changes": e.changes, "dead": e.dead, "left": e.left, "alive": e.alive,
-	})
+	}
+	if e.recv != nil {
+		line["recv"] = e.recv
+	}
+	emit(line)
 }
 
 func (g *subGen) flush(final bool) {

@@ -239,6 +239,30 @@ def test_feed_real_epoch_after_one_refusal_clears_the_count() -> None:
     assert feed.on_out_of_range(A3, 3.0) == []  # one refusal again, not two
 
 
+@pytest.mark.parametrize("heard", ["served", "reported"])
+def test_feed_epoch_known_committed_is_never_beyond_the_cluster(heard: str) -> None:
+    """The watcher holds epoch 6: served by a1, or given by the caller and reported by
+    a1 as its own. a1 goes, and a2 and a3, which have not applied 6 yet, refuse it
+    (OUT_OF_RANGE): they lag, it is no reset ("since_epoch 6 is beyond the cluster's
+    epoch 6" was raised before)."""
+    feed = _feed(since=5 if heard == "served" else 6)
+    _served(feed, A1)
+    if heard == "served":
+        assert feed.on_event(A1, _change(6), 0.1) == [_change(6)]
+    else:
+        feed.on_event(A1, _quorum(epoch=6), 0.1)
+    feed.on_failure(A1, "UNAVAILABLE", 0.5)
+    for addr, t in ((A2, 1.0), (A3, 2.0), (A2, 3.0), (A3, 4.0)):
+        decision = feed.take_resubscribe()
+        assert decision is not None and decision.since_epoch == 6
+        feed.opened(addr, addr, t)
+        feed.on_event(addr, _quorum(epoch=5), t)
+        assert feed.on_out_of_range(addr, t + 0.5) == []
+        assert feed.serving is None
+    decision = feed.take_resubscribe()
+    assert decision is not None and decision.avoid == A3 and decision.since_epoch == 6
+
+
 def test_feed_next_deadline_covers_idle_disconnect_and_probe() -> None:
     feed = _feed()
     assert feed.next_deadline() == DISCONNECT  # nothing served yet: only the contact clock
