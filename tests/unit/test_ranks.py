@@ -76,7 +76,7 @@ def test_ranks_assign_rule(
     assert assign(previous, members) == expected
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(
     st.lists(st.sampled_from("abcdefgh"), unique=True),
     st.lists(st.sampled_from("abcdefghij"), unique=True),
@@ -237,12 +237,12 @@ _entries = st.lists(
         replica_id=st.sampled_from(R3),
         observations=st.lists(_obs, max_size=3).map(tuple),
     ).map(encode),
-    max_size=30,
+    max_size=20,
 )
 
 
-@settings(max_examples=200, deadline=None)
-@given(_entries, st.integers(0, 30))
+@settings(max_examples=40, deadline=None)
+@given(_entries, st.integers(0, 20))
 def test_tally_ranks_always_dense_replicated_and_folded(entries: list[bytes], cut: int) -> None:
     one, two = Feed(), Feed()
     restored: MembershipState | None = None
