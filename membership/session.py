@@ -53,6 +53,16 @@ Rules:
    a replica that promised not to suspect it before its lease ran out. Once
    configured, ``cluster_size`` no longer raises the quorum (it is the
    voters' count of the answering replica's configuration, which may lag).
+10. Grace windows (``arbiter/core/grace_windows.py``): an ack that grants a
+   lease may carry the seconds left of the node's grace window at that
+   arbiter and the window's grant (a log index). The node counts it as it
+   counts a lease (rule 2: from the send time, ``lease_guard`` early), for
+   that grant only; an arbiter covers the node while its lease or its grace
+   runs (rule 3). Before the node asks for a window, or for the end of one,
+   it stops counting every grant it knows (:meth:`NodeSession.end_grace`)
+   and ignores every later ack naming one of them: the arbiters withdraw a
+   window that is ended or replaced, so counting it could outlive their
+   promise.
 """
 
 from __future__ import annotations
@@ -73,7 +83,6 @@ __all__ = [
     "SessionEvent",
     "StateChanged",
     "Superseded",
-    "eviction_text",
 ]
 
 _SENT_MEMORY = 64
@@ -137,21 +146,6 @@ class Evicted:
 SessionEvent = StateChanged | Fenced | Rejoined | Superseded | Evicted
 
 
-def eviction_text(node_id: str, ev: Evicted) -> str:
-    """The node's ERROR line for an eviction: what happened, and what it does now."""
-    if ev.state is MemberState.LEFT:
-        return (
-            f"{node_id} incarnation {ev.incarnation} was removed from the cluster: it is LEFT "
-            "without having asked (an administrator removed it, or another process left in "
-            "its name); it stops heartbeating and does not rejoin"
-        )
-    then = "it rejoins at a higher incarnation" if ev.rejoining else "auto_rejoin is off: it stops"
-    return (
-        f"{node_id} incarnation {ev.incarnation} was declared DEAD by the cluster without "
-        f"having asked (a quorum of arbiters stopped hearing it); {then}"
-    )
-
-
 class EndReason(enum.Enum):
     """Why a session ended (rule 8)."""
 
@@ -165,6 +159,11 @@ class EndReason(enum.Enum):
 class _Arbiter:
     sent: collections.OrderedDict[int, tuple[float, int]]
     lease_until: float = float("-inf")
+    grace_until: float = float("-inf")  # rule 10
+    grace_id: int = 0
+
+    def until(self) -> float:
+        return max(self.lease_until, self.grace_until)
 
 
 class NodeSession:
@@ -211,6 +210,7 @@ class NodeSession:
         self._seq = 0
         self._fenced = True
         self.fencing_epoch = 0
+        self.grace_floor = 0  # rule 10: grants at or below it are not counted
         self.end_reason: EndReason | None = None
         # Set by the shell once it asked the cluster to let this node leave.
         self.leaving = False
@@ -288,8 +288,10 @@ class NodeSession:
         epoch: int,
         now: float,
         cluster_size: int = 0,
+        grace: float = 0.0,
+        grace_id: int = 0,
     ) -> list[SessionEvent]:
-        """Takes one ack (rules 2 to 5).
+        """Takes one ack (rules 2 to 5, 10).
 
         Args:
             arbiter: which arbiter answered.
@@ -304,6 +306,8 @@ class NodeSession:
                 larger of this and the arbiters given at construction, so a
                 node that lists too few arbiters never believes it holds a
                 quorum (rule 3).
+            grace: seconds left of the node's grace window at the arbiter (rule 10).
+            grace_id: the grant of that window (0: none).
 
         Returns:
             The events this ack caused, in order.
@@ -369,6 +373,10 @@ class NodeSession:
             return events
         if lease > 0:
             a.lease_until = max(a.lease_until, send_time + lease - self.lease_guard)
+            if grace > 0 and grace_id > self.grace_floor and grace_id >= a.grace_id:
+                was = a.grace_until if grace_id == a.grace_id else float("-inf")
+                a.grace_until = max(was, send_time + grace - self.lease_guard)
+                a.grace_id = grace_id
         if not (state is MemberState.JOINING and self.state is MemberState.ALIVE):
             # A replica that has not applied the admission yet says JOINING:
             # committed states only move forward (rule 6).
@@ -384,13 +392,42 @@ class NodeSession:
 
     def _void_leases(self, now: float) -> list[SessionEvent]:
         for a in self._arbiters.values():
-            a.lease_until = float("-inf")
+            a.lease_until = a.grace_until = float("-inf")
         return self._update_fence(now, None)
 
     def _holding(self, now: float) -> int:
-        return sum(
-            1 for k, a in self._arbiters.items() if k in self._voters and a.lease_until > now
+        return sum(1 for k, a in self._arbiters.items() if k in self._voters and a.until() > now)
+
+    def end_grace(self, now: float, upto: int = 0) -> list[SessionEvent]:
+        """Stops counting every grace window granted so far (rule 10): call before asking
+        for a window or for the end of one.
+
+        Args:
+            now: monotonic seconds.
+            upto: the latest grant the node was told of (an answer to an earlier ask),
+                counted out too even if no ack named it yet.
+
+        Returns:
+            The events (Fenced, when only a window held the node's quorum).
+        """
+        known = max((a.grace_id for a in self._arbiters.values()), default=0)
+        self.grace_floor = max(self.grace_floor, upto, known)
+        for a in self._arbiters.values():
+            a.grace_until = float("-inf")
+        return self._update_fence(now, None)
+
+    def grace(self, grant: int, now: float) -> float:
+        """Seconds of window ``grant`` the node holds at ``now`` from a quorum of voters
+        (rule 10: the quorum-th longest); 0.0 while fewer than a quorum acked it."""
+        ends = sorted(
+            (
+                a.grace_until
+                for k, a in self._arbiters.items()
+                if k in self._voters and a.grace_id == grant and grant > self.grace_floor
+            ),
+            reverse=True,
         )
+        return max(0.0, ends[self.quorum - 1] - now) if len(ends) >= self.quorum else 0.0
 
     def configure(
         self, voters: Sequence[str], learners: Sequence[str], index: int, now: float
@@ -445,13 +482,13 @@ class NodeSession:
 
     def leases(self, now: float) -> dict[str, float]:
         """Seconds of lease left per arbiter at ``now`` (0.0 for none)."""
-        return {k: max(0.0, a.lease_until - now) for k, a in self._arbiters.items()}
+        return {k: max(0.0, a.until() - now) for k, a in self._arbiters.items()}
 
     def next_deadline(self) -> float | None:
         """When the fence could next close: the quorum-th latest lease expiry (None if fenced)."""
         if self._fenced:
             return None
         ends = sorted(
-            (a.lease_until for k, a in self._arbiters.items() if k in self._voters), reverse=True
+            (a.until() for k, a in self._arbiters.items() if k in self._voters), reverse=True
         )
         return ends[self.quorum - 1]

@@ -119,7 +119,8 @@ class World:
             profile or NetProfile(),
         )
         self.sub_rng = random.Random(f"{seed}/subs")
-        self.labels = {"rack": "a"}
+        self.labels = {"job": "j1", "rack": "a"}
+        self.trace_ranks = False  # scenario files turn it on (ranks rule 5 in the trace)
         self.lines: list[str] = []
         self._hash = hashlib.sha256()
         self.checker = Checker(self)
@@ -270,6 +271,24 @@ class World:
         if n.status is NodeStatus.PAUSED:
             self._fault(f"resume {nid}", topology=False)
             n.resume()
+
+    def grace(self, nid: str, seconds: float, via: str | None = None) -> float:
+        """Node ``nid`` asks replica ``via`` (the leader by default) for a grace window of
+        ``seconds`` (0: its end), as ``Membership.Grace`` proposes it; returns the seconds
+        proposed (capped by ``max_grace``). The node first stops counting its grants
+        (session rule 10).
+
+        Raises:
+            ProposalDropped: ``via`` knows no leader.
+        """
+        lead = self.leader() if via is None else self.replicas[via]
+        assert lead is not None and lead.core is not None, "no replica to ask"
+        incarnation = self.nodes[nid].ask_grace()
+        now = self.q.now
+        granted = lead.core.propose_grace(nid, incarnation, seconds, "sim", "q", now, wall=now)
+        self.trace(f"{nid}#{incarnation} asks {lead.id} for a grace window of {granted:g}s")
+        lead.poke()
+        return granted
 
     def partition(self, *groups: list[str]) -> None:
         """Cuts every link between the groups, both ways (others stay connected)."""

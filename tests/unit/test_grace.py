@@ -17,6 +17,8 @@ from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.leaves import LeaveRefusal
 from arbiter.core.observer import Observer
 from arbiter.core.tally import MembershipState, SnapshotDecodeError
+from membership.session import NodeSession
+from membership.view import MemberState
 
 R3 = ("a1", "a2", "a3")
 INTERVAL, MISSED, LEASE = 0.1, 5, 0.5  # D = 0.5 s
@@ -229,3 +231,50 @@ def test_observer_grace_not_in_acks_without_a_lease() -> None:
     obs.tick(0.0, log.state, wall=100.0)
     v = obs.heartbeat("n1", 1, {}, 0.0, log.state)  # its own ALIVE not committed yet
     assert v.lease == 0.0 and v.grace == 0.0 and v.grace_id == 0
+
+
+def _session() -> NodeSession:
+    return NodeSession(node_id="n1", incarnation=1, arbiters=list(R3), lease_guard=0.05)
+
+
+def _ack(s: NodeSession, arbiter: str, t: float, grace: float = 0.0, grant: int = 0) -> None:
+    seq, _ = s.heartbeat(arbiter, t)
+    s.on_ack(
+        arbiter,
+        seq=seq,
+        lease=LEASE,
+        state=MemberState.ALIVE,
+        recorded_incarnation=1,
+        epoch=3,
+        now=t + 0.01,
+        grace=grace,
+        grace_id=grant,
+    )
+
+
+def test_session_grace_counts_like_a_lease_for_its_grant_only() -> None:
+    s = _session()
+    for a in R3:
+        _ack(s, a, 0.0)
+    assert s.fenced(0.5)  # leases: 0.5 - guard
+    _ack(s, "a1", 1.0, grace=10.0, grant=7)
+    assert s.grace(7, 1.0) == 0.0  # one arbiter is not a quorum
+    _ack(s, "a2", 1.0, grace=9.0, grant=7)
+    assert s.grace(7, 1.0) == pytest.approx(9.0 - 0.05)  # the quorum-th longest, guard off
+    assert not s.fenced(9.5) and s.fenced(10.0)  # the window holds the quorum, then ends
+    assert s.leases(5.0)["a1"] == pytest.approx(5.95)
+
+
+def test_session_end_grace_stops_counting_and_ignores_later_acks_of_that_grant() -> None:
+    s = _session()
+    for a in ("a1", "a2"):
+        _ack(s, a, 0.0, grace=30.0, grant=7)
+    assert not s.fenced(20.0)
+    s.end_grace(1.0, upto=9)  # asking for grace(0), or for another window
+    assert s.fenced(1.0 + LEASE) and s.grace(7, 1.0) == 0.0
+    _ack(s, "a3", 1.0, grace=29.0, grant=7)  # an arbiter that has not applied the end yet
+    _ack(s, "a1", 1.0, grace=29.0, grant=9)  # a grant the node was told of, counted out too
+    assert s.leases(5.0) == {"a1": 0.0, "a2": 0.0, "a3": 0.0}
+    _ack(s, "a1", 2.0, grace=60.0, grant=12)  # a new grant counts
+    _ack(s, "a2", 2.0, grace=60.0, grant=12)
+    assert s.grace(12, 2.0) == pytest.approx(59.95) and not s.fenced(50.0)
