@@ -14,13 +14,13 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from arbiter.config_checks import check_keepalive
 from arbiter.core.detection import FailureDetector, LoadPolicy
 from arbiter.core.raft import RaftConfig
 from arbiter.core.replica import ReplicaSettings
 from arbiter.core.retention import RetentionPolicy
 from arbiter.detectors import make_detector
 from arbiter.workers import check_ingest_workers
-from membership.config import MIN_KEEPALIVE_TIME, MIN_KEEPALIVE_TIMEOUT
 from membership.errors import InvalidArgument
 from membership.validation import parse_address, validate_cluster_name
 
@@ -108,6 +108,10 @@ class ArbiterConfig:
     observation_retry: float = 0.5
     # Seconds between the leader's batches of joins (core/batching.py); 0: all at once.
     observation_batch_interval: float = 0.2
+    # The longest grace window a node may ask for (seconds; Membership.Grace,
+    # core/grace_windows.py): an ask for more gets this much. A node that dies
+    # in its window is declared DEAD at its end + D at the latest, not D after.
+    max_grace: float = 300.0
 
     # --- Raft ----------------------------------------------------------------
     # Leader heartbeat interval (seconds).
@@ -349,6 +353,7 @@ class ArbiterConfig:
             max_nodes=self.max_nodes,
             load_policy=self.load_policy(),
             observation_batch_interval=self.observation_batch_interval,
+            max_grace=self.max_grace,
             retention=RetentionPolicy(
                 retention=self.tombstone_retention,
                 max_tombstones=self.max_tombstones,
@@ -387,6 +392,7 @@ class ArbiterConfig:
             "loop_lag_warning",
             "shed_lateness",
             "shed_retry_after",
+            "max_grace",
         )
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
@@ -478,23 +484,6 @@ class ArbiterConfig:
                 f"got {self.max_concurrent_streams}"
             )
         validate_cluster_name(self.cluster)
-        if self.min_ping_interval > MIN_KEEPALIVE_TIME:
-            raise InvalidArgument(
-                f"min_ping_interval ({self.min_ping_interval}s) must be <= {MIN_KEEPALIVE_TIME}s: "
-                "nodes may ping that often, and faster pings than min_ping_interval earn "
-                "them GOAWAY too_many_pings"
-            )
-        if self.keepalive_time < MIN_KEEPALIVE_TIME:
-            raise InvalidArgument(
-                f"keepalive_time ({self.keepalive_time}s) must be >= {MIN_KEEPALIVE_TIME}s: "
-                "replicas ping each other at that interval, and another replica accepts "
-                "pings no more often"
-            )
-        if self.keepalive_timeout < MIN_KEEPALIVE_TIMEOUT:
-            raise InvalidArgument(
-                f"keepalive_timeout ({self.keepalive_timeout}s) must be >= "
-                f"{MIN_KEEPALIVE_TIMEOUT}s: it is also the sockets' TCP_USER_TIMEOUT, and a "
-                "shorter one aborts healthy connections on a few retransmissions"
-            )
+        check_keepalive(self.min_ping_interval, self.keepalive_time, self.keepalive_timeout)
         self.raft().validate()
         return self

@@ -20,7 +20,9 @@ __all__ = [
     "Evicted",
     "Evidence",
     "Fenced",
+    "GraceWindow",
     "InvalidArgument",
+    "JobRanks",
     "LocalError",
     "Member",
     "MemberChange",
@@ -61,6 +63,8 @@ _SOURCES = {
     "Evicted": "membership.session",
     "Evidence": "membership.view",
     "Fenced": "membership.session",
+    "GraceWindow": "membership.graces",
+    "JobRanks": "membership.view",
     "InvalidArgument": "membership.errors",
     "LocalError": "membership.errors",
     "Member": "membership.view",
@@ -108,6 +112,7 @@ if TYPE_CHECKING:
         RemoteError,
         UnavailableError,
     )
+    from membership.graces import GraceWindow
     from membership.session import (
         EndReason,
         Evicted,
@@ -121,6 +126,7 @@ if TYPE_CHECKING:
     from membership.view import (
         Disconnected,
         Evidence,
+        JobRanks,
         Member,
         MemberChange,
         MemberState,

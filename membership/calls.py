@@ -66,6 +66,8 @@ class ViewInfo:
     # The answering arbiter's cluster identity, ``name@digest``, and instance id.
     cluster: str = ""
     instance: str = ""
+    # Members in a grace window at the answering arbiter: node_id -> (seconds left, reason).
+    graces: Mapping[str, tuple[float, str]] = dataclasses.field(default_factory=dict)
 
 
 class Discovery:
@@ -222,6 +224,11 @@ def view_info(resp: pb.GetViewResponse) -> ViewInfo:
         },
         cluster=resp.cluster,
         instance=resp.instance,
+        graces={
+            m.node_id: (m.grace_seconds, m.grace_reason)
+            for m in resp.view.members
+            if m.grace_seconds > 0
+        },
     )
 
 

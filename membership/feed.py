@@ -417,5 +417,5 @@ class FeedState:
             )
             return []
         self.last_epoch = event.epoch
-        self.view = self.view.with_changes(event.epoch, event.changes)
+        self.view = self.view.with_changes(event.epoch, event.changes, event.ranks)
         return [event]

@@ -9,16 +9,24 @@ JSON shapes (``watch --json``, one object per line):
 
 - ``{"type": "snapshot", "epoch", "members": [member...], "arbiter",
   "instance"}`` (the cluster's instance id, for ``watch --instance``), a
-  member being ``{"node_id", "incarnation", "state", "labels", "epoch"}``;
+  member being ``{"node_id", "incarnation", "state", "labels", "epoch"}``,
+  plus ``"rank"`` and ``"world_size"`` for an ALIVE member of a job (its
+  ``job`` label); then one ``ranks`` line per job, as below, with the epoch
+  of its assignment;
 - ``{"type": "change", "epoch", "node_id", "incarnation", "state", "labels",
   "arbiter"}``, plus ``"evidence": [{"arbiter", "silence_seconds",
   "suspicion", "detector"}]`` for a DEAD decided by a quorum, and
   ``"removed_by"`` for a LEFT an administrator decided (``admin remove``),
   and ``"forgotten": true`` when the DEAD or LEFT record leaves the view
   (bounded history: its retention passed);
+- ``{"type": "ranks", "epoch", "job", "world_size", "ranks": {node_id: rank},
+  "arbiter"}`` whenever a job's assignment changes (after the change lines of
+  its epoch; ``arbiter/core/ranks.py``): the epoch is the fencing token of the
+  job's process group; a job whose last member went has world size 0;
 - ``{"type": "quorum", "in_quorum", "arbiter", "leader"}``;
 - ``{"type": "status", "node_id", "incarnation", "status": {...},
-  "suspected_by", "silence_seconds", "arbiter"}``;
+  "suspected_by", "silence_seconds", "arbiter"}``, plus ``"grace_seconds"``
+  and ``"grace_reason"`` while the node is in a grace window;
 - ``{"type": "disconnected", "epoch", "silence_seconds", "arbiter", "reason"}``,
   ``{"type": "reconnected", "epoch", "silence_seconds", "arbiter"}``;
 - ``{"type": "reset", "since_epoch", "cluster_epoch"}``;
@@ -46,6 +54,7 @@ from membership.session import (
 from membership.view import (
     Disconnected,
     Evidence,
+    JobRanks,
     Member,
     MemberChange,
     MemberState,
@@ -64,6 +73,7 @@ __all__ = [
     "event_lines",
     "evidence_json",
     "member_json",
+    "ranks_json",
     "session_event_line",
     "status_json",
     "status_text",
@@ -84,14 +94,43 @@ _STATUS_FIELDS = (
 
 
 def member_json(m: Member) -> dict[str, Any]:
-    """A member as ``{"node_id", "incarnation", "state", "labels", "epoch"}``."""
-    return {
+    """A member as ``{"node_id", "incarnation", "state", "labels", "epoch"}``, with
+    ``"rank"`` and ``"world_size"`` when it has a rank in its job."""
+    d: dict[str, Any] = {
         "node_id": m.node_id,
         "incarnation": m.incarnation,
         "state": m.state.value,
         "labels": dict(m.labels),
         "epoch": m.epoch,
     }
+    if m.rank is not None:
+        d["rank"], d["world_size"] = m.rank, m.world_size
+    return d
+
+
+def ranks_json(j: JobRanks, arbiter: str = "") -> dict[str, Any]:
+    """A job's assignment as the ``watch --json`` ``ranks`` object (module docstring)."""
+    d: dict[str, Any] = {
+        "type": "ranks",
+        "epoch": j.epoch,
+        "job": j.job,
+        "world_size": j.world_size,
+        "ranks": dict(sorted(j.ranks.items(), key=lambda item: item[1])),
+    }
+    if arbiter:
+        d["arbiter"] = arbiter
+    return d
+
+
+def _ranks_lines(jobs: tuple[JobRanks, ...], arbiter: str, as_json: bool) -> list[str]:
+    if as_json:
+        return [json.dumps(ranks_json(j, arbiter)) for j in jobs]
+    return [
+        f"epoch {j.epoch}  job {j.job} ranks "
+        + (" ".join(f"{n}={r}" for n, r in sorted(j.ranks.items(), key=lambda i: i[1])) or "-")
+        + f" (world size {j.world_size})"
+        for j in jobs
+    ]
 
 
 def status_json(status: NodeStatus) -> dict[str, Any]:
@@ -259,6 +298,7 @@ def event_lines(ev: object, as_json: bool) -> list[str]:
                         "suspected_by": list(r.suspected_by),
                         "silence_seconds": r.silence,
                         "arbiter": ev.arbiter_id,
+                        **_grace_json(r.grace, r.grace_reason),
                     }
                 )
                 for r in ev.reports
@@ -266,33 +306,33 @@ def event_lines(ev: object, as_json: bool) -> list[str]:
         return [
             f"status {r.node_id} (incarnation {r.incarnation}): {status_text(r.status)}"
             + (f"  SUSPECT by {','.join(r.suspected_by)}" if r.suspected_by else "")
+            + _grace_text(r.grace, r.grace_reason)
             for r in ev.reports
         ]
     if isinstance(ev, ViewSnapshot):
+        ranks = _ranks_lines(ev.view.jobs, ev.arbiter_id, as_json)
         if as_json:
-            return [
-                json.dumps(
-                    {
-                        "type": "snapshot",
-                        "epoch": ev.view.epoch,
-                        "members": [member_json(m) for m in ev.view.members],
-                        "arbiter": ev.arbiter_id,
-                        "instance": ev.instance,
-                    }
-                )
-            ]
+            snapshot = {
+                "type": "snapshot",
+                "epoch": ev.view.epoch,
+                "members": [member_json(m) for m in ev.view.members],
+                "arbiter": ev.arbiter_id,
+                "instance": ev.instance,
+            }
+            return [json.dumps(snapshot), *ranks]
         members = ", ".join(f"{m.node_id}={m.state.value}" for m in ev.view.members) or "(empty)"
-        return [f"epoch {ev.view.epoch}  snapshot from {ev.arbiter_id}: {members}"]
+        return [f"epoch {ev.view.epoch}  snapshot from {ev.arbiter_id}: {members}", *ranks]
     if isinstance(ev, ViewChanged):
         if as_json:
-            return [json.dumps(_change_json(ev, c)) for c in ev.changes]
+            lines = [json.dumps(_change_json(ev, c)) for c in ev.changes]
+            return lines + _ranks_lines(ev.ranks, ev.arbiter_id, True)
         return [
             f"epoch {ev.epoch}  {c.node_id} (incarnation {c.incarnation}) {c.state.value}"
             + _evidence_text(c.evidence)
             + (f"; removed by {c.removed_by}" if c.removed_by else "")
             + ("; forgotten (bounded history)" if c.forgotten else "")
             for c in ev.changes
-        ]
+        ] + _ranks_lines(ev.ranks, ev.arbiter_id, False)
     if isinstance(ev, QuorumChanged):
         if as_json:
             return [
@@ -350,15 +390,20 @@ def view_json(info: Any) -> dict[str, Any]:
 
     Returns:
         ``{"epoch", "leader", "in_quorum", "arbiter", "cluster", "instance",
-        "local_suspects", "members": [member + "suspected_by" (+ "status")]}``.
+        "local_suspects", "members": [member + "suspected_by" (+ "status",
+        + "grace_seconds" and "grace_reason" in a grace window)], "jobs":
+        [{"job", "epoch", "world_size", "ranks"}]}`` (members of a job carry
+        ``"rank"`` and ``"world_size"``).
     """
     members = []
+    graces = getattr(info, "graces", {})
     for m in info.view.members:
         d = member_json(m)
         d["suspected_by"] = list(info.suspected_by.get(m.node_id, ()))
         status = info.statuses.get(m.node_id)
         if status is not None:
             d["status"] = status_json(status)
+        d.update(_grace_json(*graces.get(m.node_id, (0.0, ""))))
         members.append(d)
     return {
         "epoch": info.view.epoch,
@@ -369,7 +414,17 @@ def view_json(info: Any) -> dict[str, Any]:
         "instance": info.instance,
         "local_suspects": list(info.local_suspects),
         "members": members,
+        "jobs": [{k: v for k, v in ranks_json(j).items() if k != "type"} for j in info.view.jobs],
     }
+
+
+def _grace_json(seconds: float, reason: str) -> dict[str, Any]:
+    """``grace_seconds`` and ``grace_reason`` of a node in a grace window, else nothing."""
+    return {"grace_seconds": round(seconds, 3), "grace_reason": reason} if seconds > 0 else {}
+
+
+def _grace_text(seconds: float, reason: str) -> str:
+    return f"  GRACE {seconds:.0f}s ({reason or 'no reason'})" if seconds > 0 else ""
 
 
 def view_text(info: Any) -> list[str]:
@@ -384,6 +439,9 @@ def view_text(info: Any) -> list[str]:
         labels = ",".join(f"{k}={v}" for k, v in m.labels.items())
         suspects = info.suspected_by.get(m.node_id)
         extra = f"  SUSPECT by {','.join(suspects)}" if suspects else ""
+        if m.rank is not None:
+            extra = f"  rank {m.rank}/{m.world_size}" + extra
+        extra += _grace_text(*getattr(info, "graces", {}).get(m.node_id, (0.0, "")))
         lines.append(
             f"  {m.node_id:<20} {m.state.value:<6} incarnation {m.incarnation}  "
             f"since epoch {m.epoch}  {labels}{extra}"

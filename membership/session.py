@@ -57,12 +57,16 @@ Rules:
    lease may carry the seconds left of the node's grace window at that
    arbiter and the window's grant (a log index). The node counts it as it
    counts a lease (rule 2: from the send time, ``lease_guard`` early), for
-   that grant only; an arbiter covers the node while its lease or its grace
-   runs (rule 3). Before the node asks for a window, or for the end of one,
-   it stops counting every grant it knows (:meth:`NodeSession.end_grace`)
-   and ignores every later ack naming one of them: the arbiters withdraw a
-   window that is ended or replaced, so counting it could outlive their
-   promise.
+   that grant; an arbiter covers the node while its lease or its grace runs
+   (rule 3). The arbiters withdraw a window that is ended or replaced, which
+   only the node itself may ask for (``arbiter/core/grace.py`` rule 2), so
+   counting a withdrawn one could outlive their promise: before the node
+   asks for a window or for the end of one, it stops counting every grant
+   (:meth:`NodeSession.end_grace`) and counts none until the answer names
+   the entry committed (:meth:`NodeSession.grace_answered`): from then on
+   only that grant and later ones (after an end: only later ones). An ask
+   left unanswered (its entry may have committed unseen) leaves the node
+   counting none until a later ask is answered.
 """
 
 from __future__ import annotations
@@ -210,7 +214,7 @@ class NodeSession:
         self._seq = 0
         self._fenced = True
         self.fencing_epoch = 0
-        self.grace_floor = 0  # rule 10: grants at or below it are not counted
+        self.grace_floor: float = 0  # rule 10: grants at or below it are not counted
         self.end_reason: EndReason | None = None
         # Set by the shell once it asked the cluster to let this node leave.
         self.leaving = False
@@ -398,32 +402,33 @@ class NodeSession:
     def _holding(self, now: float) -> int:
         return sum(1 for k, a in self._arbiters.items() if k in self._voters and a.until() > now)
 
-    def end_grace(self, now: float, upto: int = 0) -> list[SessionEvent]:
-        """Stops counting every grace window granted so far (rule 10): call before asking
-        for a window or for the end of one.
-
-        Args:
-            now: monotonic seconds.
-            upto: the latest grant the node was told of (an answer to an earlier ask),
-                counted out too even if no ack named it yet.
+    def end_grace(self, now: float) -> list[SessionEvent]:
+        """Stops counting every grace window (rule 10) until :meth:`grace_answered`: call
+        before asking for a window or for the end of one.
 
         Returns:
             The events (Fenced, when only a window held the node's quorum).
         """
-        known = max((a.grace_id for a in self._arbiters.values()), default=0)
-        self.grace_floor = max(self.grace_floor, upto, known)
+        self.grace_floor = float("inf")
         for a in self._arbiters.values():
             a.grace_until = float("-inf")
         return self._update_fence(now, None)
 
+    def grace_answered(self, index: int, granted: bool) -> None:
+        """The node's ask was committed at log ``index`` (rule 10): a window (``granted``,
+        then ``index`` is its grant) is counted, and later ones; after an end, later ones."""
+        self.grace_floor = index - 1 if granted else index
+
     def grace(self, grant: int, now: float) -> float:
-        """Seconds of window ``grant`` the node holds at ``now`` from a quorum of voters
-        (rule 10: the quorum-th longest); 0.0 while fewer than a quorum acked it."""
+        """Seconds of window ``grant`` (0: of any it counts) the node holds at ``now`` from a
+        quorum of voters (rule 10: the quorum-th longest); 0.0 while fewer acked it."""
         ends = sorted(
             (
                 a.grace_until
                 for k, a in self._arbiters.items()
-                if k in self._voters and a.grace_id == grant and grant > self.grace_floor
+                if k in self._voters
+                and a.grace_id > self.grace_floor
+                and a.grace_id == (grant or a.grace_id)
             ),
             reverse=True,
         )

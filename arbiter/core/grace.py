@@ -12,13 +12,18 @@ Rule 1. A :class:`Grace` names a node, the incarnation asking, the seconds
     granted (already capped by the proposing replica's ``max_grace``), the
     proposing replica's wall clock at the proposal plus those seconds
     (``until``, Unix seconds: the one clock the replicas share, used only to
-    bound what is left of a window replayed later, grace_windows rule 1)
-    and a reason. ``seconds == 0`` ends the node's window.
+    bound what is left of a window replayed later, grace_windows rule 1), a
+    reason, and who asked (``by``: "" for the node itself, else an
+    administrator's identity). ``seconds == 0`` ends the node's window.
 Rule 2. Judged like a leave (:class:`~arbiter.core.leaves.LeaveRefusal`):
     the node must have a record ALIVE at the incarnation. No record:
-    UNKNOWN; another incarnation: STALE; DEAD or LEFT: FINAL. Judged when
-    the API receives the ask (a refused one is not proposed) and again when
-    the entry is applied.
+    UNKNOWN; another incarnation: STALE; DEAD or LEFT: FINAL. Only the node
+    itself ends or replaces its window (it stops counting the window before
+    it asks: ``membership/session.py`` rule 10; a window withdrawn behind its
+    back could end while it still counts on it): an administrator's ask for a
+    node that has a window is refused (WINDOW); an administrator may only
+    open one (for a node that is stuck). Judged when the API receives the ask
+    (a refused one is not proposed) and again when the entry is applied.
 Rule 3. An accepted Grace with ``seconds > 0`` records the node's window
     (:class:`GraceRecord`), replacing any earlier one; its ``grant`` is the
     entry's log index, unique and growing, so replicas and the node name a
@@ -77,6 +82,7 @@ class Grace:
             ``seconds``, Unix seconds (0.0 with ``seconds == 0``).
         reason: why, in words ("checkpoint"); may be empty.
         request_id: opaque id the shell matches to the waiting RPC.
+        by: "" when the node itself asks; else the administrator's identity.
 
     Raises:
         ValueError: an empty node_id, a negative or non-int incarnation,
@@ -89,6 +95,7 @@ class Grace:
     until: float
     reason: str
     request_id: str
+    by: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not self.node_id:
@@ -98,8 +105,8 @@ class Grace:
         _check_seconds("seconds", self.seconds)
         _check_seconds("until", self.until)
         check_reason(self.reason)
-        if not isinstance(self.request_id, str):
-            raise ValueError(f"request_id must be a string, got {self.request_id!r}")
+        if not isinstance(self.request_id, str) or not isinstance(self.by, str):
+            raise ValueError(f"request_id and by must be strings, got {self.request_id!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,18 +139,24 @@ class GraceOutcome:
         refusal: why it was refused; None when accepted.
         reason: what the cluster records, in words (for a refusal).
         record: the window recorded (None when ended or refused).
+        index: the log index of the entry (a window's grant, or its end).
     """
 
     request_id: str
     node_id: str
     accepted: bool
+    index: int = 0
     refusal: LeaveRefusal | None = None
     reason: str = ""
     record: GraceRecord | None = None
 
 
 def judge_grace(
-    node_id: str, incarnation: int, record: Member | None
+    node_id: str,
+    incarnation: int,
+    record: Member | None,
+    by: str = "",
+    window: GraceRecord | None = None,
 ) -> tuple[LeaveRefusal | None, str]:
     """Rule 2: why Grace(node_id, incarnation) is refused (None: accepted), in words.
 
@@ -151,6 +164,8 @@ def judge_grace(
         node_id: the node.
         incarnation: the incarnation asking.
         record: the node's member record (None: it has none).
+        by: "" for the node itself, else the administrator asking.
+        window: the node's current window (None: it has none).
     """
     if record is None:
         return LeaveRefusal.UNKNOWN, f"{node_id} is not a member (no record): it cannot pause"
@@ -162,6 +177,11 @@ def judge_grace(
     if record.state is not MemberState.ALIVE:
         return LeaveRefusal.FINAL, (
             f"{node_id} incarnation {incarnation} is already {record.state.value}"
+        )
+    if by and window is not None:
+        return LeaveRefusal.WINDOW, (
+            f"{node_id} has a grace window ({window.reason or 'no reason'}): only the node "
+            "itself may end or replace it"
         )
     return None, f"{node_id} incarnation {incarnation} is ALIVE"
 
@@ -175,6 +195,7 @@ def grace_to_json(command: Grace) -> dict[str, Any]:
         "until": command.until,
         "reason": command.reason,
         "request_id": command.request_id,
+        **({"by": command.by} if command.by else {}),  # "" left out
     }
 
 
@@ -186,6 +207,10 @@ def grace_from_json(obj: dict[str, Any]) -> Grace:
             it into a CommandDecodeError).
     """
     names = {"v", "type", "node", "inc", "seconds", "until", "reason", "request_id"}
+    if "by" in obj:
+        names.add("by")
+        if type(obj["by"]) is not str or not obj["by"]:
+            raise ValueError("grace.by: a non-empty string (the node itself is no 'by')")
     if set(obj) != names:
         raise ValueError(f"grace: fields {sorted(obj)}, expected {sorted(names)}")
     for key, kind in (
@@ -205,4 +230,5 @@ def grace_from_json(obj: dict[str, Any]) -> Grace:
         until=obj["until"],
         reason=obj["reason"],
         request_id=obj["request_id"],
+        by=obj.get("by", ""),
     )

@@ -361,15 +361,18 @@ class MembershipState(TallyRecords):
             changes.append(dataclasses.replace(_change(n, i, record.state, record), forgotten=True))
         return changes
 
-    def judge_grace(self, node_id: str, incarnation: int) -> tuple[LeaveRefusal | None, str]:
-        """How rule 13 judges Grace(node_id, incarnation) now, without changing anything
-        (:func:`arbiter.core.grace.judge_grace`): the API asks before proposing."""
-        return judge_grace(node_id, incarnation, self._members.get(node_id))
+    def judge_grace(
+        self, node_id: str, incarnation: int, by: str = ""
+    ) -> tuple[LeaveRefusal | None, str]:
+        """How rule 13 judges Grace(node_id, incarnation, by) now, without changing
+        anything (:func:`arbiter.core.grace.judge_grace`): the API asks before proposing."""
+        window = self._graces.get(node_id)
+        return judge_grace(node_id, incarnation, self._members.get(node_id), by, window)
 
     def _grace(self, index: int, command: Grace) -> GraceOutcome:
         """Rule 13: records or ends the node's window; what became of the ask."""
         n = command.node_id
-        refusal, reason = self.judge_grace(n, command.incarnation)
+        refusal, reason = self.judge_grace(n, command.incarnation, command.by)
         if refusal is not None:
             return GraceOutcome(
                 request_id=command.request_id,
@@ -377,6 +380,7 @@ class MembershipState(TallyRecords):
                 accepted=False,
                 refusal=refusal,
                 reason=reason,
+                index=index,
             )
         record = None
         if command.seconds > 0:
@@ -392,7 +396,12 @@ class MembershipState(TallyRecords):
             self._graces.pop(n, None)
         self._grace_version += 1
         return GraceOutcome(
-            request_id=command.request_id, node_id=n, accepted=True, reason=reason, record=record
+            request_id=command.request_id,
+            node_id=n,
+            accepted=True,
+            reason=reason,
+            record=record,
+            index=index,
         )
 
     def _commit(

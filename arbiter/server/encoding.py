@@ -52,7 +52,8 @@ class ViewEncoder:
             if len(self._changes) >= _CHANGES_KEPT:
                 del self._changes[next(iter(self._changes))]  # the oldest
             changes = [convert.change_to_pb(c) for c in change.changes]
-            event = stamp(change=pb.ViewChange(epoch=change.epoch, changes=changes))
+            ranks = convert.jobs_to_pb(change.ranks)
+            event = stamp(change=pb.ViewChange(epoch=change.epoch, changes=changes, ranks=ranks))
             self._changes[key] = event
         return event
 
@@ -64,22 +65,29 @@ class ViewEncoder:
             return ()
         return self._driver.state.suspected_by(node_id)
 
+    def grace(self, node_id: str) -> tuple[float, str]:
+        """(seconds left of the node's grace window on this replica, its reason)."""
+        return self._driver.observer.windows.window(node_id, time.monotonic())
+
     def view_pb(self, view: View, with_status: bool = False) -> pb.View:
-        """``view`` as sent, each ALIVE member with its status when ``with_status``."""
+        """``view`` as sent, each ALIVE member with its status and grace window when
+        ``with_status``; the jobs' ranks."""
         members = []
+        windows = self._driver.observer.windows
         for m in view.members:
             msg = convert.member_to_pb(m, self.suspected_by(m.node_id))
             entry = self._board.get(m.node_id) if with_status else None
-            if (
-                entry is not None
-                and entry.incarnation == m.incarnation
-                and m.state is MemberState.ALIVE
-            ):
+            alive = m.state is MemberState.ALIVE
+            if entry is not None and entry.incarnation == m.incarnation and alive:
                 msg.status.CopyFrom(entry.status)
+            if with_status and alive and len(windows):
+                msg.grace_seconds, msg.grace_reason = self.grace(m.node_id)
             members.append(msg)
-        return pb.View(epoch=view.epoch, members=members)
+        return pb.View(epoch=view.epoch, members=members, jobs=convert.jobs_to_pb(view.jobs))
 
-    def status_updates(self, sent: dict[str, tuple[int, tuple[str, ...]]]) -> list[pb.StatusUpdate]:
+    def status_updates(
+        self, sent: dict[str, tuple[int, tuple[str, ...], bool]]
+    ) -> list[pb.StatusUpdate]:
         """Reports of the nodes whose status or suspicions changed since ``sent`` (updated)."""
         now = time.monotonic()
         reports = []
@@ -92,7 +100,8 @@ class ViewEncoder:
             ):
                 continue  # a life that is over reports nothing more
             suspected = self.suspected_by(node_id)
-            key = (entry.version, suspected)
+            grace, reason = self.grace(node_id)
+            key = (entry.version, suspected, grace > 0)  # a window opening or ending is news
             if sent.get(node_id) == key:
                 continue
             sent[node_id] = key
@@ -103,6 +112,8 @@ class ViewEncoder:
                     status=entry.status,
                     suspected_by=suspected,
                     silence_seconds=round(max(0.0, now - entry.heard), 3),
+                    grace_seconds=round(grace, 3),
+                    grace_reason=reason,
                 )
             )
         return [

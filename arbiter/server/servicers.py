@@ -38,6 +38,7 @@ from arbiter.server.arbiterset import ArbiterSet, to_protos
 from arbiter.server.authz import AllowAll, Authorizer, Refusal
 from arbiter.server.driver import Driver
 from arbiter.server.encoding import ViewEncoder
+from arbiter.server.grace_api import grace_call
 from arbiter.server.heartbeat_path import AckBuilder, ClusterMismatch, HeartbeatChecks
 from arbiter.server.hub import Hub, HubStatus
 from arbiter.server.limits import LimitExceeded
@@ -63,7 +64,7 @@ FUTURE_EPOCH_WAIT = 1.0
 
 
 class MembershipServicer(pb_grpc.MembershipServicer):
-    """Heartbeat, Subscribe, GetView and Leave for one replica.
+    """Heartbeat, Subscribe, GetView, Leave and Grace for one replica.
 
     Args:
         driver: the replica's driver (cores and loop).
@@ -252,7 +253,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
             )
         # Never more often than the configured interval: a subscriber may only ask for less.
         status_every = max(self._config.status_interval, request.status_interval_seconds)
-        sent: dict[str, tuple[int, tuple[str, ...]]] = {}
+        sent: dict[str, tuple[int, tuple[str, ...], bool]] = {}
         loop = asyncio.get_running_loop()
         next_status = loop.time() if request.include_status else math.inf
         status = self._driver.status()
@@ -458,3 +459,9 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 return done
             await context.abort(refusal_status(outcome.refusal), outcome.reason)
         return pb.LeaveResponse(epoch=outcome.epoch, joined=outcome.joined)
+
+    async def Grace(
+        self, request: pb.GraceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GraceResponse:
+        """Commits the node's grace window, or its end (:mod:`arbiter.server.grace_api`)."""
+        return await grace_call(self._driver, self.authz, self.cluster, request, context)

@@ -305,6 +305,8 @@ class SimReplica:
                 self.feed.reset(view)
             for entry, result in done.applied:
                 check.applied(self, entry, result)
+                if result.grace is not None and result.grace.request_id in w.grace_asks:
+                    w.grace_answered(self.id, result.grace)
                 change = result.change
                 if change is not None:
                     self._view_moved = True

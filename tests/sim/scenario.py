@@ -192,8 +192,7 @@ class _Runner:
             return f"{rid}: down"
         v = core.state.view()
         jobs = "; ".join(
-            f"{j.job}@{j.epoch} " + " ".join(f"{n}={r}" for n, r in j.ranks.items())
-            for j in v.jobs
+            f"{j.job}@{j.epoch} " + " ".join(f"{n}={r}" for n, r in j.ranks.items()) for j in v.jobs
         )
         return f"{rid} epoch {v.epoch}: {jobs or '(no job)'}"
 

@@ -257,24 +257,35 @@ def test_session_grace_counts_like_a_lease_for_its_grant_only() -> None:
     for a in R3:
         _ack(s, a, 0.0)
     assert s.fenced(0.5)  # leases: 0.5 - guard
+    s.end_grace(0.5)
+    _ack(s, "a1", 1.0, grace=10.0, grant=7)
+    assert s.leases(1.2)["a1"] == pytest.approx(0.25)  # asked, not answered: none counted
+    s.grace_answered(7, granted=True)
     _ack(s, "a1", 1.0, grace=10.0, grant=7)
     assert s.grace(7, 1.0) == 0.0  # one arbiter is not a quorum
     _ack(s, "a2", 1.0, grace=9.0, grant=7)
     assert s.grace(7, 1.0) == pytest.approx(9.0 - 0.05)  # the quorum-th longest, guard off
     assert not s.fenced(9.5) and s.fenced(10.0)  # the window holds the quorum, then ends
     assert s.leases(5.0)["a1"] == pytest.approx(5.95)
+    _ack(s, "a3", 1.0, grace=9.0, grant=5)  # an older grant (replaced): not counted
+    assert s.leases(5.0)["a3"] == 0.0
 
 
-def test_session_end_grace_stops_counting_and_ignores_later_acks_of_that_grant() -> None:
+def test_session_end_grace_stops_counting_and_ignores_grants_up_to_the_end() -> None:
     s = _session()
+    s.end_grace(0.0)
+    s.grace_answered(7, granted=True)
     for a in ("a1", "a2"):
         _ack(s, a, 0.0, grace=30.0, grant=7)
     assert not s.fenced(20.0)
-    s.end_grace(1.0, upto=9)  # asking for grace(0), or for another window
+    s.end_grace(1.0)  # asking for grace(0), or for another window
     assert s.fenced(1.0 + LEASE) and s.grace(7, 1.0) == 0.0
     _ack(s, "a3", 1.0, grace=29.0, grant=7)  # an arbiter that has not applied the end yet
-    _ack(s, "a1", 1.0, grace=29.0, grant=9)  # a grant the node was told of, counted out too
+    _ack(s, "a1", 1.0, grace=29.0, grant=9)  # a grant committed unseen (a lost answer)
     assert s.leases(5.0) == {"a1": 0.0, "a2": 0.0, "a3": 0.0}
-    _ack(s, "a1", 2.0, grace=60.0, grant=12)  # a new grant counts
+    s.grace_answered(10, granted=False)  # the end, committed at 10
+    _ack(s, "a1", 1.5, grace=29.0, grant=9)
+    assert s.leases(5.0)["a1"] == 0.0
+    _ack(s, "a1", 2.0, grace=60.0, grant=12)  # a later grant (an administrator's) counts
     _ack(s, "a2", 2.0, grace=60.0, grant=12)
     assert s.grace(12, 2.0) == pytest.approx(59.95) and not s.fenced(50.0)
