@@ -103,6 +103,7 @@ class Proposals:
         request_id: str,
         now: float,
         wall: float,
+        by: str = "",
     ) -> float:
         """Proposes a node's grace window, or its end (``seconds == 0``; tally rule 13).
 
@@ -115,6 +116,7 @@ class Proposals:
             now: monotonic seconds.
             wall: this replica's wall clock, Unix seconds (the window's ``until``
                 is ``wall`` plus the seconds granted: grace_windows rule 1).
+            by: "" when the node asks, else the administrator (grace rule 2).
 
         Returns:
             The seconds proposed (``seconds`` capped).
@@ -131,6 +133,7 @@ class Proposals:
             until=float(wall) + granted if granted > 0 else 0.0,
             reason=reason,
             request_id=request_id,
+            by=by,
         )
         self.raft.propose(encode(command), now)
         return granted

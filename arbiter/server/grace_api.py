@@ -3,7 +3,8 @@
 Thin, as the other servicers are: checks, then the driver proposes the Grace
 command (:mod:`arbiter.core.grace`) and the call answers once it is applied
 here. Who may ask: the node itself (its certificate under mutual TLS, as for
-Leave) or an administrator. Statuses: the authorizer's refusal;
+Leave) or an administrator, who may only open a window for a node that has
+none (``arbiter/core/grace.py`` rule 2). Statuses: the authorizer's refusal;
 INVALID_ARGUMENT for a bad node id, incarnation, seconds (not finite, or
 negative) or reason; FAILED_PRECONDITION for another cluster, or an
 incarnation the cluster does not record ALIVE (STALE, FINAL); NOT_FOUND for an
@@ -49,9 +50,10 @@ async def grace_call(
     Returns:
         The window committed (``granted_seconds``, ``grace_id``), or zeros for an end.
     """
+    by = ""  # the node itself
     refusal = authz.node(context, request.node_id)
     if refusal is not None and authz.admin(context) is None:
-        refusal = None  # an administrator may ask for any node
+        refusal, by = None, authz.identity(context) or "admin"  # an administrator's ask
     await deny(context, refusal)
     me = driver.replica_id
     try:
@@ -69,7 +71,7 @@ async def grace_call(
     if mismatch is not None:
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, mismatch)
     node_id, incarnation = request.node_id, request.incarnation
-    judged, reason = driver.state.judge_grace(node_id, incarnation)
+    judged, reason = driver.state.judge_grace(node_id, incarnation, by)
     if judged is not None:
         log.info("grace window of %s refused: %s", node_id, reason)
         await context.abort(refusal_status(judged), f"arbiter {me}: {reason}")
@@ -81,6 +83,7 @@ async def grace_call(
             float(request.seconds),
             request.reason,
             timeout=driver.config.election_timeout * 3,
+            by=by,
         ),
         "grace window",
     )

@@ -63,10 +63,17 @@ class Proposing:
         return outcome
 
     async def grace(
-        self, node_id: str, incarnation: int, seconds: float, reason: str, timeout: float
+        self,
+        node_id: str,
+        incarnation: int,
+        seconds: float,
+        reason: str,
+        timeout: float,
+        by: str = "",
     ) -> tuple[GraceOutcome, float]:
         """Proposes a node's grace window, or its end (``seconds == 0``; tally rule 13), and
-        waits until it is applied here.
+        waits until it is applied here; ``by``: "" for the node itself, else the
+        administrator asking (grace rule 2).
 
         Returns:
             What became of it, and the seconds proposed (capped by ``max_grace``).
@@ -81,7 +88,7 @@ class Proposing:
         def propose(rid: str) -> None:
             granted.append(
                 self.replica.propose_grace(
-                    node_id, incarnation, seconds, reason, rid, time.monotonic(), time.time()
+                    node_id, incarnation, seconds, reason, rid, time.monotonic(), time.time(), by
                 )
             )
 

@@ -289,3 +289,29 @@ def test_session_end_grace_stops_counting_and_ignores_grants_up_to_the_end() -> 
     _ack(s, "a1", 2.0, grace=60.0, grant=12)  # a later grant (an administrator's) counts
     _ack(s, "a2", 2.0, grace=60.0, grant=12)
     assert s.grace(12, 2.0) == pytest.approx(59.95) and not s.fenced(50.0)
+
+
+def test_tally_grace_an_administrator_opens_a_window_but_never_ends_or_replaces_one() -> None:
+    log = Log()
+    log.admit("n1")
+
+    def ask(seconds: float, by: str) -> object:
+        g = Grace(
+            node_id="n1",
+            incarnation=1,
+            seconds=seconds,
+            until=100.0 + seconds if seconds else 0.0,
+            reason="stuck" if by else "ckpt",
+            request_id="q",
+            by=by,
+        )
+        assert decode(encode(g)) == g
+        return log.apply(g).grace  # type: ignore[attr-defined]
+
+    opened = ask(60.0, "spiffe://default/admin/ops")
+    assert opened.accepted and log.state.grace("n1") == opened.record  # type: ignore[attr-defined]
+    for seconds in (0.0, 30.0, 90.0):  # end, replace shorter or longer: the node's alone
+        refused = ask(seconds, "spiffe://default/admin/ops")
+        assert refused.refusal is LeaveRefusal.WINDOW  # type: ignore[attr-defined]
+    assert log.state.grace("n1") == opened.record  # type: ignore[attr-defined]
+    assert ask(0.0, "").accepted and log.state.grace("n1") is None  # type: ignore[attr-defined]
