@@ -68,8 +68,11 @@ def state_from_pb(value: int) -> MemberState:
         raise ValueError(f"unknown member state {value}") from None
 
 
-def member_to_pb(member: Member, suspected_by: Iterable[str] = ()) -> pb.Member:
-    """Member -> wire Member (with the replicas currently suspecting it)."""
+def member_to_pb(
+    member: Member, suspected_by: Iterable[str] = (), world_size: int = 0
+) -> pb.Member:
+    """Member -> wire Member (with the replicas currently suspecting it, and its job's
+    world size when it has a rank)."""
     msg = pb.Member(
         node_id=member.node_id,
         incarnation=member.incarnation,
@@ -77,7 +80,7 @@ def member_to_pb(member: Member, suspected_by: Iterable[str] = ()) -> pb.Member:
         labels=dict(member.labels),
         epoch=member.epoch,
         suspected_by=list(suspected_by),
-        world_size=member.world_size,
+        world_size=world_size if member.rank is not None else 0,
     )
     if member.rank is not None:
         msg.rank = member.rank
@@ -93,7 +96,6 @@ def member_from_pb(m: pb.Member) -> Member:
         labels=dict(m.labels),
         epoch=m.epoch,
         rank=m.rank if m.HasField("rank") else None,
-        world_size=m.world_size,
     )
 
 

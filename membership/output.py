@@ -61,6 +61,7 @@ from membership.view import (
     QuorumChanged,
     Reconnected,
     StatusUpdated,
+    View,
     ViewChanged,
     ViewReset,
     ViewSnapshot,
@@ -93,9 +94,9 @@ _STATUS_FIELDS = (
 )
 
 
-def member_json(m: Member) -> dict[str, Any]:
+def member_json(m: Member, view: View | None = None) -> dict[str, Any]:
     """A member as ``{"node_id", "incarnation", "state", "labels", "epoch"}``, with
-    ``"rank"`` and ``"world_size"`` when it has a rank in its job."""
+    ``"rank"`` and ``"world_size"`` (its job's in ``view``) when it has a rank."""
     d: dict[str, Any] = {
         "node_id": m.node_id,
         "incarnation": m.incarnation,
@@ -104,7 +105,7 @@ def member_json(m: Member) -> dict[str, Any]:
         "epoch": m.epoch,
     }
     if m.rank is not None:
-        d["rank"], d["world_size"] = m.rank, m.world_size
+        d["rank"], d["world_size"] = m.rank, view.world_size(m.node_id) if view else 0
     return d
 
 
@@ -315,7 +316,7 @@ def event_lines(ev: object, as_json: bool) -> list[str]:
             snapshot = {
                 "type": "snapshot",
                 "epoch": ev.view.epoch,
-                "members": [member_json(m) for m in ev.view.members],
+                "members": [member_json(m, ev.view) for m in ev.view.members],
                 "arbiter": ev.arbiter_id,
                 "instance": ev.instance,
             }
@@ -398,7 +399,7 @@ def view_json(info: Any) -> dict[str, Any]:
     members = []
     graces = getattr(info, "graces", {})
     for m in info.view.members:
-        d = member_json(m)
+        d = member_json(m, info.view)
         d["suspected_by"] = list(info.suspected_by.get(m.node_id, ()))
         status = info.statuses.get(m.node_id)
         if status is not None:
@@ -440,7 +441,7 @@ def view_text(info: Any) -> list[str]:
         suspects = info.suspected_by.get(m.node_id)
         extra = f"  SUSPECT by {','.join(suspects)}" if suspects else ""
         if m.rank is not None:
-            extra = f"  rank {m.rank}/{m.world_size}" + extra
+            extra = f"  rank {m.rank}/{view.world_size(m.node_id)}" + extra
         extra += _grace_text(*getattr(info, "graces", {}).get(m.node_id, (0.0, "")))
         lines.append(
             f"  {m.node_id:<20} {m.state.value:<6} incarnation {m.incarnation}  "

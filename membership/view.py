@@ -94,7 +94,7 @@ class JobRanks:
 
     def __post_init__(self) -> None:
         if not isinstance(self.ranks, MappingProxyType):
-            object.__setattr__(self, "ranks", MappingProxyType(dict(sorted(self.ranks.items()))))
+            object.__setattr__(self, "ranks", MappingProxyType(dict(self.ranks)))
 
     @property
     def world_size(self) -> int:
@@ -102,7 +102,7 @@ class JobRanks:
         return len(self.ranks)
 
     def __hash__(self) -> int:
-        return hash((self.job, self.epoch, tuple(self.ranks.items())))
+        return hash((self.job, self.epoch, len(self.ranks)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,8 +117,10 @@ class Member:
         labels: static key/value labels the node announced when it joined.
         epoch: the epoch at which the member entered its current state.
         rank: its rank in its job (the ``job`` label) while ALIVE; None
-            without a job, or when not ALIVE.
-        world_size: how many ALIVE members its job has (0 when ``rank`` is None).
+            without a job, or when not ALIVE. The job's world size is
+            ``view.job(member.job).world_size`` (:meth:`View.world_size`): kept
+            once per job, so that a join or death in a job of N members does
+            not rewrite N member records.
     """
 
     node_id: str
@@ -127,7 +129,6 @@ class Member:
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     epoch: int = 0
     rank: int | None = None
-    world_size: int = 0
 
     @property
     def job(self) -> str:
@@ -151,7 +152,7 @@ class View:
         members: every node with a record, sorted by node_id (ALIVE, DEAD
             and LEFT alike; filter with :meth:`alive`).
         jobs: the rank assignment of every job with an ALIVE member, sorted
-            by job (each member also carries its ``rank`` and ``world_size``).
+            by job (each of its members also carries its ``rank``).
     """
 
     epoch: int = 0
@@ -164,6 +165,12 @@ class View:
             if j.job == name:
                 return j
         return None
+
+    def world_size(self, node_id: str) -> int:
+        """How many ALIVE members the job of member ``node_id`` has (0 without a rank)."""
+        m = self.get(node_id)
+        j = None if m is None or m.rank is None else self.job(m.job)
+        return 0 if j is None else j.world_size
 
     def get(self, node_id: str) -> Member | None:
         """Returns the member named ``node_id``, or None."""
@@ -198,7 +205,9 @@ class View:
         jobs = {j.job: j for j in self.jobs}
         for j in ranks:
             for node_id, rank in j.ranks.items():
-                by_id[node_id] = replace(by_id[node_id], rank=rank, world_size=j.world_size)
+                m = by_id[node_id]
+                if m.rank != rank:  # rewritten only when it moved (or is new)
+                    by_id[node_id] = replace(m, rank=rank)
             if j.ranks:
                 jobs[j.job] = j
             else:

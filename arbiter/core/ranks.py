@@ -48,7 +48,7 @@ from collections.abc import Iterable, Mapping
 
 from membership.view import JOB_LABEL, Member, MemberState
 
-__all__ = ["RANKS_RULES", "RULES", "assign", "derive", "job_of"]
+__all__ = ["RANKS_RULES", "RULES", "assign", "derive", "job_of", "update"]
 
 RANKS_RULES = 2
 """The rules version from which the state keeps ranks (rule 6)."""
@@ -85,6 +85,48 @@ def assign(previous: Mapping[str, int], members: Iterable[str]) -> dict[str, int
     for node_id, rank in zip([*movers, *joiners], free, strict=True):
         ranks[node_id] = rank
     return ranks
+
+
+def update(
+    ranks: dict[str, int], by_rank: list[str | None], gone: Iterable[str], new: Iterable[str]
+) -> dict[str, int]:
+    """Rules 2 to 4 in place, in time O(changes), not O(job): what :func:`assign` computes.
+
+    The tally keeps, per job, ``ranks`` (node_id -> rank) and its inverse
+    ``by_rank`` (rank -> node_id), so that a death in a job of N members
+    costs O(1) and not O(N) (``bench/ranks_cost.py``); :func:`assign` is the
+    plain statement of the rule, and the tests check that both agree.
+
+    Args:
+        ranks: node_id -> rank before the entry, dense; updated in place.
+        by_rank: its inverse, ``len(ranks)`` long; updated in place.
+        gone: members that left the job in the entry (others are ignored).
+        new: members that joined it (members already in it are ignored).
+
+    Returns:
+        The members whose rank is new or moved, node_id -> rank.
+    """
+    left = [n for n in set(gone) if n in ranks]
+    joined = sorted(n for n in set(new) if n not in ranks)
+    top = len(by_rank)
+    size = top - len(left) + len(joined)
+    free = []
+    for n in left:
+        r = ranks.pop(n)
+        by_rank[r] = None
+        if r < size:
+            free.append(r)
+    free.sort()
+    free += range(top, size)  # the job grew: new ranks at the top
+    movers = [m for r in range(top - 1, size - 1, -1) if (m := by_rank[r]) is not None]
+    del by_rank[size:]
+    by_rank.extend([None] * (size - len(by_rank)))
+    moved: dict[str, int] = {}
+    for node, r in zip([*movers, *joined], free, strict=True):  # rule 3, then rule 4
+        ranks[node] = r
+        by_rank[r] = node
+        moved[node] = r
+    return moved
 
 
 def derive(members: Iterable[Member]) -> dict[str, dict[str, int]]:

@@ -91,6 +91,7 @@ in :mod:`arbiter.core.tally_snapshot`.
 from __future__ import annotations
 
 import dataclasses
+from types import MappingProxyType
 
 from arbiter.core import leaves, tally_snapshot
 from arbiter.core.commands import (
@@ -109,7 +110,7 @@ from arbiter.core.leaves import LeaveOutcome, LeaveRefusal
 from arbiter.core.outcomes import ApplyResult, ViewChange
 from arbiter.core.outcomes import change as _change
 from arbiter.core.raft.configuration import ArbiterConfiguration
-from arbiter.core.ranks import RANKS_RULES, assign, derive, job_of
+from arbiter.core.ranks import RANKS_RULES, derive, job_of, update
 from arbiter.core.tally_records import TallyRecords
 from arbiter.core.tally_snapshot import ObservationRecord, SnapshotDecodeError
 from membership.view import JobRanks, Member, MemberChange, MemberState
@@ -445,24 +446,33 @@ class MembershipState(TallyRecords):
         return ViewChange(epoch=self._epoch, changes=tuple(changes), ranks=ranks)
 
     def _rank(self, job: str, changed: set[str], derived: dict[str, int] | None) -> JobRanks:
-        """The job's new ranks at this epoch (ranks rules 2 to 5), written into its members'
-        records; ``derived``: the ranks of an upgrade instead (ranks rule 6)."""
-        before = self._jobs.get(job)
-        previous = dict(before.ranks) if before is not None else {}
-        if derived is None:
-            members = [n for n in previous if n not in changed]
-            members += [n for n in sorted(changed) if job_of(self._members.get(n)) == job]
-            derived = assign(previous, members)
-        assignment = JobRanks(job=job, epoch=self._epoch, ranks=derived)
-        if derived:
+        """The job's new ranks at this epoch (ranks rules 2 to 5), written into the records
+        of its members that moved, joined or restarted; ``derived``: the ranks of an upgrade
+        instead (ranks rule 6). O(changes) plus one copy of the job's ranks."""
+        records = self._members
+        if derived is not None:
+            by_rank: list[str | None] = [None] * len(derived)
+            for n, r in derived.items():
+                by_rank[r] = n
+            ranks, touch = dict(derived), list(derived)
+            self._ranks[job] = (ranks, by_rank)
+        else:
+            ranks, by_rank = self._ranks.setdefault(job, ({}, []))
+            stay = {n for n in changed if job_of(records.get(n)) == job}  # in it after the entry
+            gone = [n for n in changed if n in ranks and n not in stay]
+            moved = update(ranks, by_rank, gone, stay)  # those already in it are kept (rule 2)
+            touch = [*moved, *(n for n in stay if n not in moved)]  # restarted: new records
+        frozen = MappingProxyType(dict(ranks))  # the one O(job) step: a C-level copy
+        assignment = JobRanks(job=job, epoch=self._epoch, ranks=frozen)
+        if ranks:
             self._jobs[job] = assignment
         else:
             self._jobs.pop(job, None)  # ranks rule 5: an empty job is gone
-        size = len(derived)
-        for n, r in derived.items():
-            m = self._members[n]
-            if (m.rank, m.world_size) != (r, size):
-                self._members[n] = dataclasses.replace(m, rank=r, world_size=size)
+            self._ranks.pop(job, None)
+        for n in touch:
+            m = records[n]
+            if m.rank != ranks[n]:  # moved, new, or a new record of a member that stayed
+                records[n] = dataclasses.replace(m, rank=ranks[n])
         return assignment
 
     # -- snapshots (the encoding is in arbiter.core.tally_snapshot) ------------

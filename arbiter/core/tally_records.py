@@ -59,6 +59,9 @@ class TallyRecords:
         self._instance = ""  # rule 10
         self._rules = 1  # rule 10: the rules version in force (ranks from 2 on)
         self._jobs: dict[str, JobRanks] = {}  # job -> its ranks (arbiter/core/ranks.py)
+        # job -> (node -> rank, rank -> node): the working copy ranks.update changes in
+        # place (O(changes) per entry); _jobs holds frozen copies. Rebuilt on load.
+        self._ranks: dict[str, tuple[dict[str, int], list[str | None]]] = {}
         self._graces: dict[str, GraceRecord] = {}  # node -> its grace window (rule 13)
         self._grace_version = 0  # bumped whenever a window is granted, ended or dropped
         self._view: View | None = View()
@@ -241,8 +244,11 @@ class TallyRecords:
         self._rules = image.rules
         for j in image.jobs:
             self._jobs[j.job] = j
+            by_rank: list[str | None] = [None] * j.world_size
+            self._ranks[j.job] = (dict(j.ranks), by_rank)
             for node_id, rank in j.ranks.items():
+                by_rank[rank] = node_id
                 m = self._members[node_id]
-                self._members[node_id] = dataclasses.replace(m, rank=rank, world_size=j.world_size)
+                self._members[node_id] = dataclasses.replace(m, rank=rank)
         self._graces.update(image.graces)
         self._view = None

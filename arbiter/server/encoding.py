@@ -75,7 +75,9 @@ class ViewEncoder:
         members = []
         windows = self._driver.observer.windows
         for m in view.members:
-            msg = convert.member_to_pb(m, self.suspected_by(m.node_id))
+            job = view.job(m.job) if m.rank is not None else None
+            size = job.world_size if job is not None else 0
+            msg = convert.member_to_pb(m, self.suspected_by(m.node_id), size)
             entry = self._board.get(m.node_id) if with_status else None
             alive = m.state is MemberState.ALIVE
             if entry is not None and entry.incarnation == m.incarnation and alive:

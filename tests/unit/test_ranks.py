@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from arbiter.core.commands import Bootstrap, Leave, Observation, ObserveBatch, Opinion, encode
-from arbiter.core.ranks import RULES, assign, derive
+from arbiter.core.ranks import RULES, assign, derive, update
 from arbiter.core.tally import MembershipState, SnapshotDecodeError
 from membership.view import JobRanks, Member, MemberState, View
 
@@ -124,7 +124,7 @@ def test_tally_ranks_stable_across_an_unrelated_join_and_death() -> None:
     assert [j.job for j in f.emitted] == ["j1", "j2", "j2"]
     assert f.emitted[-1].ranks == {} and f.emitted[-1].world_size == 0
     x0 = f.state.member("x0")
-    assert x0 is not None and x0.rank is None and x0.world_size == 0
+    assert x0 is not None and x0.rank is None and f.state.view().world_size("x0") == 0
 
 
 def test_tally_ranks_dense_after_a_death_and_a_join_takes_the_next_rank() -> None:
@@ -133,7 +133,7 @@ def test_tally_ranks_dense_after_a_death_and_a_join_takes_the_next_rank() -> Non
     f(*suspect("n1", 1, 2))
     assert f.ranks() == {"n3": 0, "n2": 1}  # the highest rank moved into the gap
     n3 = f.state.member("n3")
-    assert n3 is not None and (n3.rank, n3.world_size) == (0, 2)
+    assert n3 is not None and (n3.rank, f.state.view().world_size("n3")) == (0, 2)
     assert n3.epoch < f.state.epoch  # a rank move is not a state change: its epoch stays
     assert f.emitted[-1] == JobRanks(job="j1", epoch=f.state.epoch, ranks={"n3": 0, "n2": 1})
     f(*alive("n4", 1, 1))
@@ -265,3 +265,21 @@ def test_tally_ranks_always_dense_replicated_and_folded(entries: list[bytes], cu
             assert restored.view() == view
         if i == cut:
             restored = MembershipState.from_bytes(one.state.to_bytes())
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.sampled_from("abcdefgh"), unique=True),
+    st.lists(st.sampled_from("abcdefghij"), unique=True),
+)
+def test_ranks_update_in_place_is_what_assign_states(before: list[str], after: list[str]) -> None:
+    # The tally's O(changes) update against the plain statement of rules 2 to 4.
+    previous = assign({}, before)
+    ranks = dict(previous)
+    by_rank: list[str | None] = [None] * len(ranks)
+    for n, r in ranks.items():
+        by_rank[r] = n
+    moved = update(ranks, by_rank, set(before) - set(after), set(after) - set(before))
+    assert ranks == assign(previous, after)
+    assert by_rank == [n for n, _ in sorted(ranks.items(), key=lambda i: i[1])]
+    assert moved == {n: r for n, r in ranks.items() if previous.get(n) != r}
