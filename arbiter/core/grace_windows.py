@@ -137,17 +137,20 @@ class GraceWindows:
             return 0.0, ""
         return w.end - now, w.reason
 
-    def defer(self, node_id: str, heard_until: float, detector: FailureDetector) -> bool:
+    def defer(
+        self, node_id: str, incarnation: int, heard_until: float, detector: FailureDetector
+    ) -> bool:
         """True when a suspicion of the node at ``heard_until`` is held back (rule 2).
 
         Args:
             node_id: the node ``detector`` suspects.
+            incarnation: the life the detector tracks (a window is for one life).
             heard_until: the end of the silence judged (observer rule 6).
             detector: the replica's detector (when it last heard the node, for the
                 evidence of a later suspicion).
         """
         w = self._windows.get(node_id)
-        if w is None or w.end <= heard_until:
+        if w is None or w.end <= heard_until or w.incarnation != incarnation:
             return False
         last = self.last_heard(node_id, detector)
         self._rearmed.pop(node_id, None)

@@ -268,9 +268,8 @@ class Observer:
             self._detector.remove(node_id)
             current = None
         self._detector.heartbeat(node_id, now, interval)
-        windows = self.windows
-        if windows.active:
-            windows.heard(node_id)  # rule 7: a held-back suspicion is over
+        if self.windows.active:
+            self.windows.heard(node_id)  # rule 7: a held-back suspicion is over
         if current is None or current.opinion is not Opinion.ALIVE or current.assumed:
             self._new_opinion(
                 node_id, incarnation, Opinion.ALIVE, tuple(sorted(labels.items())), now
@@ -281,8 +280,8 @@ class Observer:
         if current.committed:
             granted = self._lease if lease is None else lease
             self._detector.hold(node_id, now + granted)
-            if windows.active:
-                grace, grant = windows.lease(node_id, incarnation, now)
+            if self.windows.active:
+                grace, grant = self.windows.lease(node_id, incarnation, now)
         member_state = MemberState.JOINING
         if record is not None and record.incarnation == incarnation:
             member_state = record.state
@@ -341,7 +340,9 @@ class Observer:
             op = self._opinions.get(node_id)
             if op is None or op.opinion is Opinion.SUSPECT:
                 continue
-            if windows.active and windows.defer(node_id, heard_until, self._detector):
+            if windows.active and windows.defer(
+                node_id, op.incarnation, heard_until, self._detector
+            ):
                 continue  # rule 7: the node is in its grace window here
             evidence = self._evidence(node_id, heard_until)
             self._new_opinion(node_id, op.incarnation, Opinion.SUSPECT, op.labels, now, evidence)
@@ -469,8 +470,7 @@ class Observer:
         return self._held_since is not None and state.applied_index != self._scan_applied
 
     def needs_sync(self, state: MembershipState) -> bool:
-        """True when the committed view or grace windows moved since the last :meth:`tick`
-        (rule 5 or 7 work is due)."""
+        """True when the view or grace windows moved since the last :meth:`tick` (rules 5, 7)."""
         return state.epoch != self._seen_epoch or self.windows.needs_sync(state)
 
     def next_deadline(self, lateness: float = 0.0) -> float | None:

@@ -315,3 +315,12 @@ def test_tally_grace_an_administrator_opens_a_window_but_never_ends_or_replaces_
         assert refused.refusal is LeaveRefusal.WINDOW  # type: ignore[attr-defined]
     assert log.state.grace("n1") == opened.record  # type: ignore[attr-defined]
     assert ask(0.0, "").accepted and log.state.grace("n1") is None  # type: ignore[attr-defined]
+
+
+def test_observer_grace_window_is_for_its_incarnation_only() -> None:
+    log, obs = Log(), _observer()
+    _alive_here(log, obs)
+    log.grace("n1", 30.0, until=130.0)  # for incarnation 1
+    obs.tick(0.0, log.state, wall=100.0)
+    obs.heartbeat("n1", 2, {}, 0.1, log.state)  # a new life, heard here, not committed yet
+    assert _suspected_at(obs, log, 0.1, 2.0) == pytest.approx(0.6, abs=0.02)  # D, no window
