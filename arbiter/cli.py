@@ -118,6 +118,12 @@ _TUNABLES = (
         "seconds between progress markers to idle subscribers",
     ),
     ("--status-interval", "status_interval", "seconds between status events to subscribers"),
+    ("--degraded-jitter-factor", "degraded_jitter_factor", "DEGRADED: jitter over x median"),
+    ("--degraded-jitter-floor", "degraded_jitter_floor", "... and over x its interval"),
+    ("--degraded-min-samples", "degraded_min_samples", "heartbeats before jitter counts"),
+    ("--degraded-step-fraction", "degraded_step_fraction", "DEGRADED: step rate < x job median"),
+    ("--degraded-step-window", "degraded_step_window", "seconds the step rate is taken over"),
+    ("--degraded-min-steps", "degraded_min_steps", "steps the job median must make in it"),
     (
         "--tombstone-retention",
         "tombstone_retention",

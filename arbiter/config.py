@@ -1,7 +1,8 @@
 """ArbiterConfig: every tunable of an arbiter replica, with its default and why.
 
 Timings are in seconds. The relations that must hold between them are
-checked by :meth:`ArbiterConfig.validate` (the style of etcd's config checks).
+checked by :meth:`ArbiterConfig.validate` (the style of etcd's config checks;
+they are in :mod:`arbiter.config_checks`).
 
 Detection time D (kill of a node to its suspicion by a replica) is about
 ``heartbeat_interval * missed_heartbeats``; a DEAD is committed one Raft round
@@ -11,18 +12,15 @@ trip later (milliseconds on a LAN) once a quorum of replicas suspect.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
-from arbiter.config_checks import check_keepalive
+from arbiter.config_checks import check
+from arbiter.core.degraded import DegradedPolicy
 from arbiter.core.detection import FailureDetector, LoadPolicy
 from arbiter.core.raft import RaftConfig
 from arbiter.core.replica import ReplicaSettings
 from arbiter.core.retention import RetentionPolicy
 from arbiter.detectors import make_detector
-from arbiter.workers import check_ingest_workers
-from membership.errors import InvalidArgument
-from membership.validation import parse_address, validate_cluster_name
 
 __all__ = ["ArbiterConfig"]
 
@@ -145,6 +143,20 @@ class ArbiterConfig:
     # or suspicions changed at most this often (seconds); they may ask for
     # less often, never more. Coalesced per node: only the latest is sent.
     status_interval: float = 1.0
+    # DEGRADED, a node that heartbeats but is unhealthy: status, never a view
+    # change (rules and trade-offs: arbiter/core/degraded.py; README "Degraded
+    # nodes"). Jitter: above degraded_jitter_factor x the other nodes' median
+    # and degraded_jitter_floor x its interval, once degraded_min_samples
+    # heartbeats are in (~5 s at 0.15 s). Step rate: below
+    # degraded_step_fraction x the median of its job's other members, over
+    # degraded_step_window seconds in which their median advanced at least
+    # degraded_min_steps steps (so a node is judged a window after it starts).
+    degraded_jitter_factor: float = 4.0
+    degraded_jitter_floor: float = 0.2
+    degraded_min_samples: int = 32
+    degraded_step_fraction: float = 0.5
+    degraded_step_window: float = 30.0
+    degraded_min_steps: int = 10
 
     # --- bounded history (README "Bounded history"; arbiter/core/retention.py) ---
     # Seconds a DEAD or LEFT record stays in the view after its change (on the
@@ -361,6 +373,12 @@ class ArbiterConfig:
             ),
         )
 
+    def degraded_policy(self) -> DegradedPolicy:
+        """The DEGRADED rules' thresholds (arbiter/core/degraded.py): its fields, prefixed
+        ``degraded_`` here."""
+        names = [f.name for f in dataclasses.fields(DegradedPolicy)]
+        return DegradedPolicy(**{n: getattr(self, f"degraded_{n}") for n in names})
+
     def detector(self) -> FailureDetector:
         """A new failure detector of kind :attr:`detector_kind` with this configuration's
         timings (:func:`arbiter.detectors.make_detector` says how each is tuned to D)."""
@@ -375,115 +393,5 @@ class ArbiterConfig:
         Raises:
             InvalidArgument: naming the field and the rule it breaks.
         """
-        positive = (
-            "heartbeat_interval",
-            "observation_retry",
-            "raft_heartbeat_interval",
-            "election_timeout",
-            "progress_interval",
-            "status_interval",
-            "max_heartbeat_rate",
-            "heartbeat_rate_margin",
-            "subscriber_write_timeout",
-            "heartbeat_budget",
-            "keepalive_time",
-            "keepalive_timeout",
-            "min_ping_interval",
-            "loop_lag_warning",
-            "shed_lateness",
-            "shed_retry_after",
-            "max_grace",
-        )
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name == "tombstone_retention" and value == math.inf:
-                continue  # forget by count only (README, "Bounded history")
-            if isinstance(value, float | int) and not math.isfinite(value):
-                raise InvalidArgument(f"{f.name} must be a finite number, got {value}")
-        for name in positive:
-            if not getattr(self, name) > 0:
-                raise InvalidArgument(f"{name} must be > 0, got {getattr(self, name)}")
-        if self.metrics_listen:
-            try:
-                parse_address(self.metrics_listen)
-            except InvalidArgument as e:
-                raise InvalidArgument(f"metrics_listen: {e}") from None
-        if self.missed_heartbeats < 2:
-            raise InvalidArgument(
-                f"missed_heartbeats must be >= 2 (one late heartbeat must not suspect), "
-                f"got {self.missed_heartbeats}"
-            )
-        if self.max_heartbeat_interval < self.heartbeat_interval:
-            raise InvalidArgument(
-                f"max_heartbeat_interval ({self.max_heartbeat_interval}s) must be >= "
-                f"heartbeat_interval ({self.heartbeat_interval}s)"
-            )
-        if not 0 < self.load_target < 1:
-            raise InvalidArgument(f"load_target must be in (0, 1), got {self.load_target}")
-        if not self.load_target < self.shed_utilisation <= 1:
-            raise InvalidArgument(
-                f"shed_utilisation must be in (load_target, 1] (the interval reacts first, "
-                f"shedding after), got {self.shed_utilisation} with load_target {self.load_target}"
-            )
-        for name in ("restart_grace", "observation_batch_interval", "max_ping_strikes"):
-            if getattr(self, name) < 0:
-                raise InvalidArgument(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 < self.lease_fraction <= 1:
-            raise InvalidArgument(
-                f"lease_fraction must be in (0, 1]: a lease longer than D would promise "
-                f"what the detector cannot keep; got {self.lease_fraction}"
-            )
-        if self.lease < 2 * self.heartbeat_interval:
-            raise InvalidArgument(
-                f"the lease ({self.lease:.3f}s = missed_heartbeats x heartbeat_interval x "
-                f"lease_fraction) must be >= 2 x heartbeat_interval ({self.heartbeat_interval}s): "
-                "a shorter lease would fence healthy nodes between two heartbeats"
-            )
-        if self.election_timeout <= 2 * self.raft_heartbeat_interval:
-            raise InvalidArgument(
-                f"election_timeout ({self.election_timeout}s) must be > 2 x "
-                f"raft_heartbeat_interval ({self.raft_heartbeat_interval}s)"
-            )
-        if self.detector_kind not in ("missed", "phi"):
-            raise InvalidArgument(
-                f"detector_kind must be 'missed' or 'phi', got {self.detector_kind!r}"
-            )
-        if self.snapshot_every < 1:
-            raise InvalidArgument(f"snapshot_every must be >= 1, got {self.snapshot_every}")
-        if not self.tombstone_retention >= 0 or self.max_tombstones < 0:
-            raise InvalidArgument(
-                f"tombstone_retention must be >= 0 seconds and max_tombstones >= 0, got "
-                f"{self.tombstone_retention} and {self.max_tombstones}"
-            )
-        if self.history_size < 1 or self.subscriber_queue < 8:
-            raise InvalidArgument("history_size must be >= 1 and subscriber_queue >= 8")
-        if self.max_heartbeat_rate < 2 / self.heartbeat_interval:
-            raise InvalidArgument(
-                f"heartbeat_interval ({self.heartbeat_interval}s) must be >= "
-                f"{2 / self.max_heartbeat_rate:g}s: streams are cut above max_heartbeat_rate "
-                f"({self.max_heartbeat_rate:g}/s), which must allow twice the heartbeat rate"
-            )
-        if self.max_message_bytes < 48 * 1024:
-            raise InvalidArgument(
-                f"max_message_bytes must be >= 49152 (a heartbeat at every label and status "
-                f"limit must fit, with room), got {self.max_message_bytes}"
-            )
-        if self.max_peer_message_bytes < self.max_message_bytes:
-            raise InvalidArgument(
-                f"max_peer_message_bytes ({self.max_peer_message_bytes}) must be >= "
-                f"max_message_bytes ({self.max_message_bytes}): it is the limit of the whole port"
-            )
-        for name in ("max_nodes", "max_heartbeat_streams", "max_subscribers"):
-            if getattr(self, name) < 1:
-                raise InvalidArgument(f"{name} must be >= 1, got {getattr(self, name)}")
-        check_ingest_workers(self.ingest_workers)
-        if self.max_concurrent_streams < 4:
-            raise InvalidArgument(
-                f"max_concurrent_streams must be >= 4 (a client's watch, its hedged "
-                f"subscription and a unary call share a connection), "
-                f"got {self.max_concurrent_streams}"
-            )
-        validate_cluster_name(self.cluster)
-        check_keepalive(self.min_ping_interval, self.keepalive_time, self.keepalive_timeout)
-        self.raft().validate()
+        check(self)
         return self

@@ -14,12 +14,14 @@ __all__ = [
     "ClientConfig",
     "ClosedError",
     "ClusterMismatch",
+    "Degradation",
     "Disconnected",
     "EndReason",
     "EpochOutOfRange",
     "Evicted",
     "Evidence",
     "Fenced",
+    "GpuStatus",
     "GraceWindow",
     "InvalidArgument",
     "JobRanks",
@@ -50,6 +52,7 @@ __all__ = [
     "ViewInfo",
     "ViewReset",
     "ViewSnapshot",
+    "sync",
 ]
 
 # The module each public name is imported from on first use.
@@ -57,12 +60,14 @@ _SOURCES = {
     "ClientConfig": "membership.config",
     "ClosedError": "membership.errors",
     "ClusterMismatch": "membership.errors",
+    "Degradation": "membership.view",
     "Disconnected": "membership.view",
     "EndReason": "membership.session",
     "EpochOutOfRange": "membership.errors",
     "Evicted": "membership.session",
     "Evidence": "membership.view",
     "Fenced": "membership.session",
+    "GpuStatus": "membership.status",
     "GraceWindow": "membership.graces",
     "JobRanks": "membership.view",
     "InvalidArgument": "membership.errors",
@@ -95,7 +100,12 @@ _SOURCES = {
     "ViewSnapshot": "membership.view",
 }
 
+# Public submodules, imported on first use like the names: ``membership.sync``
+# (the blocking client) works after a plain ``import membership``.
+_SUBMODULES = frozenset({"sync"})
+
 if TYPE_CHECKING:
+    from membership import sync
     from membership.client import MembershipClient, ViewInfo
     from membership.collector import StatusCollector
     from membership.config import ClientConfig
@@ -122,8 +132,9 @@ if TYPE_CHECKING:
         StateChanged,
         Superseded,
     )
-    from membership.status import NodeStatus
+    from membership.status import GpuStatus, NodeStatus
     from membership.view import (
+        Degradation,
         Disconnected,
         Evidence,
         JobRanks,
@@ -158,6 +169,8 @@ def _version() -> str:
 def __getattr__(name: str) -> Any:
     if name == "__version__":
         return _version()
+    if name in _SUBMODULES:
+        return import_module(f"membership.{name}")  # the import binds it in globals()
     source = _SOURCES.get(name)
     if source is None:
         raise AttributeError(f"module 'membership' has no attribute {name!r}")

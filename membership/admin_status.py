@@ -40,7 +40,7 @@ from membership.transport import Channels
 from membership.v1 import membership_pb2 as pb
 from membership.validation import parse_address
 
-__all__ = ["admin_status", "replica_statuses", "status_json", "status_table"]
+__all__ = ["admin_status", "ask_replica", "replica_statuses", "status_json", "status_table"]
 
 
 def status_json(address: str, resp: pb.StatusResponse) -> dict[str, Any]:
@@ -73,7 +73,8 @@ def status_json(address: str, resp: pb.StatusResponse) -> dict[str, Any]:
     return line
 
 
-async def _ask(channels: Channels, address: str, timeout: float) -> dict[str, Any]:
+async def ask_replica(channels: Channels, address: str, timeout: float) -> dict[str, Any]:
+    """One replica's line (rules 2 and 3): its ``Admin.Status``, or the error."""
     try:
         resp: pb.StatusResponse = await channels.admin(address).Status(
             pb.StatusRequest(), timeout=timeout
@@ -106,7 +107,7 @@ async def replica_statuses(
         raise InvalidArgument("no arbiter address given")
     channels = Channels.of((config or ClientConfig()).validate())
     try:
-        return list(await asyncio.gather(*(_ask(channels, a, timeout) for a in addrs)))
+        return list(await asyncio.gather(*(ask_replica(channels, a, timeout) for a in addrs)))
     finally:
         await channels.close()
 

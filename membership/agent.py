@@ -43,6 +43,7 @@ from membership.session import (
     StateChanged,
     Superseded,
 )
+from membership.status import rtt_to_send
 from membership.transport import Channels
 from membership.v1 import membership_pb2 as pb
 from membership.view import Member, MemberState, View
@@ -126,7 +127,8 @@ class NodeAgent:
             providers=None if config.collect_status else [],
             probe_interval=config.status_probe_interval,
         )
-        self._status_pb: tuple[NodeStatus, pb.NodeStatus] | None = None
+        # (status snapshot, round trip sent, its message): rebuilt when either changes.
+        self._status_pb: tuple[NodeStatus, float | None, pb.NodeStatus] | None = None
         self._on_event = on_event
         self._fail = fail
         self._closed = closed
@@ -232,17 +234,24 @@ class NodeAgent:
             seq=seq,
             send_time_unix=time.time(),
             labels=self.labels,
-            status=self._status_message(),
+            status=self._status_message(now),
             # 0 until an arbiter suggested one: the arbiter's own default.
             interval_seconds=self.interval if self._suggested else 0.0,
         )
 
-    def _status_message(self) -> pb.NodeStatus:
+    def _status_message(self, now: float) -> pb.NodeStatus:
+        """The status to send: the collector's, with the heartbeat round trip
+        (``rtt_seconds``; a new value only once it moved: :func:`rtt_to_send`)."""
         snap = self.status.snapshot()
         cached = self._status_pb
-        if cached is None or cached[0] is not snap:
-            cached = self._status_pb = (snap, convert.status_to_pb(snap))
-        return cached[1]
+        sent = None if cached is None else cached[1]
+        rtt = rtt_to_send(sent, self.session.round_trip(now, 3 * self.interval))
+        if cached is None or cached[0] is not snap or rtt != sent:
+            msg = convert.status_to_pb(snap)
+            if rtt is not None:
+                msg.rtt_seconds = rtt
+            cached = self._status_pb = (snap, rtt, msg)
+        return cached[2]
 
     def expected_cluster(self) -> str:
         """The cluster identity every arbiter must have ("" while unknown)."""

@@ -40,14 +40,33 @@ from membership.errors import ClusterMismatch, MembershipError, RejectedError, U
 from membership.identity import ClusterCheck
 from membership.transport import Channels
 from membership.v1 import membership_pb2 as pb
-from membership.view import View
+from membership.view import Degradation, View
 
 if TYPE_CHECKING:
     from membership.status import NodeStatus
 
-__all__ = ["NOTHING_TO_LEAVE", "Discovery", "ViewInfo", "get_view", "leave_round"]
+__all__ = ["NOTHING_TO_LEAVE", "Discovery", "Liveness", "ViewInfo", "get_view", "leave_round"]
 
 log = logging.getLogger("membership.client")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Liveness:
+    """How the answering arbiter hears one ALIVE member right now.
+
+    Attributes:
+        silence: seconds since it last heard the node.
+        suspicion: its failure detector's suspicion level of the node: phi
+            (``detector`` "phi": 1 means a 10 % chance that a heartbeat this
+            late still comes, 8 is the default threshold) or heartbeat
+            intervals missed (``detector`` "missed": 5 is the default
+            threshold); None when it does not track the node's incarnation.
+        detector: the kind of that detector ("" when unknown).
+    """
+
+    silence: float | None
+    suspicion: float | None
+    detector: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,6 +87,9 @@ class ViewInfo:
     instance: str = ""
     # Members in a grace window at the answering arbiter: node_id -> (seconds left, reason).
     graces: Mapping[str, tuple[float, str]] = dataclasses.field(default_factory=dict)
+    # Its DEGRADED marks (only the DEGRADED members), and how it hears each ALIVE member.
+    degraded: Mapping[str, tuple[Degradation, ...]] = dataclasses.field(default_factory=dict)
+    liveness: Mapping[str, Liveness] = dataclasses.field(default_factory=dict)
 
 
 class Discovery:
@@ -228,6 +250,18 @@ def view_info(resp: pb.GetViewResponse) -> ViewInfo:
             m.node_id: (m.grace_seconds, m.grace_reason)
             for m in resp.view.members
             if m.grace_seconds > 0
+        },
+        degraded={
+            m.node_id: convert.degraded_from_pb(m.degraded) for m in resp.view.members if m.degraded
+        },
+        liveness={
+            m.node_id: Liveness(
+                silence=m.silence_seconds if m.HasField("status") else None,
+                suspicion=m.suspicion if m.detector else None,
+                detector=m.detector,
+            )
+            for m in resp.view.members
+            if m.HasField("status") or m.detector
         },
     )
 

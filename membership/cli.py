@@ -48,7 +48,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import NoReturn
 
-from membership import certs, cli_admin, cli_ctl, commands, filters
+from membership import certs, cli_admin, cli_ctl, commands, filters, top
 from membership.commands import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -333,6 +333,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_admin.register(sub, arbiters=_arbiters, positive=positive, whole=_whole, arb_help=arb_help)
     cli_ctl.register(sub, positive=positive)
+    top.register(
+        sub,
+        arbiters=_arbiters,
+        positive=positive,
+        whole=_whole,
+        add_filters=_add_filters,
+        arb_help=arb_help,
+    )
 
     p = sub.add_parser(
         "demo",

@@ -33,12 +33,7 @@ from membership.backoff import Backoff
 from membership.calls import Discovery, ViewInfo
 from membership.client_node import NodeState
 from membership.config import ClientConfig
-from membership.errors import (
-    ClosedError,
-    ClusterMismatch,
-    InvalidArgument,
-    MembershipError,
-)
+from membership.errors import ClosedError, ClusterMismatch, InvalidArgument, MembershipError
 from membership.identity import ClusterCheck
 from membership.session import SessionEvent
 from membership.subscription import Watcher
@@ -118,8 +113,7 @@ class MembershipClient(NodeState):
         self._started = False
         self._closed = False
         self._view = View()
-        self.view_changed = asyncio.Event()
-        """Set whenever :attr:`view` moves (clear it before waiting for the next move)."""
+        self._view_changed = asyncio.Event()  # set when the view moves (membership/control.py)
         self.error: MembershipError | None = None
         """Why the client stopped by itself (e.g. ClusterMismatch), else None."""
         self._discovery = Discovery(
@@ -318,7 +312,7 @@ class MembershipClient(NodeState):
 
     def _set_view(self, view: View) -> None:
         self._view = view
-        self.view_changed.set()
+        self._view_changed.set()
 
     async def watch(
         self,

@@ -28,7 +28,7 @@ the epoch of this one).
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from membership.errors import ClosedError, InvalidArgument, MembershipError
 from membership.graces import GraceWindow, ask_grace
@@ -72,18 +72,22 @@ class NodeState:
         step: int | None = None,
         progress: float | None = None,
         gpu_utilization: float | None = None,
+        healthy: bool | None = None,
+        reason: str | None = None,
         **gauges: float,
     ) -> None:
         """Sets live status values sent with the next heartbeats (they stay until changed).
 
-        Example: ``client.report(phase="allreduce", step=1200, loss=0.31)``.
-        Never blocks and never delays a heartbeat.
+        Example: ``client.report(phase="allreduce", step=1200, loss=0.31)``, or
+        ``report(healthy=False, reason="ECC errors")``. Never blocks nor delays a heartbeat.
 
         Args:
             phase: training phase, up to 64 characters.
-            step: training step, >= 0.
+            step: training step, >= 0 (its rate is compared within the ``job``).
             progress: 0..1.
             gpu_utilization: 0..1 (overrides the NVML probe).
+            healthy: ``False`` marks the node DEGRADED (README "Degraded nodes").
+            reason: why it is unhealthy (with ``healthy=False``), <= 256 characters.
             **gauges: free-form numeric gauges (finite; at most 32).
 
         Raises:
@@ -91,13 +95,14 @@ class NodeState:
                 or the client has no node_id (it sends no heartbeats).
             ClosedError: the client is closed.
         """
+        values: dict[str, Any] = {"phase": phase, "step": step, "progress": progress, **gauges}
         self._need_node("report()", open_=True).status.report(
-            phase=phase, step=step, progress=progress, gpu_utilization=gpu_utilization, **gauges
+            **values, gpu_utilization=gpu_utilization, healthy=healthy, reason=reason
         )
 
     def clear(self, *names: str) -> None:
         """Unsets reported status values (``phase``, ``step``, ``progress``,
-        ``gpu_utilization`` or gauge names); no names clears everything reported.
+        ``gpu_utilization``, ``healthy`` or gauge names); no names clears everything reported.
 
         Raises:
             InvalidArgument: a name is not a string, or the client has no node_id.
@@ -199,12 +204,6 @@ class NodeState:
         """How many ALIVE members this node's job has in the latest view (0: no rank)."""
         job = self.assignment
         return 0 if job is None else job.world_size
-
-    @property
-    def rank_epoch(self) -> int:
-        """The epoch of this node's rank assignment (the fencing token), 0 without one."""
-        job = self.assignment
-        return 0 if job is None else job.epoch
 
     async def grace(
         self, seconds: float, reason: str = "", timeout: float | None = None

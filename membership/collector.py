@@ -50,7 +50,14 @@ __all__ = ["ProbeStatistics", "StatusCollector", "StatusStatistics"]
 # The status feature's logger, shared with the probes (see membership.probes).
 log = logging.getLogger("membership.status")
 
-_REPORTED_FIELDS: Final = ("phase", "step", "progress", "gpu_utilization")
+_REPORTED_FIELDS: Final = (
+    "phase",
+    "step",
+    "progress",
+    "gpu_utilization",
+    "healthy",
+    "health_reason",
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,7 +98,7 @@ class _Probe:
     go: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
     running: bool = False
-    values: Mapping[str, float] | None = None
+    values: Mapping[str, Any] | None = None
     at: float = 0.0  # monotonic seconds when ``values`` was returned
     runs: int = 0
     skipped: int = 0
@@ -173,6 +180,8 @@ class StatusCollector:
         step: int | None = None,
         progress: float | None = None,
         gpu_utilization: float | None = None,
+        healthy: bool | None = None,
+        reason: str | None = None,
         **gauges: float,
     ) -> None:
         """Sets the application's values; ``None`` leaves a field as it is.
@@ -185,12 +194,24 @@ class StatusCollector:
             step: training step, 0..MAX_STEP.
             progress: fraction of the job done, 0..1.
             gpu_utilization: 0..1, when the application knows better than NVML.
+            healthy: the application's own health flag: ``False`` makes the
+                arbiters mark the node DEGRADED (never DEAD) until it reports
+                ``True`` (or :meth:`clear` unsets it).
+            reason: why it is unhealthy (only with ``healthy=False``), at most
+                256 printable characters.
             **gauges: free-form numbers by name (names as for ``phase``); at most
                 MAX_GAUGES set at a time, counting those set before.
 
         Raises:
-            InvalidArgument: naming the field and the bound it breaks.
+            InvalidArgument: naming the field and the bound it breaks, or a
+                ``reason`` without ``healthy=False``.
         """
+        if reason is not None and healthy is not False:
+            raise InvalidArgument(
+                "reason goes with healthy=False: report(healthy=False, reason=...)"
+            )
+        if healthy is not None and not isinstance(healthy, bool):
+            raise InvalidArgument(f"healthy must be True or False, got {healthy!r}")
         for name, value in gauges.items():
             if name in PROBED_FIELDS:
                 raise InvalidArgument(
@@ -206,9 +227,12 @@ class StatusCollector:
                 ("step", step),
                 ("progress", progress),
                 ("gpu_utilization", gpu_utilization),
+                ("healthy", healthy),
             )
             if v is not None
         }
+        if healthy is not None:  # a new verdict replaces the old reason
+            changes["health_reason"] = reason or None
         with self._lock:
             current = self._reported
             merged = {**current.gauges, **gauges}
@@ -222,12 +246,14 @@ class StatusCollector:
 
     def clear(self, *names: str) -> None:
         """Unsets reported values: ``phase``, ``step``, ``progress``,
-        ``gpu_utilization`` or gauge names; with no names, all of them.
-        Names that are not set are ignored."""
+        ``gpu_utilization``, ``healthy`` (and its reason) or gauge names; with
+        no names, all of them. Names that are not set are ignored."""
         with self._lock:
             current = self._reported
             if names:
                 unset: dict[str, Any] = {n: None for n in names if n in _REPORTED_FIELDS}
+                if "healthy" in unset:
+                    unset["health_reason"] = None
                 gauges = {k: v for k, v in current.gauges.items() if k not in names}
                 self._reported = dataclasses.replace(current, **unset, gauges=gauges)
             else:
@@ -368,7 +394,7 @@ class StatusCollector:
                 probe.running = False
             self._close_provider(probe)
 
-    def _run(self, probe: _Probe) -> Mapping[str, float] | None:
+    def _run(self, probe: _Probe) -> Mapping[str, Any] | None:
         try:
             raw = probe.provider()
         except Exception:
@@ -389,7 +415,7 @@ class StatusCollector:
                 type(raw),
             )
             return None
-        values: dict[str, float] = {}
+        values: dict[str, Any] = {}
         for key, value in raw.items():
             try:
                 values[key] = probed_value(key, value)

@@ -81,7 +81,7 @@ def status_of(client: MembershipClient) -> dict[str, Any]:
         "job": member.job if member is not None else client.labels.get("job", ""),
         "rank": client.rank,
         "world_size": client.world_size,
-        "rank_epoch": client.rank_epoch,
+        "rank_epoch": job.epoch if job is not None else 0,
         "ranks": dict(job.ranks) if job is not None else {},
         "grace_left": round(client.grace_left, 3),
     }
@@ -174,17 +174,17 @@ class ControlServer:
 
     async def _wait(self, req: dict[str, Any]) -> dict[str, Any]:
         client = self.client
-        after, timeout = req.get("after", client.rank_epoch), req.get("timeout", 30.0)
+        after, timeout = req.get("after", _rank_epoch(client)), req.get("timeout", 30.0)
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise InvalidArgument(f"after must be an epoch (an int >= 0), got {after!r}")
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
             raise InvalidArgument(f"timeout must be a number >= 0, got {timeout!r}")
         loop = asyncio.get_running_loop()
         end = loop.time() + min(float(timeout), 3600.0)
-        events = [client.view_changed]
+        events = [client._view_changed]
         if client._agent is not None:  # the node's fence timer and acks set it
             events.append(client._agent.fence_changed)
-        while client.rank_epoch <= after and not client.fenced:
+        while _rank_epoch(client) <= after and not client.fenced:
             left = end - loop.time()
             if left <= 0:
                 return {**status_of(client), "timed_out": True}
@@ -197,6 +197,11 @@ class ControlServer:
                 for w in waits:
                     w.cancel()
         return status_of(client)
+
+
+def _rank_epoch(client: MembershipClient) -> int:
+    job = client.assignment
+    return 0 if job is None else job.epoch
 
 
 def _line(obj: dict[str, Any]) -> bytes:

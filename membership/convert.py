@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from membership.v1 import membership_pb2 as pb
 from membership.view import (
+    Degradation,
     Evidence,
     JobRanks,
     Member,
@@ -23,13 +24,15 @@ from membership.view import (
 )
 
 if TYPE_CHECKING:
-    from membership.status import NodeStatus
+    from membership.status import GpuStatus, NodeStatus
 
 __all__ = [
     "change_to_pb",
     "changes_from_pb",
+    "degraded_from_pb",
     "event_from_pb",
     "evidence_from_pb",
+    "gpu_figures",
     "jobs_from_pb",
     "jobs_to_pb",
     "member_from_pb",
@@ -176,6 +179,22 @@ _STATUS_NUMBERS = (
     "gpu_memory_utilization",
     "progress",
 )
+# GpuStatus fields carried as proto3 optional scalars: (wire name, SDK name).
+_GPU_NUMBERS = (
+    ("utilization", "utilization"),
+    ("memory_utilization", "memory_utilization"),
+    ("memory_used_bytes", "memory_used"),
+    ("memory_total_bytes", "memory_total"),
+)
+
+
+def _gpu_to_pb(gpu: GpuStatus) -> pb.GpuStatus:
+    msg = pb.GpuStatus(index=gpu.index, lost=gpu.lost, error=gpu.error)
+    for wire, name in _GPU_NUMBERS:
+        value = getattr(gpu, name)
+        if value is not None:
+            setattr(msg, wire, value)
+    return msg
 
 
 def status_to_pb(status: NodeStatus) -> pb.NodeStatus:
@@ -189,6 +208,14 @@ def status_to_pb(status: NodeStatus) -> pb.NodeStatus:
         msg.phase = status.phase
     if status.step is not None:
         msg.step = int(status.step)
+    if status.healthy is not None:
+        msg.healthy = status.healthy
+    if status.health_reason:
+        msg.health_reason = status.health_reason
+    if status.rtt is not None:
+        msg.rtt_seconds = float(status.rtt)
+    if status.gpus:
+        msg.gpus.extend(_gpu_to_pb(g) for g in status.gpus)
     return msg
 
 
@@ -197,7 +224,29 @@ def status_numbers(msg: pb.NodeStatus) -> dict[str, float]:
     out = {n: float(getattr(msg, n)) for n in _STATUS_NUMBERS if msg.HasField(n)}  # type: ignore[arg-type]
     if msg.HasField("step"):
         out["step"] = float(msg.step)
+    if msg.HasField("rtt_seconds"):
+        out["rtt_seconds"] = msg.rtt_seconds
     return out
+
+
+def gpu_figures(msg: pb.NodeStatus) -> list[tuple[int, str, dict[str, float]]]:
+    """``(index, error, numbers present)`` of each GPU of a wire NodeStatus (for
+    :func:`membership.validation.validate_gpus`)."""
+    return [
+        (
+            g.index,
+            g.error,
+            {w: float(getattr(g, w)) for w, _ in _GPU_NUMBERS if g.HasField(w)},  # type: ignore[arg-type]
+        )
+        for g in msg.gpus
+    ]
+
+
+def _gpu_from_pb(g: pb.GpuStatus) -> GpuStatus:
+    from membership.status import GpuStatus
+
+    values = {name: getattr(g, wire) for wire, name in _GPU_NUMBERS if g.HasField(wire)}  # type: ignore[arg-type]
+    return GpuStatus(index=g.index, lost=g.lost, error=g.error, **values)
 
 
 def status_from_pb(msg: pb.NodeStatus) -> NodeStatus:
@@ -216,7 +265,16 @@ def status_from_pb(msg: pb.NodeStatus) -> NodeStatus:
         step=msg.step if msg.HasField("step") else None,
         progress=msg.progress if msg.HasField("progress") else None,
         gauges=dict(msg.gauges),
+        healthy=msg.healthy if msg.HasField("healthy") else None,
+        health_reason=msg.health_reason or None,
+        rtt=msg.rtt_seconds if msg.HasField("rtt_seconds") else None,
+        gpus=tuple(_gpu_from_pb(g) for g in msg.gpus),
     )
+
+
+def degraded_from_pb(marks: Iterable[pb.Degradation]) -> tuple[Degradation, ...]:
+    """Wire DEGRADED marks -> SDK :class:`Degradation` tuple."""
+    return tuple(Degradation(cause=d.cause, reason=d.reason) for d in marks)
 
 
 def event_from_pb(ev: pb.MembershipEvent) -> ViewEvent | ProgressMarker | None:
@@ -258,6 +316,9 @@ def event_from_pb(ev: pb.MembershipEvent) -> ViewEvent | ProgressMarker | None:
                     silence=r.silence_seconds,
                     grace=r.grace_seconds,
                     grace_reason=r.grace_reason,
+                    degraded=degraded_from_pb(r.degraded),
+                    suspicion=r.suspicion if r.detector else None,
+                    detector=r.detector,
                 )
                 for r in ev.status.nodes
             ),

@@ -25,7 +25,15 @@ JSON shapes (``watch --json``, one object per line):
   job's process group; a job whose last member went has world size 0;
 - ``{"type": "quorum", "in_quorum", "arbiter", "leader"}``;
 - ``{"type": "status", "node_id", "incarnation", "status": {...},
-  "suspected_by", "silence_seconds", "arbiter"}``, plus ``"grace_seconds"``
+  "suspected_by", "silence_seconds", "degraded": [{"cause", "reason"}],
+  "suspicion", "detector", "arbiter"}`` (``degraded`` empty when the node is
+  not DEGRADED; ``suspicion`` null when the replica does not track it); the
+  status object holds the fields present of ``load``, ``cpu_utilization``,
+  ``memory_utilization``, ``gpu_utilization``, ``gpu_memory_utilization``,
+  ``phase``, ``step``, ``progress``, ``healthy``, ``health_reason``,
+  ``rtt_seconds``, ``gauges`` and ``gpus`` (``[{"index", "utilization",
+  "memory_utilization", "memory_used_bytes", "memory_total_bytes", "lost",
+  "error"}]``, the figures present), plus ``"grace_seconds"``
   and ``"grace_reason"`` while the node is in a grace window;
 - ``{"type": "disconnected", "epoch", "silence_seconds", "arbiter", "reason"}``,
   ``{"type": "reconnected", "epoch", "silence_seconds", "arbiter"}``;
@@ -43,6 +51,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from membership.output_jobs import grace_json, grace_text, ranks_json, ranks_lines
 from membership.session import (
     Evicted,
     Fenced,
@@ -52,9 +61,9 @@ from membership.session import (
     Superseded,
 )
 from membership.view import (
+    Degradation,
     Disconnected,
     Evidence,
-    JobRanks,
     Member,
     MemberChange,
     MemberState,
@@ -68,9 +77,11 @@ from membership.view import (
 )
 
 if TYPE_CHECKING:
-    from membership.status import NodeStatus
+    from membership.status import GpuStatus, NodeStatus
 
 __all__ = [
+    "degraded_json",
+    "degraded_text",
     "event_lines",
     "evidence_json",
     "member_json",
@@ -91,6 +102,8 @@ _STATUS_FIELDS = (
     "phase",
     "step",
     "progress",
+    "healthy",
+    "health_reason",
 )
 
 
@@ -109,31 +122,6 @@ def member_json(m: Member, view: View | None = None) -> dict[str, Any]:
     return d
 
 
-def ranks_json(j: JobRanks, arbiter: str = "") -> dict[str, Any]:
-    """A job's assignment as the ``watch --json`` ``ranks`` object (module docstring)."""
-    d: dict[str, Any] = {
-        "type": "ranks",
-        "epoch": j.epoch,
-        "job": j.job,
-        "world_size": j.world_size,
-        "ranks": dict(sorted(j.ranks.items(), key=lambda item: item[1])),
-    }
-    if arbiter:
-        d["arbiter"] = arbiter
-    return d
-
-
-def _ranks_lines(jobs: tuple[JobRanks, ...], arbiter: str, as_json: bool) -> list[str]:
-    if as_json:
-        return [json.dumps(ranks_json(j, arbiter)) for j in jobs]
-    return [
-        f"epoch {j.epoch}  job {j.job} ranks "
-        + (" ".join(f"{n}={r}" for n, r in sorted(j.ranks.items(), key=lambda i: i[1])) or "-")
-        + f" (world size {j.world_size})"
-        for j in jobs
-    ]
-
-
 def status_json(status: NodeStatus) -> dict[str, Any]:
     """A node status as a JSON object: only the fields that are present."""
     d: dict[str, Any] = {}
@@ -141,9 +129,54 @@ def status_json(status: NodeStatus) -> dict[str, Any]:
         value = getattr(status, name)
         if value is not None:
             d[name] = value
+    if status.rtt is not None:
+        d["rtt_seconds"] = status.rtt
     if status.gauges:
         d["gauges"] = dict(status.gauges)
+    if status.gpus:
+        d["gpus"] = [_gpu_json(g) for g in status.gpus]
     return d
+
+
+def _gpu_json(gpu: GpuStatus) -> dict[str, Any]:
+    d: dict[str, Any] = {"index": gpu.index}
+    for key, value in (
+        ("utilization", gpu.utilization),
+        ("memory_utilization", gpu.memory_utilization),
+        ("memory_used_bytes", gpu.memory_used),
+        ("memory_total_bytes", gpu.memory_total),
+    ):
+        if value is not None:
+            d[key] = value
+    d["lost"] = gpu.lost
+    if gpu.error:
+        d["error"] = gpu.error
+    return d
+
+
+def _gpu_text(gpu: GpuStatus) -> str:
+    if gpu.lost:
+        return f"gpu{gpu.index} LOST ({gpu.error})"
+    parts = [f"gpu{gpu.index}"]
+    if gpu.utilization is not None:
+        parts.append(f"{gpu.utilization:.0%}")
+    if gpu.memory_utilization is not None:
+        parts.append(f"mem {gpu.memory_utilization:.0%}")
+    if gpu.error:
+        parts.append(f"({gpu.error})")
+    return " ".join(parts)
+
+
+def degraded_json(marks: tuple[Degradation, ...]) -> list[dict[str, str]]:
+    """DEGRADED marks as ``[{"cause", "reason"}]``."""
+    return [{"cause": m.cause, "reason": m.reason} for m in marks]
+
+
+def degraded_text(marks: tuple[Degradation, ...]) -> str:
+    """DEGRADED marks in words, ``"  DEGRADED (jitter: ...; unhealthy: ...)"``; "" for none."""
+    if not marks:
+        return ""
+    return "  DEGRADED (" + "; ".join(f"{m.cause}: {m.reason}" for m in marks) + ")"
 
 
 def status_text(status: NodeStatus) -> str:
@@ -164,6 +197,12 @@ def status_text(status: NodeStatus) -> str:
         parts.append(f"phase {status.phase}")
     if status.step is not None:
         parts.append(f"step {status.step}")
+    if status.rtt is not None:
+        parts.append(f"rtt {status.rtt * 1000:.1f}ms")
+    if len(status.gpus) > 1 or any(g.lost or g.error for g in status.gpus):
+        parts.extend(_gpu_text(g) for g in status.gpus)
+    if status.healthy is not None:
+        parts.append("healthy" if status.healthy else "UNHEALTHY")
     parts.extend(f"{k}={v:g}" for k, v in sorted(status.gauges.items()))
     return " ".join(parts) or "(no status)"
 
@@ -298,8 +337,11 @@ def event_lines(ev: object, as_json: bool) -> list[str]:
                         "status": status_json(r.status),
                         "suspected_by": list(r.suspected_by),
                         "silence_seconds": r.silence,
+                        "degraded": degraded_json(r.degraded),
+                        "suspicion": r.suspicion,
+                        "detector": r.detector or None,
                         "arbiter": ev.arbiter_id,
-                        **_grace_json(r.grace, r.grace_reason),
+                        **grace_json(r.grace, r.grace_reason),
                     }
                 )
                 for r in ev.reports
@@ -307,11 +349,12 @@ def event_lines(ev: object, as_json: bool) -> list[str]:
         return [
             f"status {r.node_id} (incarnation {r.incarnation}): {status_text(r.status)}"
             + (f"  SUSPECT by {','.join(r.suspected_by)}" if r.suspected_by else "")
-            + _grace_text(r.grace, r.grace_reason)
+            + degraded_text(r.degraded)
+            + grace_text(r.grace, r.grace_reason)
             for r in ev.reports
         ]
     if isinstance(ev, ViewSnapshot):
-        ranks = _ranks_lines(ev.view.jobs, ev.arbiter_id, as_json)
+        ranks = ranks_lines(ev.view.jobs, ev.arbiter_id, as_json)
         if as_json:
             snapshot = {
                 "type": "snapshot",
@@ -326,14 +369,14 @@ def event_lines(ev: object, as_json: bool) -> list[str]:
     if isinstance(ev, ViewChanged):
         if as_json:
             lines = [json.dumps(_change_json(ev, c)) for c in ev.changes]
-            return lines + _ranks_lines(ev.ranks, ev.arbiter_id, True)
+            return lines + ranks_lines(ev.ranks, ev.arbiter_id, True)
         return [
             f"epoch {ev.epoch}  {c.node_id} (incarnation {c.incarnation}) {c.state.value}"
             + _evidence_text(c.evidence)
             + (f"; removed by {c.removed_by}" if c.removed_by else "")
             + ("; forgotten (bounded history)" if c.forgotten else "")
             for c in ev.changes
-        ] + _ranks_lines(ev.ranks, ev.arbiter_id, False)
+        ] + ranks_lines(ev.ranks, ev.arbiter_id, False)
     if isinstance(ev, QuorumChanged):
         if as_json:
             return [
@@ -391,20 +434,29 @@ def view_json(info: Any) -> dict[str, Any]:
 
     Returns:
         ``{"epoch", "leader", "in_quorum", "arbiter", "cluster", "instance",
-        "local_suspects", "members": [member + "suspected_by" (+ "status",
-        + "grace_seconds" and "grace_reason" in a grace window)], "jobs":
-        [{"job", "epoch", "world_size", "ranks"}]}`` (members of a job carry
-        ``"rank"`` and ``"world_size"``).
+        "local_suspects", "members": [member + "suspected_by", "degraded"
+        (+ "status", "silence_seconds", "suspicion", "detector", and
+        "grace_seconds" and "grace_reason" in a grace window)], "jobs": [{"job",
+        "epoch", "world_size", "ranks"}]}``: the arbiter's DEGRADED marks
+        ``[{"cause", "reason"}]`` (empty: not degraded) and, for an ALIVE member
+        it hears, its status, the seconds since it heard it and its detector's
+        suspicion level; members of a job carry ``"rank"`` and ``"world_size"``.
     """
     members = []
     graces = getattr(info, "graces", {})
     for m in info.view.members:
         d = member_json(m, info.view)
         d["suspected_by"] = list(info.suspected_by.get(m.node_id, ()))
+        d["degraded"] = degraded_json(info.degraded.get(m.node_id, ()))
         status = info.statuses.get(m.node_id)
         if status is not None:
             d["status"] = status_json(status)
-        d.update(_grace_json(*graces.get(m.node_id, (0.0, ""))))
+        d.update(grace_json(*graces.get(m.node_id, (0.0, ""))))
+        live = info.liveness.get(m.node_id)
+        if live is not None:
+            d["silence_seconds"] = live.silence
+            d["suspicion"] = live.suspicion
+            d["detector"] = live.detector or None
         members.append(d)
     return {
         "epoch": info.view.epoch,
@@ -417,15 +469,6 @@ def view_json(info: Any) -> dict[str, Any]:
         "members": members,
         "jobs": [{k: v for k, v in ranks_json(j).items() if k != "type"} for j in info.view.jobs],
     }
-
-
-def _grace_json(seconds: float, reason: str) -> dict[str, Any]:
-    """``grace_seconds`` and ``grace_reason`` of a node in a grace window, else nothing."""
-    return {"grace_seconds": round(seconds, 3), "grace_reason": reason} if seconds > 0 else {}
-
-
-def _grace_text(seconds: float, reason: str) -> str:
-    return f"  GRACE {seconds:.0f}s ({reason or 'no reason'})" if seconds > 0 else ""
 
 
 def view_text(info: Any) -> list[str]:
@@ -442,7 +485,8 @@ def view_text(info: Any) -> list[str]:
         extra = f"  SUSPECT by {','.join(suspects)}" if suspects else ""
         if m.rank is not None:
             extra = f"  rank {m.rank}/{view.world_size(m.node_id)}" + extra
-        extra += _grace_text(*getattr(info, "graces", {}).get(m.node_id, (0.0, "")))
+        extra += grace_text(*getattr(info, "graces", {}).get(m.node_id, (0.0, "")))
+        extra += degraded_text(info.degraded.get(m.node_id, ()))
         lines.append(
             f"  {m.node_id:<20} {m.state.value:<6} incarnation {m.incarnation}  "
             f"since epoch {m.epoch}  {labels}{extra}"

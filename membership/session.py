@@ -72,10 +72,18 @@ Rules:
 from __future__ import annotations
 
 import collections
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from membership.session_events import (
+    EndReason,
+    Evicted,
+    Fenced,
+    Rejoined,
+    SessionEvent,
+    StateChanged,
+    Superseded,
+)
 from membership.view import MemberState
 
 __all__ = [
@@ -92,79 +100,15 @@ __all__ = [
 _SENT_MEMORY = 64
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StateChanged:
-    """The node's state at ``incarnation`` in the committed view changed."""
-
-    state: MemberState
-    incarnation: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Fenced:
-    """The node lost (``fenced=True``) or regained a quorum of leases.
-
-    ``epoch`` is the fencing token: the latest view epoch seen while the node
-    held a quorum of leases.
-    """
-
-    fenced: bool
-    epoch: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Rejoined:
-    """The old incarnation ended (DEAD or superseded); the session goes on at a new one."""
-
-    old_incarnation: int
-    new_incarnation: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Superseded:
-    """Another process took this node id over with a higher incarnation; the session ended."""
-
-    incarnation: int
-    by: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Evicted:
-    """The cluster ended this incarnation without the node's asking (rules 4, 5).
-
-    Attributes:
-        incarnation: the incarnation that was ended.
-        state: DEAD (a quorum of arbiters suspected the node) or LEFT (an
-            administrator removed it, or someone else's Leave named it).
-        rejoining: the session goes on at a higher incarnation (DEAD with
-            ``auto_rejoin``; a :class:`Rejoined` event follows); False: the
-            session has ended.
-    """
-
-    incarnation: int
-    state: MemberState
-    rejoining: bool
-
-
-SessionEvent = StateChanged | Fenced | Rejoined | Superseded | Evicted
-
-
-class EndReason(enum.Enum):
-    """Why a session ended (rule 8)."""
-
-    LEFT = "left"  # the node left gracefully (it asked)
-    REMOVED = "removed"  # the cluster records it LEFT, without its asking
-    DEAD = "dead"  # declared DEAD, and auto_rejoin is off
-    SUPERSEDED = "superseded"  # another process took the node id over
-
-
 @dataclass(slots=True)
 class _Arbiter:
     sent: collections.OrderedDict[int, tuple[float, int]]
     lease_until: float = float("-inf")
     grace_until: float = float("-inf")  # rule 10
     grace_id: int = 0
+    # The last ack's round trip (seconds, from the heartbeat's send) and when it came.
+    rtt: float = 0.0
+    rtt_at: float = float("-inf")
 
     def until(self) -> float:
         return max(self.lease_until, self.grace_until)
@@ -322,6 +266,7 @@ class NodeSession:
             return []
         send_time, incarnation = sent
         self.heard = True
+        a.rtt, a.rtt_at = max(0.0, now - send_time), now
         if cluster_size > 0 and self.config_index < 0:
             self.quorum = max(self.quorum, cluster_size // 2 + 1)
         if incarnation != self.incarnation:
@@ -488,6 +433,13 @@ class NodeSession:
     def leases(self, now: float) -> dict[str, float]:
         """Seconds of lease left per arbiter at ``now`` (0.0 for none)."""
         return {k: max(0.0, a.until() - now) for k, a in self._arbiters.items()}
+
+    def round_trip(self, now: float, within: float) -> float | None:
+        """The median heartbeat round trip, seconds: from a heartbeat's send to its
+        ack's receipt, over the arbiters that acked one in the last ``within``
+        seconds before ``now`` (the upper median of an even count); None if none did."""
+        rtts = sorted(a.rtt for a in self._arbiters.values() if now - a.rtt_at <= within)
+        return rtts[len(rtts) // 2] if rtts else None
 
     def next_deadline(self) -> float | None:
         """When the fence could next close: the quorum-th latest lease expiry (None if fenced)."""

@@ -13,6 +13,9 @@ from collections.abc import Mapping, Sequence
 from membership.errors import InvalidArgument
 
 __all__ = [
+    "MAX_GPUS",
+    "MAX_GPU_ERROR",
+    "MAX_HEALTH_REASON",
     "MAX_INCARNATION",
     "MAX_LABELS",
     "MAX_LABELS_BYTES",
@@ -24,6 +27,8 @@ __all__ = [
     "parse_address",
     "parse_arbiters",
     "validate_cluster_name",
+    "validate_gpus",
+    "validate_health_reason",
     "validate_incarnation",
     "validate_labels",
     "validate_node_id",
@@ -36,6 +41,12 @@ MAX_LABEL_VALUE = 256
 MAX_LABELS_BYTES = 4096
 MAX_GAUGES = 64
 MAX_PHASE = 64
+# A status's own health reason (NodeStatus.health_reason), characters.
+MAX_HEALTH_REASON = 256
+# GPUs in one status (NodeStatus.gpus; indexes 0..MAX_GPUS - 1), and the
+# characters of one GPU's NVML error name.
+MAX_GPUS = 32
+MAX_GPU_ERROR = 64
 # The largest incarnation: 2**53 - 1, the largest integer an IEEE 754 double
 # holds exactly, so that clients in languages whose numbers are doubles
 # (JavaScript, many JSON decoders) read the value they sent
@@ -175,6 +186,64 @@ def validate_status(
             raise InvalidArgument(f"status: {name} is {value}, not a finite number >= 0")
         if name in STATUS_FRACTIONS and value > 1:
             raise InvalidArgument(f"status: {name} is {value}, not a fraction in 0..1")
+
+
+def validate_health_reason(reason: str) -> str:
+    """Checks the application's health reason: at most 256 printable characters.
+
+    Returns:
+        The reason unchanged.
+
+    Raises:
+        InvalidArgument: naming the limit.
+    """
+    if not isinstance(reason, str):
+        raise InvalidArgument(f"status: health reason must be a string, got {reason!r}")
+    if len(reason) > MAX_HEALTH_REASON:
+        raise InvalidArgument(
+            f"status: health reason is {len(reason)} characters, the limit is "
+            f"MAX_HEALTH_REASON = {MAX_HEALTH_REASON}"
+        )
+    if not reason.isprintable():
+        raise InvalidArgument("status: health reason has a non-printable character")
+    return reason
+
+
+def validate_gpus(gpus: Sequence[tuple[int, str, Mapping[str, float]]]) -> None:
+    """Checks a status's GPUs: at most :data:`MAX_GPUS`, each index in
+    ``0..MAX_GPUS - 1`` once, its error at most 64 printable characters, its
+    utilisation and memory fractions in 0..1 and its byte counts finite and >= 0.
+
+    Args:
+        gpus: ``(index, error, numbers)`` per GPU, ``numbers`` holding the
+            numeric fields present by name (``utilization`` and
+            ``memory_utilization`` are fractions).
+
+    Raises:
+        InvalidArgument: naming the GPU and the limit it breaks.
+    """
+    if len(gpus) > MAX_GPUS:
+        raise InvalidArgument(f"status: {len(gpus)} GPUs, the limit is MAX_GPUS = {MAX_GPUS}")
+    seen: set[int] = set()
+    for index, error, numbers in gpus:
+        if not 0 <= index < MAX_GPUS or index in seen:
+            raise InvalidArgument(
+                f"status: GPU index {index} is out of 0..{MAX_GPUS - 1} or given twice"
+            )
+        seen.add(index)
+        if len(error) > MAX_GPU_ERROR or not error.isprintable():
+            raise InvalidArgument(
+                f"status: GPU {index}'s error must be at most {MAX_GPU_ERROR} printable characters"
+            )
+        for name, value in numbers.items():
+            if not math.isfinite(value) or value < 0:
+                raise InvalidArgument(
+                    f"status: GPU {index}'s {name} is {value}, not a finite number >= 0"
+                )
+            if name.endswith("utilization") and value > 1:
+                raise InvalidArgument(
+                    f"status: GPU {index}'s {name} is {value}, not a fraction in 0..1"
+                )
 
 
 def validate_cluster_name(name: str) -> str:

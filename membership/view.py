@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from membership.status import NodeStatus
 
 __all__ = [
+    "DEGRADED_CAUSES",
+    "Degradation",
     "Disconnected",
     "Evidence",
     "JobRanks",
@@ -314,6 +316,29 @@ class QuorumChanged:
     epoch: int = 0
 
 
+# Why a replica marks a node DEGRADED (Degradation.cause): its heartbeat jitter
+# far above the other nodes', its training step rate far below the median of
+# its job's other members, or the application's own health flag.
+DEGRADED_CAUSES = ("jitter", "step_rate", "unhealthy")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Degradation:
+    """One reason a replica marks a node DEGRADED: it heartbeats, but is unhealthy.
+
+    DEGRADED is status, as SUSPECT is: never a view change, never a death
+    (README "Degraded nodes"; the rules: ``arbiter/core/degraded.py``).
+
+    Attributes:
+        cause: one of :data:`DEGRADED_CAUSES` (a newer arbiter may add others).
+        reason: in words, with the figures, e.g. ``"heartbeat jitter 0.180s,
+            12.0x the median 0.015s of 4 other nodes"``.
+    """
+
+    cause: str
+    reason: str
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StatusReport:
     """One node's latest live status as the serving replica heard it (never a view change).
@@ -329,6 +354,11 @@ class StatusReport:
             serving replica holds it (0.0: none; ``arbiter/core/grace.py``):
             the replicas do not suspect the node meanwhile.
         grace_reason: the reason the node gave for its grace window ("" if none).
+        degraded: the serving replica's DEGRADED marks (empty: not degraded).
+        suspicion: the serving replica's failure detector's suspicion level of
+            the node when the report was made (phi for detector ``"phi"``,
+            missed heartbeat intervals for ``"missed"``); None when unknown.
+        detector: the kind of that detector ("" when unknown).
     """
 
     node_id: str
@@ -338,6 +368,9 @@ class StatusReport:
     silence: float = 0.0
     grace: float = 0.0
     grace_reason: str = ""
+    degraded: tuple[Degradation, ...] = ()
+    suspicion: float | None = None
+    detector: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

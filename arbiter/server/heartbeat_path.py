@@ -47,6 +47,8 @@ from membership import convert
 from membership.errors import InvalidArgument
 from membership.v1 import membership_pb2 as pb
 from membership.validation import (
+    validate_gpus,
+    validate_health_reason,
     validate_incarnation,
     validate_labels,
     validate_node_id,
@@ -132,6 +134,9 @@ class HeartbeatChecks:
         status = req.status
         if self._status is None or status != self._status:
             validate_status(status.phase, status.gauges, convert.status_numbers(status))
+            validate_health_reason(status.health_reason)
+            if status.gpus:
+                validate_gpus(convert.gpu_figures(status))
             self._status = status
         if req.interval_seconds != self._interval:
             check_interval(req.interval_seconds, self._min_interval, self._max_interval)

@@ -54,6 +54,7 @@ from arbiter.server.counters import (
     Counters,
 )
 from arbiter.server.operated import OperatedReplica
+from membership.view import DEGRADED_CAUSES
 
 __all__ = [
     "RAFT_ROLES",
@@ -70,6 +71,8 @@ log = logging.getLogger("arbiter.metrics")
 RAFT_ROLES = ("follower", "pre_candidate", "candidate", "leader")
 # The member states of membership_nodes{state=...}.
 NODE_STATES = ("ALIVE", "DEAD", "LEFT")
+# The causes of membership_degraded_nodes{reason=...} (arbiter/core/degraded.py).
+DEGRADED_REASONS = DEGRADED_CAUSES
 
 # Gauges read from the replica's state: (name, help). Their values come from
 # _state(), on the event loop thread (rule 1).
@@ -100,6 +103,7 @@ class _State:
     role: str
     nodes: dict[str, int]
     observations_proposed: int
+    degraded: dict[str, int]
 
 
 def _state(server: OperatedReplica) -> _State:
@@ -109,6 +113,10 @@ def _state(server: OperatedReplica) -> _State:
     nodes = dict.fromkeys(NODE_STATES, 0)
     for m in d.state.view().members:
         nodes[m.state.value] = nodes.get(m.state.value, 0) + 1
+    degraded = dict.fromkeys(DEGRADED_REASONS, 0)
+    for marks in server.api.degraded.marks().values():
+        for mark in marks:
+            degraded[mark.cause] = degraded.get(mark.cause, 0) + 1
     values = (
         d.state.epoch,
         d.status().in_quorum,
@@ -125,6 +133,7 @@ def _state(server: OperatedReplica) -> _State:
         role=st.role.value,
         nodes=nodes,
         observations_proposed=d.replica.observations_proposed,
+        degraded=degraded,
     )
 
 
@@ -229,6 +238,15 @@ class ReplicaCollector(Collector):
         )
         for node_state, n in state.nodes.items():
             fam.add_metric([rid, node_state], float(n))
+        yield fam
+        fam = GaugeMetricFamily(
+            "membership_degraded_nodes",
+            "ALIVE members this replica marks DEGRADED, by reason (jitter, step_rate, "
+            "unhealthy; a node may count under several): status, never a view change.",
+            labels=["arbiter", "reason"],
+        )
+        for reason, n in state.degraded.items():
+            fam.add_metric([rid, reason], float(n))
         yield fam
         yield _counter(
             "membership_observations_proposed",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from arbiter.config import ArbiterConfig
+from arbiter.server.degradation import DegradedMarks
 from arbiter.server.driver import Driver
 
 __all__ = ["OperatedReplica", "ServedStreams"]
@@ -26,6 +27,11 @@ class ServedStreams(Protocol):
     @property
     def heartbeat_streams(self) -> int:
         """Heartbeat streams open."""
+        ...
+
+    @property
+    def degraded(self) -> DegradedMarks:
+        """The replica's DEGRADED marks of its nodes."""
         ...
 
 

@@ -36,6 +36,7 @@ from arbiter.core.tally import ViewChange
 from arbiter.server import limits
 from arbiter.server.arbiterset import ArbiterSet, to_protos
 from arbiter.server.authz import AllowAll, Authorizer, Refusal
+from arbiter.server.degradation import DegradedMarks
 from arbiter.server.driver import Driver
 from arbiter.server.encoding import ViewEncoder
 from arbiter.server.grace_api import grace_call
@@ -86,8 +87,9 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         self._closing = asyncio.Event()
         self.heartbeat_streams = 0
         self.subscriptions = 0
-        self.board = StatusBoard()
-        self._views = ViewEncoder(driver, self.board)
+        self.board = StatusBoard(step_window=driver.config.degraded_step_window)
+        self.degraded = DegradedMarks(driver, self.board, driver.config.degraded_policy())
+        self._views = ViewEncoder(driver, self.board, self.degraded)
         self._acks = AckBuilder(driver.replica_id, cluster)
         self._pruned_at = time.monotonic()
         # The configuration in force (set by the server: arbiter/server/arbiterset.py).
@@ -253,7 +255,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
             )
         # Never more often than the configured interval: a subscriber may only ask for less.
         status_every = max(self._config.status_interval, request.status_interval_seconds)
-        sent: dict[str, tuple[int, tuple[str, ...], bool]] = {}
+        sent: dict[str, tuple[object, ...]] = {}
         loop = asyncio.get_running_loop()
         next_status = loop.time() if request.include_status else math.inf
         status = self._driver.status()

@@ -21,19 +21,38 @@ Rules:
    with the status of the last version, not the previous heartbeat's, so a
    slow drift is sent once it adds up to the deadband.
    ``gpu_utilization`` may be probed (NVML) or reported by the application;
-   the heartbeat does not say which, so it has the fraction deadband.
+   the heartbeat does not say which, so it has the fraction deadband. So do
+   the per-GPU figures (``gpus``: a GPU appearing, disappearing, lost or
+   failing is a change; its utilisation and memory fractions have the
+   fraction deadband, its byte counts none of their own). The heartbeat
+   round trip (``rtt_seconds``) changes when it moves by
+   :data:`RTT_DEADBAND` of its last version's value and 1 ms (the SDK
+   already sends it only then: membership.status.rtt_to_send).
 2. Memory is bounded by the nodes the replica hears: an entry not updated for
    ``forget_after`` seconds is dropped by :meth:`prune`.
+3. Each entry keeps the node's step history (:class:`arbiter.core.degraded.
+   StepHistory`, over ``step_window`` seconds) from the ``step`` of every
+   status that carries one, for the DEGRADED step-rate rule; a new
+   incarnation starts a new history.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+from arbiter.core.degraded import StepHistory
+from membership.status import RTT_DEADBAND, RTT_MIN_MOVE
 from membership.v1 import membership_pb2 as pb
 
-__all__ = ["FRACTION_DEADBAND", "LOAD_DEADBAND", "StatusBoard", "StatusEntry", "changed"]
+__all__ = [
+    "FRACTION_DEADBAND",
+    "LOAD_DEADBAND",
+    "RTT_DEADBAND",
+    "StatusBoard",
+    "StatusEntry",
+    "changed",
+]
 
 # Rule 1: how far a probed figure moves before the status counts as changed.
 LOAD_DEADBAND = 0.1  # load average (runnable processes)
@@ -74,8 +93,30 @@ def changed(
         elif name == "gauges":
             if dict(value) != dict(was[name]):
                 return True
-        elif value != was[name]:  # phase, step, progress: any other value
+        elif name == "gpus":
+            if _gpus_changed(was[name], value, fraction_deadband):
+                return True
+        elif name == "rtt_seconds":
+            move = abs(value - was[name])
+            if move >= RTT_MIN_MOVE and move >= RTT_DEADBAND * was[name]:
+                return True
+        elif value != was[name]:  # phase, step, progress, health: any other value
             return True
+    return False
+
+
+def _gpus_changed(old: Any, new: Any, deadband: float) -> bool:
+    """Rule 1 for the per-GPU figures (``old`` and ``new``: repeated GpuStatus)."""
+    if len(old) != len(new):
+        return True
+    for a, b in zip(old, new, strict=True):
+        if (a.index, a.lost, a.error) != (b.index, b.lost, b.error):
+            return True
+        for name in ("utilization", "memory_utilization"):
+            if a.HasField(name) != b.HasField(name):
+                return True
+            if a.HasField(name) and abs(getattr(a, name) - getattr(b, name)) >= deadband:
+                return True
     return False
 
 
@@ -88,6 +129,7 @@ class StatusEntry:
         status: the reported status (a protobuf message, never mutated).
         heard: monotonic seconds of the last heartbeat carrying it.
         version: board version of the last change (rule 1).
+        steps: the node's step history (rule 3).
     """
 
     incarnation: int
@@ -95,6 +137,7 @@ class StatusEntry:
     heard: float
     version: int
     sent: pb.NodeStatus  # the status as of ``version`` (what rule 1 compares with)
+    steps: StepHistory  # rule 3
 
 
 class StatusBoard:
@@ -105,6 +148,7 @@ class StatusBoard:
             is dropped by :meth:`prune`.
         load_deadband: rule 1's deadband for the load average.
         fraction_deadband: rule 1's deadband for the utilisation fractions.
+        step_window: rule 3's window, seconds.
     """
 
     def __init__(
@@ -112,7 +156,9 @@ class StatusBoard:
         forget_after: float = 60.0,
         load_deadband: float = LOAD_DEADBAND,
         fraction_deadband: float = FRACTION_DEADBAND,
+        step_window: float = 30.0,
     ) -> None:
+        self._step_window = step_window
         self._entries: dict[str, StatusEntry] = {}
         self._version = 0
         self._forget_after = forget_after
@@ -125,21 +171,31 @@ class StatusBoard:
         return self._version
 
     def update(self, node_id: str, incarnation: int, status: pb.NodeStatus, now: float) -> None:
-        """Records a heartbeat's status received at ``now`` (monotonic seconds); rule 1."""
+        """Records a heartbeat's status received at ``now`` (monotonic seconds); rules 1, 3."""
         entry = self._entries.get(node_id)
         if entry is not None and entry.incarnation == incarnation:
             entry.heard = now
             if status == entry.status:  # most heartbeats: the same status again (C compare)
                 return
             entry.status = status
+            if status.HasField("step"):
+                entry.steps.observe(status.step, now)
             if not changed(entry.sent, status, self._load_deadband, self._fraction_deadband):
                 return
             self._version += 1
             entry.version, entry.sent = self._version, status
             return
         self._version += 1
+        steps = StepHistory(self._step_window)
+        if status.HasField("step"):
+            steps.observe(status.step, now)
         self._entries[node_id] = StatusEntry(
-            incarnation=incarnation, status=status, heard=now, version=self._version, sent=status
+            incarnation=incarnation,
+            status=status,
+            heard=now,
+            version=self._version,
+            sent=status,
+            steps=steps,
         )
 
     def get(self, node_id: str) -> StatusEntry | None:

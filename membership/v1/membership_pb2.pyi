@@ -99,6 +99,10 @@ class NodeStatus(_message.Message):
     CPU_UTILIZATION_FIELD_NUMBER: _builtins.int
     MEMORY_UTILIZATION_FIELD_NUMBER: _builtins.int
     GPU_MEMORY_UTILIZATION_FIELD_NUMBER: _builtins.int
+    HEALTHY_FIELD_NUMBER: _builtins.int
+    HEALTH_REASON_FIELD_NUMBER: _builtins.int
+    RTT_SECONDS_FIELD_NUMBER: _builtins.int
+    GPUS_FIELD_NUMBER: _builtins.int
     load: _builtins.float
     """1-minute load average"""
     gpu_utilization: _builtins.float
@@ -115,9 +119,25 @@ class NodeStatus(_message.Message):
     """0..1"""
     gpu_memory_utilization: _builtins.float
     """0..1, over the node's GPUs"""
+    healthy: _builtins.bool
+    """The application's own health flag (client.report(healthy=False, reason=...));
+    absent = not said. false makes every replica mark the node DEGRADED
+    (cause "unhealthy"), as status: never a view change.
+    """
+    health_reason: _builtins.str
+    """Why it is unhealthy, in the application's words: at most 256 printable characters."""
+    rtt_seconds: _builtins.float
+    """The node's heartbeat round trip (send to ack, its monotonic clock, the
+    median over the arbiters that acked it), seconds, >= 0. The SDK sends a
+    new value only when it moved by 20 % (and at least 1 ms).
+    """
     @_builtins.property
     def gauges(self) -> _containers.ScalarMap[_builtins.str, _builtins.float]:
         """application gauges: at most 64, named like label keys, finite"""
+
+    @_builtins.property
+    def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuStatus]:
+        """One entry per GPU NVML lists, by index (at most 32); the means above are over these."""
 
     def __init__(
         self,
@@ -131,10 +151,14 @@ class NodeStatus(_message.Message):
         cpu_utilization: _builtins.float | None = ...,
         memory_utilization: _builtins.float | None = ...,
         gpu_memory_utilization: _builtins.float | None = ...,
+        healthy: _builtins.bool | None = ...,
+        health_reason: _builtins.str = ...,
+        rtt_seconds: _builtins.float | None = ...,
+        gpus: _abc.Iterable[Global___GpuStatus] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_utilization", b"_cpu_utilization", "_gpu_memory_utilization", b"_gpu_memory_utilization", "_gpu_utilization", b"_gpu_utilization", "_load", b"_load", "_memory_utilization", b"_memory_utilization", "_phase", b"_phase", "_progress", b"_progress", "_step", b"_step", "cpu_utilization", b"cpu_utilization", "gpu_memory_utilization", b"gpu_memory_utilization", "gpu_utilization", b"gpu_utilization", "load", b"load", "memory_utilization", b"memory_utilization", "phase", b"phase", "progress", b"progress", "step", b"step"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_cpu_utilization", b"_cpu_utilization", "_gpu_memory_utilization", b"_gpu_memory_utilization", "_gpu_utilization", b"_gpu_utilization", "_healthy", b"_healthy", "_load", b"_load", "_memory_utilization", b"_memory_utilization", "_phase", b"_phase", "_progress", b"_progress", "_rtt_seconds", b"_rtt_seconds", "_step", b"_step", "cpu_utilization", b"cpu_utilization", "gpu_memory_utilization", b"gpu_memory_utilization", "gpu_utilization", b"gpu_utilization", "healthy", b"healthy", "load", b"load", "memory_utilization", b"memory_utilization", "phase", b"phase", "progress", b"progress", "rtt_seconds", b"rtt_seconds", "step", b"step"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_utilization", b"_cpu_utilization", "_gpu_memory_utilization", b"_gpu_memory_utilization", "_gpu_utilization", b"_gpu_utilization", "_load", b"_load", "_memory_utilization", b"_memory_utilization", "_phase", b"_phase", "_progress", b"_progress", "_step", b"_step", "cpu_utilization", b"cpu_utilization", "gauges", b"gauges", "gpu_memory_utilization", b"gpu_memory_utilization", "gpu_utilization", b"gpu_utilization", "load", b"load", "memory_utilization", b"memory_utilization", "phase", b"phase", "progress", b"progress", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_cpu_utilization", b"_cpu_utilization", "_gpu_memory_utilization", b"_gpu_memory_utilization", "_gpu_utilization", b"_gpu_utilization", "_healthy", b"_healthy", "_load", b"_load", "_memory_utilization", b"_memory_utilization", "_phase", b"_phase", "_progress", b"_progress", "_rtt_seconds", b"_rtt_seconds", "_step", b"_step", "cpu_utilization", b"cpu_utilization", "gauges", b"gauges", "gpu_memory_utilization", b"gpu_memory_utilization", "gpu_utilization", b"gpu_utilization", "gpus", b"gpus", "health_reason", b"health_reason", "healthy", b"healthy", "load", b"load", "memory_utilization", b"memory_utilization", "phase", b"phase", "progress", b"progress", "rtt_seconds", b"rtt_seconds", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__cpu_utilization: _TypeAlias = _typing.Literal["cpu_utilization"]  # noqa: Y015
     _WhichOneofArgType__cpu_utilization: _TypeAlias = _typing.Literal["_cpu_utilization", b"_cpu_utilization"]  # noqa: Y015
@@ -142,6 +166,8 @@ class NodeStatus(_message.Message):
     _WhichOneofArgType__gpu_memory_utilization: _TypeAlias = _typing.Literal["_gpu_memory_utilization", b"_gpu_memory_utilization"]  # noqa: Y015
     _WhichOneofReturnType__gpu_utilization: _TypeAlias = _typing.Literal["gpu_utilization"]  # noqa: Y015
     _WhichOneofArgType__gpu_utilization: _TypeAlias = _typing.Literal["_gpu_utilization", b"_gpu_utilization"]  # noqa: Y015
+    _WhichOneofReturnType__healthy: _TypeAlias = _typing.Literal["healthy"]  # noqa: Y015
+    _WhichOneofArgType__healthy: _TypeAlias = _typing.Literal["_healthy", b"_healthy"]  # noqa: Y015
     _WhichOneofReturnType__load: _TypeAlias = _typing.Literal["load"]  # noqa: Y015
     _WhichOneofArgType__load: _TypeAlias = _typing.Literal["_load", b"_load"]  # noqa: Y015
     _WhichOneofReturnType__memory_utilization: _TypeAlias = _typing.Literal["memory_utilization"]  # noqa: Y015
@@ -150,6 +176,8 @@ class NodeStatus(_message.Message):
     _WhichOneofArgType__phase: _TypeAlias = _typing.Literal["_phase", b"_phase"]  # noqa: Y015
     _WhichOneofReturnType__progress: _TypeAlias = _typing.Literal["progress"]  # noqa: Y015
     _WhichOneofArgType__progress: _TypeAlias = _typing.Literal["_progress", b"_progress"]  # noqa: Y015
+    _WhichOneofReturnType__rtt_seconds: _TypeAlias = _typing.Literal["rtt_seconds"]  # noqa: Y015
+    _WhichOneofArgType__rtt_seconds: _TypeAlias = _typing.Literal["_rtt_seconds", b"_rtt_seconds"]  # noqa: Y015
     _WhichOneofReturnType__step: _TypeAlias = _typing.Literal["step"]  # noqa: Y015
     _WhichOneofArgType__step: _TypeAlias = _typing.Literal["_step", b"_step"]  # noqa: Y015
     @_typing.overload
@@ -159,6 +187,8 @@ class NodeStatus(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__gpu_utilization) -> _WhichOneofReturnType__gpu_utilization | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__healthy) -> _WhichOneofReturnType__healthy | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__load) -> _WhichOneofReturnType__load | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_utilization) -> _WhichOneofReturnType__memory_utilization | None: ...
@@ -167,9 +197,106 @@ class NodeStatus(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__progress) -> _WhichOneofReturnType__progress | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rtt_seconds) -> _WhichOneofReturnType__rtt_seconds | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__step) -> _WhichOneofReturnType__step | None: ...
 
 Global___NodeStatus: _TypeAlias = NodeStatus  # noqa: Y015
+
+@_typing.final
+class GpuStatus(_message.Message):
+    """One GPU of a node as its NVML probe last read it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    UTILIZATION_FIELD_NUMBER: _builtins.int
+    MEMORY_UTILIZATION_FIELD_NUMBER: _builtins.int
+    MEMORY_USED_BYTES_FIELD_NUMBER: _builtins.int
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _builtins.int
+    LOST_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """NVML device index, 0..31"""
+    utilization: _builtins.float
+    """0..1: time a kernel ran over the last sample period"""
+    memory_utilization: _builtins.float
+    """0..1: memory used / total"""
+    memory_used_bytes: _builtins.int
+    memory_total_bytes: _builtins.int
+    lost: _builtins.bool
+    """The GPU did not answer: it fell off the bus (NVML_ERROR_GPU_IS_LOST, Xid
+    79) or NVML lost it otherwise; `error` says which error.
+    """
+    error: _builtins.str
+    """NVML's error for what could not be read ("" when all was), at most 64
+    printable characters, e.g. "NVML_ERROR_GPU_IS_LOST".
+    """
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        utilization: _builtins.float | None = ...,
+        memory_utilization: _builtins.float | None = ...,
+        memory_used_bytes: _builtins.int | None = ...,
+        memory_total_bytes: _builtins.int | None = ...,
+        lost: _builtins.bool = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_memory_total_bytes", b"_memory_total_bytes", "_memory_used_bytes", b"_memory_used_bytes", "_memory_utilization", b"_memory_utilization", "_utilization", b"_utilization", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "memory_utilization", b"memory_utilization", "utilization", b"utilization"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_memory_total_bytes", b"_memory_total_bytes", "_memory_used_bytes", b"_memory_used_bytes", "_memory_utilization", b"_memory_utilization", "_utilization", b"_utilization", "error", b"error", "index", b"index", "lost", b"lost", "memory_total_bytes", b"memory_total_bytes", "memory_used_bytes", b"memory_used_bytes", "memory_utilization", b"memory_utilization", "utilization", b"utilization"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__memory_total_bytes: _TypeAlias = _typing.Literal["memory_total_bytes"]  # noqa: Y015
+    _WhichOneofArgType__memory_total_bytes: _TypeAlias = _typing.Literal["_memory_total_bytes", b"_memory_total_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__memory_used_bytes: _TypeAlias = _typing.Literal["memory_used_bytes"]  # noqa: Y015
+    _WhichOneofArgType__memory_used_bytes: _TypeAlias = _typing.Literal["_memory_used_bytes", b"_memory_used_bytes"]  # noqa: Y015
+    _WhichOneofReturnType__memory_utilization: _TypeAlias = _typing.Literal["memory_utilization"]  # noqa: Y015
+    _WhichOneofArgType__memory_utilization: _TypeAlias = _typing.Literal["_memory_utilization", b"_memory_utilization"]  # noqa: Y015
+    _WhichOneofReturnType__utilization: _TypeAlias = _typing.Literal["utilization"]  # noqa: Y015
+    _WhichOneofArgType__utilization: _TypeAlias = _typing.Literal["_utilization", b"_utilization"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_total_bytes) -> _WhichOneofReturnType__memory_total_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_used_bytes) -> _WhichOneofReturnType__memory_used_bytes | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__memory_utilization) -> _WhichOneofReturnType__memory_utilization | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__utilization) -> _WhichOneofReturnType__utilization | None: ...
+
+Global___GpuStatus: _TypeAlias = GpuStatus  # noqa: Y015
+
+@_typing.final
+class Degradation(_message.Message):
+    """Why a replica marks a node DEGRADED: it heartbeats, but something is wrong
+    (a gray failure). Status of the replica that says so, never a view change:
+    the node stays ALIVE and the epoch does not move (README "Degraded nodes").
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAUSE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    cause: _builtins.str
+    """"jitter": its heartbeat inter-arrival jitter far above the other nodes';
+    "step_rate": its training step rate far below the median of its job's
+    other members; "unhealthy": the application said so (NodeStatus.healthy).
+    """
+    reason: _builtins.str
+    """in words, with the figures"""
+    def __init__(
+        self,
+        *,
+        cause: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cause", b"cause", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Degradation: _TypeAlias = Degradation  # noqa: Y015
 
 @_typing.final
 class HeartbeatRequest(_message.Message):
@@ -459,6 +586,10 @@ class Member(_message.Message):
     WORLD_SIZE_FIELD_NUMBER: _builtins.int
     GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     GRACE_REASON_FIELD_NUMBER: _builtins.int
+    DEGRADED_FIELD_NUMBER: _builtins.int
+    SUSPICION_FIELD_NUMBER: _builtins.int
+    DETECTOR_FIELD_NUMBER: _builtins.int
+    SILENCE_SECONDS_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
     state: Global___MemberState.ValueType
@@ -474,6 +605,9 @@ class Member(_message.Message):
     only; 0 = none), and the reason the node gave.
     """
     grace_reason: _builtins.str
+    suspicion: _builtins.float
+    detector: _builtins.str
+    silence_seconds: _builtins.float
     @_builtins.property
     def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
     @_builtins.property
@@ -483,6 +617,14 @@ class Member(_message.Message):
     @_builtins.property
     def status(self) -> Global___NodeStatus:
         """latest status the serving replica heard (GetView only)"""
+
+    @_builtins.property
+    def degraded(self) -> _containers.RepeatedCompositeFieldContainer[Global___Degradation]:
+        """GetView only, for an ALIVE member: the serving replica's DEGRADED marks
+        (status, not a view change; see Degradation), its failure detector's
+        suspicion level now (`detector` "phi": phi; "missed": heartbeat intervals
+        missed) and the seconds since it last heard the node.
+        """
 
     def __init__(
         self,
@@ -498,10 +640,14 @@ class Member(_message.Message):
         world_size: _builtins.int = ...,
         grace_seconds: _builtins.float = ...,
         grace_reason: _builtins.str = ...,
+        degraded: _abc.Iterable[Global___Degradation] | None = ...,
+        suspicion: _builtins.float = ...,
+        detector: _builtins.str = ...,
+        silence_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_rank", b"_rank", "rank", b"rank", "status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_rank", b"_rank", "epoch", b"epoch", "grace_reason", b"grace_reason", "grace_seconds", b"grace_seconds", "incarnation", b"incarnation", "labels", b"labels", "node_id", b"node_id", "rank", b"rank", "state", b"state", "status", b"status", "suspected_by", b"suspected_by", "world_size", b"world_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_rank", b"_rank", "degraded", b"degraded", "detector", b"detector", "epoch", b"epoch", "grace_reason", b"grace_reason", "grace_seconds", b"grace_seconds", "incarnation", b"incarnation", "labels", b"labels", "node_id", b"node_id", "rank", b"rank", "silence_seconds", b"silence_seconds", "state", b"state", "status", b"status", "suspected_by", b"suspected_by", "suspicion", b"suspicion", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__rank: _TypeAlias = _typing.Literal["rank"]  # noqa: Y015
     _WhichOneofArgType__rank: _TypeAlias = _typing.Literal["_rank", b"_rank"]  # noqa: Y015
@@ -713,6 +859,9 @@ class NodeStatusReport(_message.Message):
     SILENCE_SECONDS_FIELD_NUMBER: _builtins.int
     GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     GRACE_REASON_FIELD_NUMBER: _builtins.int
+    DEGRADED_FIELD_NUMBER: _builtins.int
+    SUSPICION_FIELD_NUMBER: _builtins.int
+    DETECTOR_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     incarnation: _builtins.int
     silence_seconds: _builtins.float
@@ -720,12 +869,24 @@ class NodeStatusReport(_message.Message):
     grace_seconds: _builtins.float
     """Seconds left of its grace window at the serving replica (0 = none)."""
     grace_reason: _builtins.str
+    suspicion: _builtins.float
+    """The serving replica's failure detector's suspicion level of the node when
+    the report was made: phi (`detector` "phi") or missed heartbeat
+    intervals ("missed"); "" when the replica does not track the node.
+    """
+    detector: _builtins.str
     @_builtins.property
     def status(self) -> Global___NodeStatus: ...
     @_builtins.property
     def suspected_by(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Replicas whose committed observation of the node is SUSPECT (fewer than a
         quorum, or it would be DEAD): status, never a view change.
+        """
+
+    @_builtins.property
+    def degraded(self) -> _containers.RepeatedCompositeFieldContainer[Global___Degradation]:
+        """The serving replica's DEGRADED marks for the node (empty: not degraded):
+        status, never a view change. A report is sent when they change too.
         """
 
     def __init__(
@@ -738,10 +899,13 @@ class NodeStatusReport(_message.Message):
         silence_seconds: _builtins.float = ...,
         grace_seconds: _builtins.float = ...,
         grace_reason: _builtins.str = ...,
+        degraded: _abc.Iterable[Global___Degradation] | None = ...,
+        suspicion: _builtins.float = ...,
+        detector: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["grace_reason", b"grace_reason", "grace_seconds", b"grace_seconds", "incarnation", b"incarnation", "node_id", b"node_id", "silence_seconds", b"silence_seconds", "status", b"status", "suspected_by", b"suspected_by"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["degraded", b"degraded", "detector", b"detector", "grace_reason", b"grace_reason", "grace_seconds", b"grace_seconds", "incarnation", b"incarnation", "node_id", b"node_id", "silence_seconds", b"silence_seconds", "status", b"status", "suspected_by", b"suspected_by", "suspicion", b"suspicion"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -29,6 +29,8 @@ from membership import convert
 from membership.errors import InvalidArgument
 from membership.v1 import membership_pb2 as pb
 from membership.validation import (
+    validate_gpus,
+    validate_health_reason,
     validate_incarnation,
     validate_labels,
     validate_node_id,
@@ -46,6 +48,8 @@ def _reference(rules: HeartbeatStreamRules, req: pb.HeartbeatRequest) -> None:
     validate_incarnation(req.incarnation)
     validate_labels(req.labels)
     validate_status(req.status.phase, req.status.gauges, convert.status_numbers(req.status))
+    validate_health_reason(req.status.health_reason)
+    validate_gpus(convert.gpu_figures(req.status))
     check_interval(req.interval_seconds, CFG.heartbeat_interval, CFG.interval_ceiling)
     rules.check(req.node_id, req.incarnation, req.seq)
     refusal = cluster_mismatch(CLUSTER, "a1", req.cluster, f"node {req.node_id}")
@@ -81,11 +85,18 @@ _heartbeat = st.fixed_dictionaries(
                 pb.NodeStatus(load=1.5, cpu_utilization=0.2),
                 pb.NodeStatus(gauges={"g": 1.0}),
                 pb.NodeStatus(),
+                pb.NodeStatus(healthy=False, health_reason="ECC", rtt_seconds=0.002),
+                pb.NodeStatus(gpus=[pb.GpuStatus(index=0, utilization=0.5), pb.GpuStatus(index=1)]),
             ],
             [
                 pb.NodeStatus(cpu_utilization=2.0),
                 pb.NodeStatus(phase="x" * 70),
                 pb.NodeStatus(gauges={"g": float("nan")}),
+                pb.NodeStatus(health_reason="x" * 300),
+                pb.NodeStatus(rtt_seconds=-1.0),
+                pb.NodeStatus(gpus=[pb.GpuStatus(index=0), pb.GpuStatus(index=0)]),
+                pb.NodeStatus(gpus=[pb.GpuStatus(index=40)]),
+                pb.NodeStatus(gpus=[pb.GpuStatus(index=1, memory_utilization=1.5)]),
             ],
         ),
         "interval": _mostly([0.6, 0.0, 0.3], [0.01, 9.0]),

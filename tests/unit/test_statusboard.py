@@ -159,3 +159,62 @@ def test_statusboard_changed_agrees_with_asking_every_field(
     old: pb.NodeStatus, new: pb.NodeStatus
 ) -> None:
     assert changed(old, new) == _changed_field_by_field(old, new)
+
+
+def _gpus(*gpus: pb.GpuStatus) -> pb.NodeStatus:
+    status = pb.NodeStatus()
+    status.CopyFrom(BASE)
+    status.gpus.extend(gpus)
+    return status
+
+
+@pytest.mark.parametrize(
+    ("new", "expect"),
+    [
+        # Per-GPU fractions have the fraction deadband; bytes alone are no change.
+        (_gpus(pb.GpuStatus(index=0, utilization=0.53, memory_utilization=0.5)), False),
+        (
+            _gpus(
+                pb.GpuStatus(index=0, utilization=0.5, memory_utilization=0.5, memory_used_bytes=7)
+            ),
+            False,
+        ),
+        (_gpus(pb.GpuStatus(index=0, utilization=0.6, memory_utilization=0.5)), True),
+        # A GPU lost, failing, appearing or losing a figure: a change.
+        (_gpus(pb.GpuStatus(index=0, lost=True, error="NVML_ERROR_GPU_IS_LOST")), True),
+        (_gpus(pb.GpuStatus(index=0, utilization=0.5)), True),
+        (
+            _gpus(
+                pb.GpuStatus(index=0, utilization=0.5, memory_utilization=0.5),
+                pb.GpuStatus(index=1, utilization=0.0),
+            ),
+            True,
+        ),
+    ],
+)
+def test_statusboard_changed_per_gpu(new: pb.NodeStatus, expect: bool) -> None:
+    old = _gpus(pb.GpuStatus(index=0, utilization=0.5, memory_utilization=0.5))
+    assert changed(old, new) is expect
+
+
+@pytest.mark.parametrize(
+    ("rtt", "expect"),
+    [(0.0105, False), (0.0119, False), (0.0121, True), (0.0079, True), (None, True)],
+)
+def test_statusboard_changed_round_trip_moves_by_a_fifth_and_a_millisecond(
+    rtt: float | None, expect: bool
+) -> None:
+    assert changed(_with(rtt_seconds=0.01), _with(rtt_seconds=rtt)) is expect
+
+
+def test_statusboard_keeps_each_incarnations_step_history() -> None:
+    board = StatusBoard(step_window=10.0)
+    for t in range(12):
+        board.update("n1", 7, _with(step=100 + 5 * t), now=float(t))
+    entry = board.get("n1")
+    assert entry is not None
+    rate = entry.steps.rate(11.0)
+    assert rate is not None and rate[0] == pytest.approx(5.0)
+    board.update("n1", 8, _with(step=0), now=12.0)  # a new life: a new history
+    entry = board.get("n1")
+    assert entry is not None and entry.steps.rate(13.0) is None

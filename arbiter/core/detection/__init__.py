@@ -25,7 +25,7 @@ into a SUSPECT observation for the log. One replica's suspicion is never a
 death: the tally in ``arbiter/core/tally.py`` needs a quorum.
 """
 
-from arbiter.core.detection.base import DetectorState, FailureDetector
+from arbiter.core.detection.base import DetectorState, FailureDetector, InterArrival
 from arbiter.core.detection.interval import (
     IntervalGovernor,
     LoadPolicy,
@@ -40,6 +40,7 @@ from arbiter.core.detection.wheel import TimingWheel
 __all__ = [
     "DetectorState",
     "FailureDetector",
+    "InterArrival",
     "IntervalGovernor",
     "LoadPolicy",
     "MissedHeartbeatDetector",

@@ -53,6 +53,18 @@ Rule 6. Deadlines live in the hashed timing wheel of ``wheel.py`` (Varghese
     a token marks stale and which is never acted upon. ``tick(now)`` with
     ``now`` earlier than a previous tick is allowed and exact (rule 3 is the
     only rule about time order, per node); a NaN ``now`` raises ValueError.
+Rule 7. Inter-arrival statistics (:meth:`DeadlineDetector.inter_arrival`, for
+    the DEGRADED rules of ``arbiter/core/degraded.py``, never for suspicion):
+    every heartbeat of a HEALTHY node at an unchanged interval is one sample
+    of its inter-arrival time ``gap``. The mean is smoothed with gain 1/8 (as
+    TCP's SRTT, RFC 6298) and the jitter, the smoothed absolute deviation of
+    ``gap`` from that mean, with gain 1/16 (RFC 3550 section 6.4.1's
+    interarrival jitter): O(1) time and memory per heartbeat. A first
+    heartbeat, a heartbeat after the detector's own deadline (a revival from
+    SUSPECT, or a silence only a hold covered: a death, a pause or a grace
+    window, not jitter) and a new interval start the statistics again; the jitter
+    starts at 0, so it rises to the node's true jitter over about 16
+    samples and a cold start under-reads it, never over-reads it.
 """
 
 from __future__ import annotations
@@ -64,7 +76,11 @@ from typing import Generic, Protocol, TypeVar
 
 from arbiter.core.detection.wheel import DEFAULT_RESOLUTION, DEFAULT_SLOTS, TimingWheel
 
-__all__ = ["DeadlineDetector", "DetectorState", "FailureDetector"]
+__all__ = ["DeadlineDetector", "DetectorState", "FailureDetector", "InterArrival"]
+
+# Rule 7's gains: the mean (RFC 6298's alpha) and the jitter (RFC 3550's 1/16).
+_MEAN_GAIN = 1.0 / 8.0
+_JITTER_GAIN = 1.0 / 16.0
 
 
 class DetectorState(enum.Enum):
@@ -72,6 +88,24 @@ class DetectorState(enum.Enum):
 
     HEALTHY = "healthy"
     SUSPECT = "suspect"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InterArrival:
+    """One node's heartbeat inter-arrival statistics on this replica (rule 7).
+
+    Attributes:
+        samples: inter-arrival times counted since the statistics (re)started.
+        mean: smoothed inter-arrival time, seconds.
+        jitter: smoothed absolute deviation of the inter-arrival time from
+            ``mean``, seconds.
+        interval: the interval the node heartbeats at (the one it declared), seconds.
+    """
+
+    samples: int
+    mean: float
+    jitter: float
+    interval: float
 
 
 class FailureDetector(Protocol):
@@ -148,6 +182,10 @@ class FailureDetector(Protocol):
         """
         ...
 
+    def inter_arrival(self, node_id: str) -> InterArrival | None:
+        """The node's inter-arrival statistics (rule 7), or None if it is not tracked."""
+        ...
+
 
 @dataclass(slots=True, kw_only=True)
 class _Track:
@@ -157,6 +195,10 @@ class _Track:
     interval: float
     hold_until: float = -math.inf
     state: DetectorState = DetectorState.HEALTHY
+    # Rule 7: samples since the statistics (re)started, smoothed mean and jitter.
+    gaps: int = 0
+    gap_mean: float = 0.0
+    jitter: float = 0.0
 
 
 def _check_positive(name: str, value: float) -> None:
@@ -197,9 +239,14 @@ class DeadlineDetector(Generic[TrackT]):
         # and the entry's deadline is _deadline(track).
         self._wheel: TimingWheel[str] = TimingWheel(resolution=resolution, slots=slots)
 
+    def _due(self, track: TrackT) -> float:
+        """When the node is due to turn SUSPECT by the detector's own rule, holds
+        aside (monotonic seconds)."""
+        raise NotImplementedError
+
     def _deadline(self, track: TrackT) -> float:
         """When the node is due to turn SUSPECT (monotonic seconds), holds included."""
-        raise NotImplementedError
+        return max(self._due(track), track.hold_until)
 
     def _new_track(self, now: float, interval: float | None) -> TrackT:
         """The track of a node first heard at ``now`` (``interval`` None: the default)."""
@@ -233,6 +280,21 @@ class DeadlineDetector(Generic[TrackT]):
                 f"heartbeat of {node_id!r} at {now!r} is before its last one at "
                 f"{track.last_heard!r}: time must not run backwards"
             )
+        if (
+            track.state is not DetectorState.HEALTHY
+            or now >= self._due(track)
+            or (interval is not None and interval != track.interval)
+        ):
+            # Rule 7: a silence, even held, or another cadence is not jitter.
+            track.gaps, track.gap_mean, track.jitter = 0, 0.0, 0.0
+        else:
+            gap = now - track.last_heard
+            if track.gaps:
+                track.jitter += (abs(gap - track.gap_mean) - track.jitter) * _JITTER_GAIN
+                track.gap_mean += (gap - track.gap_mean) * _MEAN_GAIN
+            else:
+                track.gap_mean, track.jitter = gap, 0.0
+            track.gaps += 1
         self._heard(track, now, interval)
         revived = track.state is DetectorState.SUSPECT
         track.state = DetectorState.HEALTHY
@@ -294,6 +356,15 @@ class DeadlineDetector(Generic[TrackT]):
         if until > track.hold_until:
             track.hold_until = until
             self._arm(node_id, track)
+
+    def inter_arrival(self, node_id: str) -> InterArrival | None:
+        """See :meth:`FailureDetector.inter_arrival` (rule 7)."""
+        track = self._nodes.get(node_id)
+        if track is None:
+            return None
+        return InterArrival(
+            samples=track.gaps, mean=track.gap_mean, jitter=track.jitter, interval=track.interval
+        )
 
     def __len__(self) -> int:
         """Number of tracked nodes."""

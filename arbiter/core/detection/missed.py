@@ -81,5 +81,5 @@ class MissedHeartbeatDetector(DeadlineDetector[_Track]):
 
     # -- internals ---------------------------------------------------------
 
-    def _deadline(self, track: _Track) -> float:
-        return max(track.last_heard + track.interval * self._missed_limit, track.hold_until)
+    def _due(self, track: _Track) -> float:
+        return track.last_heard + track.interval * self._missed_limit

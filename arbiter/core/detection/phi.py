@@ -338,5 +338,5 @@ class PhiAccrualDetector(DeadlineDetector[_PhiTrack]):
             deadline = math.nextafter(deadline, math.inf)
         track.phi_deadline = deadline
 
-    def _deadline(self, track: _PhiTrack) -> float:
-        return max(track.phi_deadline, track.hold_until)
+    def _due(self, track: _PhiTrack) -> float:
+        return track.phi_deadline

@@ -1,0 +1,213 @@
+"""What ``membership top`` runs (the rules are in :mod:`membership.top`): frames gathered
+from the arbiters, the recent changes from a Subscribe stream, drawn with rich."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+
+from membership import tls
+from membership.admin_status import ask_replica
+from membership.client import MembershipClient
+from membership.commands import EXIT_FAILURE, EXIT_OK, Interrupt
+from membership.config import ClientConfig
+from membership.errors import MembershipError
+from membership.filters import MemberFilter
+from membership.output import event_lines
+from membership.top_view import Frame, RecentChange, render
+from membership.transport import Channels
+from membership.view import StatusUpdated, ViewChanged, ViewSnapshot
+
+__all__ = ["run"]
+
+
+def _change_text(line: str) -> str:
+    """A watch line of a committed change without its ``epoch N  `` prefix."""
+    return re.sub(r"^epoch \d+\s+", "", line)
+
+
+class _Recent:
+    """The recent changes (rule 2): committed changes, and DEGRADED and SUSPECT transitions."""
+
+    def __init__(self, keep: int) -> None:
+        self.items: collections.deque[RecentChange] = collections.deque(maxlen=keep)
+        self.epoch = 0  # the highest epoch seen on the stream
+        self.snapshot = False
+        self._marks: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+    def take(self, ev: object) -> None:
+        now = time.time()
+        if isinstance(ev, ViewSnapshot):
+            self.snapshot, self.epoch = True, max(self.epoch, ev.view.epoch)
+            # A snapshot instead of changes: the arbiter holds none older (or top
+            # started at epoch 0 or 1, which no resume reaches).
+            text = f"snapshot of the view at epoch {ev.view.epoch} from {ev.arbiter_id}"
+            self.items.append(RecentChange(seen=now, epoch=ev.view.epoch, text=text))
+        elif isinstance(ev, ViewChanged):
+            self.epoch = max(self.epoch, ev.epoch)
+            for line in event_lines(ev, as_json=False):
+                self.items.append(RecentChange(seen=now, epoch=ev.epoch, text=_change_text(line)))
+        elif isinstance(ev, StatusUpdated):
+            for r in ev.reports:
+                marks = (tuple(d.cause for d in r.degraded), r.suspected_by)
+                before = self._marks.get(r.node_id, ((), ()))
+                self._marks[r.node_id] = marks
+                if marks[0] != before[0]:
+                    text = (
+                        f"{r.node_id} DEGRADED: "
+                        + "; ".join(f"{d.cause}: {d.reason}" for d in r.degraded)
+                        if r.degraded
+                        else f"{r.node_id} no longer DEGRADED"
+                    )
+                    self.items.append(RecentChange(seen=now, epoch=0, text=text))
+                if marks[1] != before[1]:
+                    text = (
+                        f"{r.node_id} SUSPECT by {','.join(r.suspected_by)}"
+                        if r.suspected_by
+                        else f"{r.node_id} no longer SUSPECT"
+                    )
+                    self.items.append(RecentChange(seen=now, epoch=0, text=text))
+
+
+async def _frame(client: Any, channels: Any, args: argparse.Namespace, recent: _Recent) -> Frame:
+    """Rule 1: the replicas' standing and the view, asked at once."""
+    replicas = asyncio.gather(*(ask_replica(channels, a, args.timeout) for a in client.arbiters))
+    info, error = None, ""
+    try:
+        info = await client.get_view()
+    except MembershipError as e:
+        error = str(e)
+    lines = await replicas
+    if info is not None:
+        view = MemberFilter.of(args.state, args.label).view(info.view)
+        info = dataclasses.replace(info, view=view)
+    return Frame(
+        at=time.time(), replicas=lines, info=info, view_error=error, changes=list(recent.items)
+    )
+
+
+async def _feed(client: Any, since: int, instance: str, recent: _Recent) -> None:
+    """Rule 2: the Subscribe stream, into ``recent``, until cancelled."""
+    async for ev in client.watch(
+        since_epoch=since, status=True, instance=instance, reset_if_ahead=True
+    ):
+        recent.take(ev)
+
+
+@contextlib.contextmanager
+def _keys(on_quit: Callable[[], None]) -> Iterator[None]:
+    """While a terminal is stdin: ``q`` calls ``on_quit`` (cbreak mode, restored after)."""
+    if not sys.stdin.isatty():
+        yield
+        return
+    import termios
+    import tty
+
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    loop = asyncio.get_running_loop()
+
+    def key() -> None:
+        if os.read(fd, 1) in (b"q", b"Q"):
+            on_quit()
+
+    tty.setcbreak(fd)
+    loop.add_reader(fd, key)
+    try:
+        yield
+    finally:
+        loop.remove_reader(fd)
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+async def run(args: argparse.Namespace, interrupt: Interrupt) -> int:
+    """``membership top`` (:mod:`membership.top`'s rules).
+
+    Returns:
+        0, or 1 with ``--once`` when no arbiter answered the view.
+    """
+    terminal = sys.stdout.isatty()
+    console = Console(
+        highlight=False,
+        # Not a terminal: plain text, wide enough that rows do not wrap (rule 3).
+        **({} if terminal else {"width": int(os.environ.get("COLUMNS", "200") or 200)}),
+    )
+    config = ClientConfig(follow_view=False, call_timeout=args.timeout, **tls.config_fields(args))
+    client = MembershipClient(args.arbiters, config=config)
+    channels = Channels.of(client.config)
+    recent = _Recent(args.changes)
+    feed: asyncio.Task[None] | None = None
+    try:
+        first = await _frame(client, channels, args, recent)
+        if first.info is not None:
+            epoch = first.info.view.epoch
+            since = max(1, epoch - args.history) if epoch > 1 else 0
+            feed = asyncio.create_task(_feed(client, since, first.info.instance, recent))
+        if args.once:
+            if feed is not None:
+                # The past epochs' changes, as far as the arbiter holds them (rule 4).
+                deadline = time.monotonic() + args.timeout
+                while time.monotonic() < deadline and not (
+                    recent.snapshot or recent.epoch >= first.info.view.epoch  # type: ignore[union-attr]
+                ):
+                    await asyncio.sleep(0.02)
+                first = dataclasses.replace(first, changes=list(recent.items))
+            console.print(render(first, plain=not terminal))
+            if first.info is None:
+                print(f"membership top: error: {first.view_error}", file=sys.stderr)
+                return EXIT_FAILURE
+            return EXIT_OK
+        if not terminal:
+            await _batch(client, channels, args, recent, console, first, interrupt)
+            return EXIT_OK
+        with (
+            Live(console=console, screen=True, auto_refresh=False) as live,
+            _keys(interrupt.stop.set),
+        ):
+            frame = first
+            while True:
+                height = console.size.height
+                rows = height - len(frame.replicas) - min(len(frame.changes), args.changes) - 17
+                live.update(render(dataclasses.replace(frame, max_rows=max(3, rows))), refresh=True)
+                slept, _ = await interrupt.race(asyncio.sleep(args.interval))
+                if not slept:  # q, or a signal
+                    return EXIT_OK
+                frame = await _frame(client, channels, args, recent)
+    finally:
+        if feed is not None:
+            feed.cancel()
+            with contextlib.suppress(BaseException):
+                await feed
+        await client.close()
+        await channels.close()
+
+
+async def _batch(
+    client: Any,
+    channels: Any,
+    args: argparse.Namespace,
+    recent: _Recent,
+    console: Any,
+    frame: Frame,
+    interrupt: Interrupt,
+) -> None:
+    """Rule 3 without a terminal: a plain frame every interval, until a signal."""
+    while True:
+        console.print(render(frame, plain=True))
+        console.print()
+        slept, _ = await interrupt.race(asyncio.sleep(args.interval))
+        if not slept:  # a signal
+            return
+        frame = await _frame(client, channels, args, recent)
