@@ -207,8 +207,8 @@ class View:
         jobs = {j.job: j for j in self.jobs}
         for j in ranks:
             for node_id, rank in j.ranks.items():
-                m = by_id[node_id]
-                if m.rank != rank:  # rewritten only when it moved (or is new)
+                m = by_id.get(node_id)  # absent from a view folded without its snapshot
+                if m is not None and m.rank != rank:  # rewritten only when it moved (or is new)
                     by_id[node_id] = replace(m, rank=rank)
             if j.ranks:
                 jobs[j.job] = j

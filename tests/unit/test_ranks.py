@@ -283,3 +283,11 @@ def test_ranks_update_in_place_is_what_assign_states(before: list[str], after: l
     assert ranks == assign(previous, after)
     assert by_rank == [n for n, _ in sorted(ranks.items(), key=lambda i: i[1])]
     assert moved == {n: r for n, r in ranks.items() if previous.get(n) != r}
+
+
+def test_view_folds_ranks_of_members_it_does_not_hold() -> None:
+    # A watcher that resumes after an epoch folds changes onto the view it has (maybe
+    # none): ranks naming members it never saw are kept in the job, not an error.
+    change = JobRanks(job="j1", epoch=5, ranks={"n1": 0, "n2": 1})
+    view = View().with_changes(5, (), (change,))
+    assert view.jobs == (change,) and view.members == ()
