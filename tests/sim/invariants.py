@@ -34,7 +34,9 @@ S8 Forgotten lives: once a DEAD or LEFT record of n at k is forgotten (tally
    rule 12: only a record still in the view, DEAD or LEFT, is forgotten), no
    committed change names n at an incarnation <= k again, and no replica
    that applied the forgetting grants a lease to n at an incarnation <= k.
-S9 Ranks (arbiter/core/ranks.py): in every committed view each job's ranks
+S9 Ranks (arbiter/core/ranks.py): none before the first committed Bootstrap
+   that carries the ranks rules (a join may commit before it: its ranks are
+   derived in that entry, ranks rule 6); from then on, in every committed view each job's ranks
    are dense 0..world_size-1 and held by exactly its ALIVE members (each
    member's rank is its job's); a job's assignment changes
    only in an entry that changes the view, at that epoch; a member that
@@ -59,7 +61,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from arbiter.core.commands import ObserveBatch, Opinion, decode
+from arbiter.core.commands import Bootstrap, ObserveBatch, Opinion, decode
 from arbiter.core.raft import (
     ArbiterConfiguration,
     Entry,
@@ -69,6 +71,7 @@ from arbiter.core.raft import (
     Role,
     decode_change,
 )
+from arbiter.core.ranks import RANKS_RULES
 from arbiter.core.tally import ApplyResult, ViewChange
 from membership.view import MemberChange, MemberState, View
 
@@ -106,6 +109,7 @@ class Checker:
         self.top = 0  # highest index applied anywhere
         self.floors: dict[str, tuple[int, int]] = {}  # node -> (forgotten incarnation, epoch)
         self.forgotten = 0  # records forgotten in the run
+        self.ranks_on = False  # S9: a Bootstrap with the ranks rules is committed
 
     def fail(self, what: str) -> None:
         """Raises :class:`InvariantViolation` with the virtual time."""
@@ -218,6 +222,8 @@ class Checker:
     def _first_apply(self, entry: Entry, change: ViewChange | None) -> None:
         w = self.world
         cmd = decode(entry.data)
+        if isinstance(cmd, Bootstrap) and cmd.rules >= RANKS_RULES:
+            self.ranks_on = True
         if isinstance(cmd, ObserveBatch) and cmd.replica_id in self.conf:  # tally rule 9
             r = cmd.replica_id
             for o in cmd.observations:
@@ -279,6 +285,7 @@ class Checker:
         jobs: dict[str, dict[str, int]] = {}
         for m in view.members:
             job = m.labels.get("job", "") if m.state is MemberState.ALIVE else ""
+            job = job if self.ranks_on else ""  # no ranks before the rules carry them
             if (m.rank is not None) != bool(job):
                 self.fail(f"S9: epoch {epoch}: {m.node_id} ({m.state.value}) has rank {m.rank}")
             if job:
