@@ -32,14 +32,15 @@ Rule 5. Epoch. An entry that changes a member of a job (a join, death, leave
     member gets an empty assignment, once, and is then gone.
 Rule 6. Upgrade. The state keeps ranks from the entry that raises its rules
     version to :data:`RANKS_RULES` on (tally rule 10: a Bootstrap that
-    carries it); a fresh cluster's first leader proposes it before any
-    member can join. A state restored from a snapshot written before ranks
-    existed (rules 1) has none until a leader's Bootstrap raises the version;
-    that entry derives every job's ranks from the view (:func:`derive`: its
-    members ordered by the epoch at which they became ALIVE, then node_id)
-    and is a view change of its own (an epoch with no member change). Deriving
-    at a committed entry, never while a snapshot is loaded, keeps replicas
-    that restored snapshots of different indexes (or none) in agreement.
+    carries it); a fresh cluster's first leader proposes it as it starts to
+    lead, usually before any join commits. That entry derives every job's
+    ranks from the view (:func:`derive`: its members ordered by the epoch at
+    which they became ALIVE, then node_id) and, when some member has a job
+    (joins that committed first; a state restored from a snapshot written
+    before ranks existed, rules 1), is a view change of its own (an epoch
+    with no member change). Deriving at a committed entry, never while a
+    snapshot is loaded, keeps replicas that restored snapshots of different
+    indexes (or none) in agreement.
 """
 
 from __future__ import annotations
