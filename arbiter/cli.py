@@ -134,6 +134,7 @@ _TUNABLES = (
         "seconds a DEAD or LEFT record stays in the view",
     ),
     ("--max-tombstones", "max_tombstones", "most DEAD and LEFT records kept in the view"),
+    ("--max-grace", "max_grace", "longest grace window a node is granted, seconds"),
 )
 
 # (flag, ArbiterConfig field, help) of the wire contract's limits (docs/protocol.md).

@@ -106,6 +106,10 @@ class ArbiterConfig:
     observation_retry: float = 0.5
     # Seconds between the leader's batches of joins (core/batching.py); 0: all at once.
     observation_batch_interval: float = 0.2
+    # The longest grace window a node may ask for (seconds; Membership.Grace,
+    # core/grace_windows.py): an ask for more gets this much. A node that dies
+    # in its window is declared DEAD at its end + D at the latest, not D after.
+    max_grace: float = 300.0
 
     # --- Raft ----------------------------------------------------------------
     # Leader heartbeat interval (seconds).
@@ -361,6 +365,7 @@ class ArbiterConfig:
             max_nodes=self.max_nodes,
             load_policy=self.load_policy(),
             observation_batch_interval=self.observation_batch_interval,
+            max_grace=self.max_grace,
             retention=RetentionPolicy(
                 retention=self.tombstone_retention,
                 max_tombstones=self.max_tombstones,

@@ -45,6 +45,7 @@ def check(config: ArbiterConfig) -> None:
         "loop_lag_warning",
         "shed_lateness",
         "shed_retry_after",
+        "max_grace",
     )
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)

@@ -22,7 +22,9 @@ __all__ = [
     "Evidence",
     "Fenced",
     "GpuStatus",
+    "GraceWindow",
     "InvalidArgument",
+    "JobRanks",
     "LocalError",
     "Member",
     "MemberChange",
@@ -66,6 +68,8 @@ _SOURCES = {
     "Evidence": "membership.view",
     "Fenced": "membership.session",
     "GpuStatus": "membership.status",
+    "GraceWindow": "membership.graces",
+    "JobRanks": "membership.view",
     "InvalidArgument": "membership.errors",
     "LocalError": "membership.errors",
     "Member": "membership.view",
@@ -118,6 +122,7 @@ if TYPE_CHECKING:
         RemoteError,
         UnavailableError,
     )
+    from membership.graces import GraceWindow
     from membership.session import (
         EndReason,
         Evicted,
@@ -132,6 +137,7 @@ if TYPE_CHECKING:
         Degradation,
         Disconnected,
         Evidence,
+        JobRanks,
         Member,
         MemberChange,
         MemberState,

@@ -146,6 +146,7 @@ class NodeAgent:
         self.ended = asyncio.Event()
         self.state_changed = asyncio.Event()
         self.fence_changed = asyncio.Event()
+        self.acked = asyncio.Event()  # set by every ack (membership/graces.py waits on it)
 
     def tasks(self, settled: asyncio.Event) -> list[asyncio.Task[None]]:
         """Starts the status probes (if its own), the links (once ``settled`` is set),
@@ -337,8 +338,11 @@ class NodeAgent:
                 epoch=ack.epoch,
                 now=now,
                 cluster_size=ack.cluster_size,
+                grace=ack.grace_seconds,
+                grace_id=ack.grace_id,
             )
         )
+        self.acked.set()
 
     # --- standing -------------------------------------------------------------------
 

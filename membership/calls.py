@@ -85,6 +85,8 @@ class ViewInfo:
     # The answering arbiter's cluster identity, ``name@digest``, and instance id.
     cluster: str = ""
     instance: str = ""
+    # Members in a grace window at the answering arbiter: node_id -> (seconds left, reason).
+    graces: Mapping[str, tuple[float, str]] = dataclasses.field(default_factory=dict)
     # Its DEGRADED marks (only the DEGRADED members), and how it hears each ALIVE member.
     degraded: Mapping[str, tuple[Degradation, ...]] = dataclasses.field(default_factory=dict)
     liveness: Mapping[str, Liveness] = dataclasses.field(default_factory=dict)
@@ -244,6 +246,11 @@ def view_info(resp: pb.GetViewResponse) -> ViewInfo:
         },
         cluster=resp.cluster,
         instance=resp.instance,
+        graces={
+            m.node_id: (m.grace_seconds, m.grace_reason)
+            for m in resp.view.members
+            if m.grace_seconds > 0
+        },
         degraded={
             m.node_id: convert.degraded_from_pb(m.degraded) for m in resp.view.members if m.degraded
         },

@@ -48,7 +48,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import NoReturn
 
-from membership import certs, cli_admin, commands, filters, top
+from membership import certs, cli_admin, cli_ctl, commands, filters, top
 from membership.commands import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -265,6 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not probe load, CPU, memory and GPUs for the live status",
     )
+    p.add_argument(
+        "--control-socket",
+        default="",
+        metavar="PATH",
+        help="serve a local control socket (mode 0600) for a script: its rank, world size, "
+        "fencing state and grace windows (`membership node-ctl`)",
+    )
     _add_connect_timeout(p)
     p.add_argument(
         "--leave-timeout",
@@ -325,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=commands.view)
 
     cli_admin.register(sub, arbiters=_arbiters, positive=positive, whole=_whole, arb_help=arb_help)
+    cli_ctl.register(sub, positive=positive)
     top.register(
         sub,
         arbiters=_arbiters,

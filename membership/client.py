@@ -24,17 +24,18 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from membership import calls, validation
 from membership.agent import NodeAgent
 from membership.aiotools import reap
 from membership.backoff import Backoff
 from membership.calls import Discovery, ViewInfo
+from membership.client_node import NodeState
 from membership.config import ClientConfig
 from membership.errors import ClosedError, ClusterMismatch, InvalidArgument, MembershipError
 from membership.identity import ClusterCheck
-from membership.session import EndReason, SessionEvent
+from membership.session import SessionEvent
 from membership.subscription import Watcher
 from membership.transport import Channels
 from membership.validation import (
@@ -43,7 +44,7 @@ from membership.validation import (
     validate_labels,
     validate_node_id,
 )
-from membership.view import Member, MemberState, View, ViewEvent
+from membership.view import Member, View, ViewEvent
 
 if TYPE_CHECKING:
     from membership.collector import StatusCollector
@@ -56,7 +57,7 @@ MAX_INCARNATION = validation.MAX_INCARNATION  # 2**53 - 1: docs/protocol.md
 log = logging.getLogger("membership.client")
 
 
-class MembershipClient:
+class MembershipClient(NodeState):
     """SDK entry point: heartbeats (when ``node_id`` is given), view, watch, leave.
 
     Args:
@@ -112,6 +113,7 @@ class MembershipClient:
         self._started = False
         self._closed = False
         self._view = View()
+        self._view_changed = asyncio.Event()  # set when the view moves (membership/control.py)
         self.error: MembershipError | None = None
         """Why the client stopped by itself (e.g. ClusterMismatch), else None."""
         self._discovery = Discovery(
@@ -247,131 +249,7 @@ class MembershipClient:
         """Arbiter address -> why it did not answer the client's identity question (so far)."""
         return dict(self._discovery.unreachable)
 
-    # --- node state ------------------------------------------------------------------
-
-    def _need_node(self, what: str, open_: bool = False) -> NodeAgent:
-        if self._agent is None:
-            raise InvalidArgument(f"{what} needs a node_id (this client only watches)")
-        if open_ and self._closed:
-            raise ClosedError(f"{what} on a closed client")
-        return self._agent
-
-    @property
-    def interval(self) -> float:
-        """Seconds between this node's heartbeats: the longest interval any arbiter
-        suggested in its latest ack, ``config.heartbeat_interval`` until one did."""
-        return self._agent.interval if self._agent else self.config.heartbeat_interval
-
-    def report(
-        self,
-        *,
-        phase: str | None = None,
-        step: int | None = None,
-        progress: float | None = None,
-        gpu_utilization: float | None = None,
-        healthy: bool | None = None,
-        reason: str | None = None,
-        **gauges: float,
-    ) -> None:
-        """Sets live status values sent with the next heartbeats (they stay until changed).
-
-        Example: ``client.report(phase="allreduce", step=1200, loss=0.31)``, or
-        ``report(healthy=False, reason="ECC errors")``. Never blocks nor delays a heartbeat.
-
-        Args:
-            phase: training phase, up to 64 characters.
-            step: training step, >= 0 (its rate is compared within the ``job``).
-            progress: 0..1.
-            gpu_utilization: 0..1 (overrides the NVML probe).
-            healthy: ``False`` marks the node DEGRADED (README "Degraded nodes").
-            reason: why it is unhealthy (with ``healthy=False``), <= 256 characters.
-            **gauges: free-form numeric gauges (finite; at most 32).
-
-        Raises:
-            InvalidArgument: a value breaks a bound (nothing is changed then),
-                or the client has no node_id (it sends no heartbeats).
-            ClosedError: the client is closed.
-        """
-        values: dict[str, Any] = {"phase": phase, "step": step, "progress": progress, **gauges}
-        self._need_node("report()", open_=True).status.report(
-            **values, gpu_utilization=gpu_utilization, healthy=healthy, reason=reason
-        )
-
-    def clear(self, *names: str) -> None:
-        """Unsets reported status values (``phase``, ``step``, ``progress``,
-        ``gpu_utilization``, ``healthy`` or gauge names); no names clears everything reported.
-
-        Raises:
-            InvalidArgument: a name is not a string, or the client has no node_id.
-            ClosedError: the client is closed.
-        """
-        self._need_node("clear()", open_=True).status.clear(*names)
-
-    @property
-    def state(self) -> MemberState:
-        """This node's state at its current incarnation (JOINING until admitted)."""
-        return self._agent.session.state if self._agent else MemberState.JOINING
-
-    @property
-    def incarnation(self) -> int | None:
-        """This node's current incarnation (None for a watch-only client)."""
-        return self._agent.session.incarnation if self._agent else None
-
-    @property
-    def end_reason(self) -> EndReason | None:
-        """Why the session ended (left, removed, dead, superseded), None while it runs."""
-        return self._agent.session.end_reason if self._agent else None
-
-    @property
-    def fenced(self) -> bool:
-        """True while the node holds unexpired leases from fewer than a quorum of arbiters."""
-        return self._agent.session.fenced(time.monotonic()) if self._agent else True
-
-    @property
-    def stream_healthy(self) -> dict[str, bool]:
-        """Arbiter address -> whether its heartbeat link had an ack within the ack timeout."""
-        return {a: ln.up for a, ln in self._agent.links.items()} if self._agent else {}
-
-    @property
-    def healthy(self) -> bool:
-        """True while heartbeat streams to at least a quorum of arbiters are up (acked)."""
-        return self._agent is not None and self._agent.healthy
-
-    @property
-    def is_member(self) -> bool:
-        """True only while the node is ALIVE in the view it knows AND holds a quorum of leases.
-
-        This is the "am I a member" answer to act on: it turns False as soon as
-        the leases run out (before the cluster can have declared the node DEAD).
-        """
-        return self.state is MemberState.ALIVE and not self.fenced
-
-    @property
-    def fencing_epoch(self) -> int:
-        """The latest view epoch seen while holding a quorum of leases (a fencing token)."""
-        return self._agent.session.fencing_epoch if self._agent else 0
-
-    @property
-    def view(self) -> View:
-        """The latest committed view this client has seen (empty before the first)."""
-        return self._view
-
-    def reachability(self) -> str:
-        """Which arbiters this node's heartbeats reach, and why the others fail, in words.
-
-        Raises:
-            InvalidArgument: on a watch-only client.
-        """
-        return self._need_node("reachability()").reachability()
-
-    async def wait_fenced(self, fenced: bool = True, timeout: float | None = None) -> None:
-        """Waits until :attr:`fenced` equals ``fenced``.
-
-        Raises:
-            InvalidArgument: on a watch-only client.
-            TimeoutError: after ``timeout`` seconds.
-        """
-        await self._need_node("wait_fenced").wait_fenced(fenced, timeout)
+    # --- node state: membership/client_node.py ----------------------------------------
 
     async def wait_alive(self, timeout: float | None = None) -> Member:
         """Waits until this node is ALIVE in the committed view.
@@ -434,6 +312,7 @@ class MembershipClient:
 
     def _set_view(self, view: View) -> None:
         self._view = view
+        self._view_changed.set()
 
     async def watch(
         self,

@@ -250,6 +250,7 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
         CliError: no arbiter reachable, the leave not committed (code 1), or
             the cluster ended the node without its asking (code 3).
     """
+    from membership import control
     from membership.client import MembershipClient
     from membership.config import ClientConfig
 
@@ -277,7 +278,7 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
         incarnation=args.incarnation,
         config=ClientConfig(
             auto_rejoin=not args.no_rejoin,
-            follow_view=False,
+            follow_view=bool(args.control_socket),  # the control socket tells the rank
             collect_status=not args.no_status_probes,
             **tls.config_fields(args),
         ),
@@ -295,6 +296,7 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
             **tls.settings_of(client.config),
         }
         return _config_ok(f"node {client.node_id}", settings, client.config, _NODE_SETTINGS)
+    ctl: control.ControlServer | None = None
     try:
         reached, _ = await interrupt.race(
             _wait_reachable(client, args.connect_timeout, f"node {args.id}")
@@ -302,6 +304,7 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
         if not reached:
             return EXIT_OK  # stopped while connecting: nothing to leave
         await client.start()
+        ctl = await control.start(client, args.control_socket)  # membership/control.py
         await interrupt.race(_first(client.ended.wait(), left_unasked.wait()))
         if client.ended.is_set() and client.error is not None:
             raise client.error  # e.g. arbiters of two clusters: the SDK names them
@@ -333,6 +336,7 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
             _print(f"{args.id}: left before it joined the view (no record kept)")
         return EXIT_OK
     finally:
+        await control.stop(ctl)
         await client.close()
 
 

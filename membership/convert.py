@@ -9,6 +9,7 @@ from membership.v1 import membership_pb2 as pb
 from membership.view import (
     Degradation,
     Evidence,
+    JobRanks,
     Member,
     MemberChange,
     MemberState,
@@ -27,10 +28,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "change_to_pb",
+    "changes_from_pb",
     "degraded_from_pb",
     "event_from_pb",
     "evidence_from_pb",
     "gpu_figures",
+    "jobs_from_pb",
+    "jobs_to_pb",
     "member_from_pb",
     "member_to_pb",
     "state_from_pb",
@@ -67,16 +71,23 @@ def state_from_pb(value: int) -> MemberState:
         raise ValueError(f"unknown member state {value}") from None
 
 
-def member_to_pb(member: Member, suspected_by: Iterable[str] = ()) -> pb.Member:
-    """Member -> wire Member (with the replicas currently suspecting it)."""
-    return pb.Member(
+def member_to_pb(
+    member: Member, suspected_by: Iterable[str] = (), world_size: int = 0
+) -> pb.Member:
+    """Member -> wire Member (with the replicas currently suspecting it, and its job's
+    world size when it has a rank)."""
+    msg = pb.Member(
         node_id=member.node_id,
         incarnation=member.incarnation,
         state=state_to_pb(member.state),
         labels=dict(member.labels),
         epoch=member.epoch,
         suspected_by=list(suspected_by),
+        world_size=world_size if member.rank is not None else 0,
     )
+    if member.rank is not None:
+        msg.rank = member.rank
+    return msg
 
 
 def member_from_pb(m: pb.Member) -> Member:
@@ -87,13 +98,28 @@ def member_from_pb(m: pb.Member) -> Member:
         state=state_from_pb(m.state),
         labels=dict(m.labels),
         epoch=m.epoch,
+        rank=m.rank if m.HasField("rank") else None,
     )
 
 
+def jobs_to_pb(jobs: Iterable[JobRanks]) -> list[pb.JobRanks]:
+    """JobRanks -> wire JobRanks."""
+    return [
+        pb.JobRanks(job=j.job, epoch=j.epoch, ranks=dict(j.ranks), world_size=j.world_size)
+        for j in jobs
+    ]
+
+
+def jobs_from_pb(jobs: Iterable[pb.JobRanks]) -> tuple[JobRanks, ...]:
+    """Wire JobRanks -> JobRanks (in the wire's order: sorted by job)."""
+    return tuple(JobRanks(job=j.job, epoch=j.epoch, ranks=dict(j.ranks)) for j in jobs)
+
+
 def view_from_pb(v: pb.View) -> View:
-    """Wire View -> View (members sorted by node id)."""
+    """Wire View -> View (members sorted by node id, jobs by job)."""
     members = sorted((member_from_pb(m) for m in v.members), key=lambda m: m.node_id)
-    return View(epoch=v.epoch, members=tuple(members))
+    jobs = sorted(jobs_from_pb(v.jobs), key=lambda j: j.job)
+    return View(epoch=v.epoch, members=tuple(members), jobs=tuple(jobs))
 
 
 def change_to_pb(change: MemberChange) -> pb.MemberChange:
@@ -114,6 +140,22 @@ def change_to_pb(change: MemberChange) -> pb.MemberChange:
         ],
         removed_by=change.removed_by,
         forgotten=change.forgotten,
+    )
+
+
+def changes_from_pb(changes: Iterable[pb.MemberChange]) -> tuple[MemberChange, ...]:
+    """Wire MemberChanges -> MemberChanges (with their evidence)."""
+    return tuple(
+        MemberChange(
+            node_id=c.node_id,
+            incarnation=c.incarnation,
+            state=state_from_pb(c.state),
+            labels=dict(c.labels),
+            evidence=tuple(evidence_from_pb(e) for e in c.evidence),
+            removed_by=c.removed_by,
+            forgotten=c.forgotten,
+        )
+        for c in changes
     )
 
 
@@ -245,19 +287,9 @@ def event_from_pb(ev: pb.MembershipEvent) -> ViewEvent | ProgressMarker | None:
     if kind == "change":
         return ViewChanged(
             epoch=ev.change.epoch,
-            changes=tuple(
-                MemberChange(
-                    node_id=c.node_id,
-                    incarnation=c.incarnation,
-                    state=state_from_pb(c.state),
-                    labels=dict(c.labels),
-                    evidence=tuple(evidence_from_pb(e) for e in c.evidence),
-                    removed_by=c.removed_by,
-                    forgotten=c.forgotten,
-                )
-                for c in ev.change.changes
-            ),
+            changes=changes_from_pb(ev.change.changes),
             arbiter_id=ev.arbiter_id,
+            ranks=jobs_from_pb(ev.change.ranks),
         )
     if kind == "quorum":
         return QuorumChanged(
@@ -282,6 +314,8 @@ def event_from_pb(ev: pb.MembershipEvent) -> ViewEvent | ProgressMarker | None:
                     status=status_from_pb(r.status),
                     suspected_by=tuple(r.suspected_by),
                     silence=r.silence_seconds,
+                    grace=r.grace_seconds,
+                    grace_reason=r.grace_reason,
                     degraded=degraded_from_pb(r.degraded),
                     suspicion=r.suspicion if r.detector else None,
                     detector=r.detector,

@@ -15,12 +15,27 @@ from membership.session import (
     SessionEvent,
     StateChanged,
     Superseded,
-    eviction_text,
 )
+from membership.view import MemberState
 
-__all__ = ["log_session_event"]
+__all__ = ["eviction_text", "log_session_event"]
 
 log = logging.getLogger("membership.client")
+
+
+def eviction_text(node_id: str, ev: Evicted) -> str:
+    """The node's ERROR line for an eviction: what happened, and what it does now."""
+    if ev.state is MemberState.LEFT:
+        return (
+            f"{node_id} incarnation {ev.incarnation} was removed from the cluster: it is LEFT "
+            "without having asked (an administrator removed it, or another process left in "
+            "its name); it stops heartbeating and does not rejoin"
+        )
+    then = "it rejoins at a higher incarnation" if ev.rejoining else "auto_rejoin is off: it stops"
+    return (
+        f"{node_id} incarnation {ev.incarnation} was declared DEAD by the cluster without "
+        f"having asked (a quorum of arbiters stopped hearing it); {then}"
+    )
 
 
 def log_session_event(node_id: str, ev: SessionEvent) -> None:

@@ -435,5 +435,5 @@ class FeedState:
             return []
         self.last_epoch = event.epoch
         self._cluster_epoch = max(self._cluster_epoch, self.last_epoch)
-        self.view = self.view.with_changes(event.epoch, event.changes)
+        self.view = self.view.with_changes(event.epoch, event.changes, event.ranks)
         return [event]

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from membership.view import (
+    JOB_LABEL,
     Member,
     MemberChange,
     MemberState,
@@ -104,11 +105,18 @@ class MemberFilter:
         """Whether the change is kept (judged by its state and the labels it carries)."""
         return self._keeps(c.state, c.labels)
 
+    def job(self, job: str) -> bool:
+        """Whether a job's ranks are kept: all, unless a ``job`` label is filtered on."""
+        return self.labels.get(JOB_LABEL, job) == job
+
     def view(self, view: View) -> View:
-        """``view`` with only the members kept (same epoch)."""
+        """``view`` with only the members (and jobs) kept (same epoch)."""
         if not self.active:
             return view
-        return View(epoch=view.epoch, members=tuple(m for m in view.members if self.member(m)))
+        members = tuple(m for m in view.members if self.member(m))
+        return View(
+            epoch=view.epoch, members=members, jobs=tuple(j for j in view.jobs if self.job(j.job))
+        )
 
 
 class WatchFilter:
@@ -123,14 +131,17 @@ class WatchFilter:
         if isinstance(ev, ViewSnapshot):
             self._view = ev.view
         elif isinstance(ev, ViewChanged):
-            self._view = self._view.with_changes(ev.epoch, ev.changes)
+            self._view = self._view.with_changes(ev.epoch, ev.changes, ev.ranks)
         if not self.keep.active:
             return ev
         if isinstance(ev, ViewSnapshot):
             return dataclasses.replace(ev, view=self.keep.view(ev.view))
         if isinstance(ev, ViewChanged):
             changes = tuple(c for c in ev.changes if self.keep.change(c))
-            return dataclasses.replace(ev, changes=changes) if changes else None
+            ranks = tuple(j for j in ev.ranks if self.keep.job(j.job))
+            return (
+                dataclasses.replace(ev, changes=changes, ranks=ranks) if changes or ranks else None
+            )
         if isinstance(ev, StatusUpdated):
             reports = []
             for r in ev.reports:

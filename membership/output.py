@@ -9,13 +9,20 @@ JSON shapes (``watch --json``, one object per line):
 
 - ``{"type": "snapshot", "epoch", "members": [member...], "arbiter",
   "instance"}`` (the cluster's instance id, for ``watch --instance``), a
-  member being ``{"node_id", "incarnation", "state", "labels", "epoch"}``;
+  member being ``{"node_id", "incarnation", "state", "labels", "epoch"}``,
+  plus ``"rank"`` and ``"world_size"`` for an ALIVE member of a job (its
+  ``job`` label); then one ``ranks`` line per job, as below, with the epoch
+  of its assignment;
 - ``{"type": "change", "epoch", "node_id", "incarnation", "state", "labels",
   "arbiter"}``, plus ``"evidence": [{"arbiter", "silence_seconds",
   "suspicion", "detector"}]`` for a DEAD decided by a quorum, and
   ``"removed_by"`` for a LEFT an administrator decided (``admin remove``),
   and ``"forgotten": true`` when the DEAD or LEFT record leaves the view
   (bounded history: its retention passed);
+- ``{"type": "ranks", "epoch", "job", "world_size", "ranks": {node_id: rank},
+  "arbiter"}`` whenever a job's assignment changes (after the change lines of
+  its epoch; ``arbiter/core/ranks.py``): the epoch is the fencing token of the
+  job's process group; a job whose last member went has world size 0;
 - ``{"type": "quorum", "in_quorum", "arbiter", "leader"}``;
 - ``{"type": "status", "node_id", "incarnation", "status": {...},
   "suspected_by", "silence_seconds", "degraded": [{"cause", "reason"}],
@@ -26,7 +33,8 @@ JSON shapes (``watch --json``, one object per line):
   ``phase``, ``step``, ``progress``, ``healthy``, ``health_reason``,
   ``rtt_seconds``, ``gauges`` and ``gpus`` (``[{"index", "utilization",
   "memory_utilization", "memory_used_bytes", "memory_total_bytes", "lost",
-  "error"}]``, the figures present);
+  "error"}]``, the figures present), plus ``"grace_seconds"``
+  and ``"grace_reason"`` while the node is in a grace window;
 - ``{"type": "disconnected", "epoch", "silence_seconds", "arbiter", "reason"}``,
   ``{"type": "reconnected", "epoch", "silence_seconds", "arbiter"}``;
 - ``{"type": "reset", "since_epoch", "cluster_epoch"}``;
@@ -43,6 +51,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from membership.output_jobs import grace_json, grace_text, ranks_json, ranks_lines
 from membership.session import (
     Evicted,
     Fenced,
@@ -61,6 +70,7 @@ from membership.view import (
     QuorumChanged,
     Reconnected,
     StatusUpdated,
+    View,
     ViewChanged,
     ViewReset,
     ViewSnapshot,
@@ -75,6 +85,7 @@ __all__ = [
     "event_lines",
     "evidence_json",
     "member_json",
+    "ranks_json",
     "session_event_line",
     "status_json",
     "status_text",
@@ -96,15 +107,19 @@ _STATUS_FIELDS = (
 )
 
 
-def member_json(m: Member) -> dict[str, Any]:
-    """A member as ``{"node_id", "incarnation", "state", "labels", "epoch"}``."""
-    return {
+def member_json(m: Member, view: View | None = None) -> dict[str, Any]:
+    """A member as ``{"node_id", "incarnation", "state", "labels", "epoch"}``, with
+    ``"rank"`` and ``"world_size"`` (its job's in ``view``) when it has a rank."""
+    d: dict[str, Any] = {
         "node_id": m.node_id,
         "incarnation": m.incarnation,
         "state": m.state.value,
         "labels": dict(m.labels),
         "epoch": m.epoch,
     }
+    if m.rank is not None:
+        d["rank"], d["world_size"] = m.rank, view.world_size(m.node_id) if view else 0
+    return d
 
 
 def status_json(status: NodeStatus) -> dict[str, Any]:
@@ -326,6 +341,7 @@ def event_lines(ev: object, as_json: bool) -> list[str]:
                         "suspicion": r.suspicion,
                         "detector": r.detector or None,
                         "arbiter": ev.arbiter_id,
+                        **grace_json(r.grace, r.grace_reason),
                     }
                 )
                 for r in ev.reports
@@ -334,33 +350,33 @@ def event_lines(ev: object, as_json: bool) -> list[str]:
             f"status {r.node_id} (incarnation {r.incarnation}): {status_text(r.status)}"
             + (f"  SUSPECT by {','.join(r.suspected_by)}" if r.suspected_by else "")
             + degraded_text(r.degraded)
+            + grace_text(r.grace, r.grace_reason)
             for r in ev.reports
         ]
     if isinstance(ev, ViewSnapshot):
+        ranks = ranks_lines(ev.view.jobs, ev.arbiter_id, as_json)
         if as_json:
-            return [
-                json.dumps(
-                    {
-                        "type": "snapshot",
-                        "epoch": ev.view.epoch,
-                        "members": [member_json(m) for m in ev.view.members],
-                        "arbiter": ev.arbiter_id,
-                        "instance": ev.instance,
-                    }
-                )
-            ]
+            snapshot = {
+                "type": "snapshot",
+                "epoch": ev.view.epoch,
+                "members": [member_json(m, ev.view) for m in ev.view.members],
+                "arbiter": ev.arbiter_id,
+                "instance": ev.instance,
+            }
+            return [json.dumps(snapshot), *ranks]
         members = ", ".join(f"{m.node_id}={m.state.value}" for m in ev.view.members) or "(empty)"
-        return [f"epoch {ev.view.epoch}  snapshot from {ev.arbiter_id}: {members}"]
+        return [f"epoch {ev.view.epoch}  snapshot from {ev.arbiter_id}: {members}", *ranks]
     if isinstance(ev, ViewChanged):
         if as_json:
-            return [json.dumps(_change_json(ev, c)) for c in ev.changes]
+            lines = [json.dumps(_change_json(ev, c)) for c in ev.changes]
+            return lines + ranks_lines(ev.ranks, ev.arbiter_id, True)
         return [
             f"epoch {ev.epoch}  {c.node_id} (incarnation {c.incarnation}) {c.state.value}"
             + _evidence_text(c.evidence)
             + (f"; removed by {c.removed_by}" if c.removed_by else "")
             + ("; forgotten (bounded history)" if c.forgotten else "")
             for c in ev.changes
-        ]
+        ] + ranks_lines(ev.ranks, ev.arbiter_id, False)
     if isinstance(ev, QuorumChanged):
         if as_json:
             return [
@@ -419,19 +435,23 @@ def view_json(info: Any) -> dict[str, Any]:
     Returns:
         ``{"epoch", "leader", "in_quorum", "arbiter", "cluster", "instance",
         "local_suspects", "members": [member + "suspected_by", "degraded"
-        (+ "status", "silence_seconds", "suspicion", "detector")]}``: the
-        arbiter's DEGRADED marks ``[{"cause", "reason"}]`` (empty: not
-        degraded) and, for an ALIVE member it hears, its status, the seconds
-        since it heard it and its detector's suspicion level.
+        (+ "status", "silence_seconds", "suspicion", "detector", and
+        "grace_seconds" and "grace_reason" in a grace window)], "jobs": [{"job",
+        "epoch", "world_size", "ranks"}]}``: the arbiter's DEGRADED marks
+        ``[{"cause", "reason"}]`` (empty: not degraded) and, for an ALIVE member
+        it hears, its status, the seconds since it heard it and its detector's
+        suspicion level; members of a job carry ``"rank"`` and ``"world_size"``.
     """
     members = []
+    graces = getattr(info, "graces", {})
     for m in info.view.members:
-        d = member_json(m)
+        d = member_json(m, info.view)
         d["suspected_by"] = list(info.suspected_by.get(m.node_id, ()))
         d["degraded"] = degraded_json(info.degraded.get(m.node_id, ()))
         status = info.statuses.get(m.node_id)
         if status is not None:
             d["status"] = status_json(status)
+        d.update(grace_json(*graces.get(m.node_id, (0.0, ""))))
         live = info.liveness.get(m.node_id)
         if live is not None:
             d["silence_seconds"] = live.silence
@@ -447,6 +467,7 @@ def view_json(info: Any) -> dict[str, Any]:
         "instance": info.instance,
         "local_suspects": list(info.local_suspects),
         "members": members,
+        "jobs": [{k: v for k, v in ranks_json(j).items() if k != "type"} for j in info.view.jobs],
     }
 
 
@@ -462,6 +483,9 @@ def view_text(info: Any) -> list[str]:
         labels = ",".join(f"{k}={v}" for k, v in m.labels.items())
         suspects = info.suspected_by.get(m.node_id)
         extra = f"  SUSPECT by {','.join(suspects)}" if suspects else ""
+        if m.rank is not None:
+            extra = f"  rank {m.rank}/{view.world_size(m.node_id)}" + extra
+        extra += grace_text(*getattr(info, "graces", {}).get(m.node_id, (0.0, "")))
         extra += degraded_text(info.degraded.get(m.node_id, ()))
         lines.append(
             f"  {m.node_id:<20} {m.state.value:<6} incarnation {m.incarnation}  "

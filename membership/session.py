@@ -53,15 +53,37 @@ Rules:
    a replica that promised not to suspect it before its lease ran out. Once
    configured, ``cluster_size`` no longer raises the quorum (it is the
    voters' count of the answering replica's configuration, which may lag).
+10. Grace windows (``arbiter/core/grace_windows.py``): an ack that grants a
+   lease may carry the seconds left of the node's grace window at that
+   arbiter and the window's grant (a log index). The node counts it as it
+   counts a lease (rule 2: from the send time, ``lease_guard`` early), for
+   that grant; an arbiter covers the node while its lease or its grace runs
+   (rule 3). The arbiters withdraw a window that is ended or replaced, which
+   only the node itself may ask for (``arbiter/core/grace.py`` rule 2), so
+   counting a withdrawn one could outlive their promise: before the node
+   asks for a window or for the end of one, it stops counting every grant
+   (:meth:`NodeSession.end_grace`) and counts none until the answer names
+   the entry committed (:meth:`NodeSession.grace_answered`): from then on
+   only that grant and later ones (after an end: only later ones). An ask
+   left unanswered (its entry may have committed unseen) leaves the node
+   counting none until a later ask is answered.
 """
 
 from __future__ import annotations
 
 import collections
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from membership.session_events import (
+    EndReason,
+    Evicted,
+    Fenced,
+    Rejoined,
+    SessionEvent,
+    StateChanged,
+    Superseded,
+)
 from membership.view import MemberState
 
 __all__ = [
@@ -73,101 +95,23 @@ __all__ = [
     "SessionEvent",
     "StateChanged",
     "Superseded",
-    "eviction_text",
 ]
 
 _SENT_MEMORY = 64
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StateChanged:
-    """The node's state at ``incarnation`` in the committed view changed."""
-
-    state: MemberState
-    incarnation: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Fenced:
-    """The node lost (``fenced=True``) or regained a quorum of leases.
-
-    ``epoch`` is the fencing token: the latest view epoch seen while the node
-    held a quorum of leases.
-    """
-
-    fenced: bool
-    epoch: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Rejoined:
-    """The old incarnation ended (DEAD or superseded); the session goes on at a new one."""
-
-    old_incarnation: int
-    new_incarnation: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Superseded:
-    """Another process took this node id over with a higher incarnation; the session ended."""
-
-    incarnation: int
-    by: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Evicted:
-    """The cluster ended this incarnation without the node's asking (rules 4, 5).
-
-    Attributes:
-        incarnation: the incarnation that was ended.
-        state: DEAD (a quorum of arbiters suspected the node) or LEFT (an
-            administrator removed it, or someone else's Leave named it).
-        rejoining: the session goes on at a higher incarnation (DEAD with
-            ``auto_rejoin``; a :class:`Rejoined` event follows); False: the
-            session has ended.
-    """
-
-    incarnation: int
-    state: MemberState
-    rejoining: bool
-
-
-SessionEvent = StateChanged | Fenced | Rejoined | Superseded | Evicted
-
-
-def eviction_text(node_id: str, ev: Evicted) -> str:
-    """The node's ERROR line for an eviction: what happened, and what it does now."""
-    if ev.state is MemberState.LEFT:
-        return (
-            f"{node_id} incarnation {ev.incarnation} was removed from the cluster: it is LEFT "
-            "without having asked (an administrator removed it, or another process left in "
-            "its name); it stops heartbeating and does not rejoin"
-        )
-    then = "it rejoins at a higher incarnation" if ev.rejoining else "auto_rejoin is off: it stops"
-    return (
-        f"{node_id} incarnation {ev.incarnation} was declared DEAD by the cluster without "
-        f"having asked (a quorum of arbiters stopped hearing it); {then}"
-    )
-
-
-class EndReason(enum.Enum):
-    """Why a session ended (rule 8)."""
-
-    LEFT = "left"  # the node left gracefully (it asked)
-    REMOVED = "removed"  # the cluster records it LEFT, without its asking
-    DEAD = "dead"  # declared DEAD, and auto_rejoin is off
-    SUPERSEDED = "superseded"  # another process took the node id over
 
 
 @dataclass(slots=True)
 class _Arbiter:
     sent: collections.OrderedDict[int, tuple[float, int]]
     lease_until: float = float("-inf")
+    grace_until: float = float("-inf")  # rule 10
+    grace_id: int = 0
     # The last ack's round trip (seconds, from the heartbeat's send) and when it came.
     rtt: float = 0.0
     rtt_at: float = float("-inf")
+
+    def until(self) -> float:
+        return max(self.lease_until, self.grace_until)
 
 
 class NodeSession:
@@ -214,6 +158,7 @@ class NodeSession:
         self._seq = 0
         self._fenced = True
         self.fencing_epoch = 0
+        self.grace_floor: float = 0  # rule 10: grants at or below it are not counted
         self.end_reason: EndReason | None = None
         # Set by the shell once it asked the cluster to let this node leave.
         self.leaving = False
@@ -291,8 +236,10 @@ class NodeSession:
         epoch: int,
         now: float,
         cluster_size: int = 0,
+        grace: float = 0.0,
+        grace_id: int = 0,
     ) -> list[SessionEvent]:
-        """Takes one ack (rules 2 to 5).
+        """Takes one ack (rules 2 to 5, 10).
 
         Args:
             arbiter: which arbiter answered.
@@ -307,6 +254,8 @@ class NodeSession:
                 larger of this and the arbiters given at construction, so a
                 node that lists too few arbiters never believes it holds a
                 quorum (rule 3).
+            grace: seconds left of the node's grace window at the arbiter (rule 10).
+            grace_id: the grant of that window (0: none).
 
         Returns:
             The events this ack caused, in order.
@@ -373,6 +322,10 @@ class NodeSession:
             return events
         if lease > 0:
             a.lease_until = max(a.lease_until, send_time + lease - self.lease_guard)
+            if grace > 0 and grace_id > self.grace_floor and grace_id >= a.grace_id:
+                was = a.grace_until if grace_id == a.grace_id else float("-inf")
+                a.grace_until = max(was, send_time + grace - self.lease_guard)
+                a.grace_id = grace_id
         if not (state is MemberState.JOINING and self.state is MemberState.ALIVE):
             # A replica that has not applied the admission yet says JOINING:
             # committed states only move forward (rule 6).
@@ -388,13 +341,43 @@ class NodeSession:
 
     def _void_leases(self, now: float) -> list[SessionEvent]:
         for a in self._arbiters.values():
-            a.lease_until = float("-inf")
+            a.lease_until = a.grace_until = float("-inf")
         return self._update_fence(now, None)
 
     def _holding(self, now: float) -> int:
-        return sum(
-            1 for k, a in self._arbiters.items() if k in self._voters and a.lease_until > now
+        return sum(1 for k, a in self._arbiters.items() if k in self._voters and a.until() > now)
+
+    def end_grace(self, now: float) -> list[SessionEvent]:
+        """Stops counting every grace window (rule 10) until :meth:`grace_answered`: call
+        before asking for a window or for the end of one.
+
+        Returns:
+            The events (Fenced, when only a window held the node's quorum).
+        """
+        self.grace_floor = float("inf")
+        for a in self._arbiters.values():
+            a.grace_until = float("-inf")
+        return self._update_fence(now, None)
+
+    def grace_answered(self, index: int, granted: bool) -> None:
+        """The node's ask was committed at log ``index`` (rule 10): a window (``granted``,
+        then ``index`` is its grant) is counted, and later ones; after an end, later ones."""
+        self.grace_floor = index - 1 if granted else index
+
+    def grace(self, grant: int, now: float) -> float:
+        """Seconds of window ``grant`` (0: of any it counts) the node holds at ``now`` from a
+        quorum of voters (rule 10: the quorum-th longest); 0.0 while fewer acked it."""
+        ends = sorted(
+            (
+                a.grace_until
+                for k, a in self._arbiters.items()
+                if k in self._voters
+                and a.grace_id > self.grace_floor
+                and a.grace_id == (grant or a.grace_id)
+            ),
+            reverse=True,
         )
+        return max(0.0, ends[self.quorum - 1] - now) if len(ends) >= self.quorum else 0.0
 
     def configure(
         self, voters: Sequence[str], learners: Sequence[str], index: int, now: float
@@ -449,7 +432,7 @@ class NodeSession:
 
     def leases(self, now: float) -> dict[str, float]:
         """Seconds of lease left per arbiter at ``now`` (0.0 for none)."""
-        return {k: max(0.0, a.lease_until - now) for k, a in self._arbiters.items()}
+        return {k: max(0.0, a.until() - now) for k, a in self._arbiters.items()}
 
     def round_trip(self, now: float, within: float) -> float | None:
         """The median heartbeat round trip, seconds: from a heartbeat's send to its
@@ -463,6 +446,6 @@ class NodeSession:
         if self._fenced:
             return None
         ends = sorted(
-            (a.lease_until for k, a in self._arbiters.items() if k in self._voters), reverse=True
+            (a.until() for k, a in self._arbiters.items() if k in self._voters), reverse=True
         )
         return ends[self.quorum - 1]

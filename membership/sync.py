@@ -18,15 +18,13 @@ an event loop of its own on a daemon thread (:mod:`membership.loopthread`)::
 
 Rules:
 
-1. Same constructor, same names (tests/unit/test_sync_client.py checks them
-   against the asyncio client): every coroutine method is a blocking method
-   with the same arguments and return value; every property and attribute is
-   a property read (and for ``leave_on_exit`` written) on the loop's thread;
-   ``with`` replaces ``async with``; :meth:`MembershipClient.watch` returns a
-   :class:`Watch`, a plain iterator; ``ended`` is a :class:`threading.Event`.
-   A name added to the asyncio client is one line in the class body below
-   (``_blocking`` for a coroutine, ``_on_loop`` for a plain method,
-   ``_forward`` for a property).
+1. Same constructor, same names (tests/unit/test_sync_client.py checks them against the asyncio
+   client): every coroutine method is a blocking method with the same arguments and return
+   value; every property and attribute is a property read (and for ``leave_on_exit`` written) on
+   the loop's thread; ``with`` replaces ``async with``; :meth:`MembershipClient.watch` returns a
+   :class:`Watch`, a plain iterator; ``ended`` is a :class:`threading.Event`. A name added to
+   the asyncio client is one line in the class body below (``_blocking`` for a coroutine,
+   ``_on_loop`` for a plain method, ``_forward`` for a property).
 2. The loop's thread, ``membership-loop[<node id>]`` (``[watch]`` without a
    node id), starts at the first call that needs it (:meth:`start`, ``with``,
    a wait, a view, a watch) and stops, leaving no thread behind, at
@@ -87,7 +85,7 @@ if TYPE_CHECKING:
     from membership.collector import StatusCollector
     from membership.config import ClientConfig
     from membership.session import EndReason, SessionEvent
-    from membership.view import MemberState, View
+    from membership.view import JobRanks, MemberState, View
 
 __all__ = ["WATCH_BUFFER", "MembershipClient", "ViewInfo", "Watch"]
 
@@ -329,6 +327,7 @@ class MembershipClient:
         return epoch
 
     watch = _watching(AsyncMembershipClient.watch)
+    grace = _blocking(AsyncMembershipClient.grace)
 
     # (mypy cannot match **gauges with a ParamSpec whose self is not positional-only)
     report = _on_loop(AsyncMembershipClient.report)  # type: ignore[arg-type]
@@ -356,6 +355,10 @@ class MembershipClient:
     is_member: bool = _forward("is_member")
     fencing_epoch: int = _forward("fencing_epoch")
     view: View = _forward("view")
+    assignment: JobRanks | None = _forward("assignment")
+    rank: int | None = _forward("rank")
+    world_size: int = _forward("world_size")
+    grace_left: float = _forward("grace_left")
 
 
 class Watch(Iterator[ViewEvent]):

@@ -57,7 +57,9 @@ class _Recent:
             self.items.append(RecentChange(seen=now, epoch=ev.view.epoch, text=text))
         elif isinstance(ev, ViewChanged):
             self.epoch = max(self.epoch, ev.epoch)
-            for line in event_lines(ev, as_json=False):
+            # Member changes only: a job's re-ranking follows every one of them (the RANK
+            # column shows the ranks), and would push the deaths off the list.
+            for line in event_lines(dataclasses.replace(ev, ranks=()), as_json=False):
                 self.items.append(RecentChange(seen=now, epoch=ev.epoch, text=_change_text(line)))
         elif isinstance(ev, StatusUpdated):
             for r in ev.reports:

@@ -96,26 +96,20 @@ _STATE_STYLE = {
 }
 
 
-def _rank_text(member: Member) -> str:
-    """``rank/world_size`` (issue 13's ranks, read defensively: older arbiters have none)."""
-    rank = getattr(member, "rank", None)
-    if rank is None:
+def _rank_text(member: Member, info: ViewInfo) -> str:
+    """``rank/world_size`` in the member's job (``arbiter/core/ranks.py``); "-" without one
+    (no ``job`` label, not ALIVE, or an arbiter older than ranks)."""
+    if member.rank is None:
         return "-"
-    size = getattr(member, "world_size", None)
-    return f"{rank}/{size}" if size else str(rank)
+    size = info.view.world_size(member.node_id)
+    return f"{member.rank}/{size}" if size else str(member.rank)
 
 
 def _grace_text(member: Member, info: ViewInfo, now: float) -> str:
-    """``GRACE 42s checkpoint`` while the member has a grace window (read defensively)."""
-    grace = getattr(info, "grace", {}).get(member.node_id) or getattr(member, "grace", None)
-    if not grace:
-        return ""
-    left = getattr(grace, "remaining", None)
-    until = getattr(grace, "until", None)
-    if left is None and isinstance(until, int | float):
-        left = until - now
-    reason = getattr(grace, "reason", "")
-    return " ".join(p for p in ("GRACE", f"{left:.0f}s" if left is not None else "", reason) if p)
+    """``GRACE 42s checkpoint`` while the member has a grace window at the answering
+    arbiter (``arbiter/core/grace_windows.py``); "" otherwise."""
+    left, reason = info.graces.get(member.node_id, (0.0, ""))
+    return " ".join(p for p in ("GRACE", f"{left:.0f}s", reason) if p) if left > 0 else ""
 
 
 def _seconds(value: float | None) -> str:
@@ -242,7 +236,7 @@ def _nodes(frame: Frame, info: ViewInfo, plain: bool) -> tuple[Table, list[Text]
             m.node_id,
             Text(m.state.value, style="" if plain else _STATE_STYLE.get(m.state, "")),
             str(m.incarnation),
-            _rank_text(m),
+            _rank_text(m, info),
             _seconds(live.silence if live is not None else None),
             _suspicion(live),
             "-" if rtt is None else f"{rtt * 1000:.1f}ms",

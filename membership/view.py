@@ -8,13 +8,20 @@ subscriber sees the same view at the same epoch (the tally's rules:
 
 Members keep their record after they die or leave (state DEAD or LEFT): the
 record is what stops an old incarnation of a node from coming back.
+
+The ALIVE members that share a ``job`` label have ranks ``0..world_size - 1``
+in that job (:class:`JobRanks`), decided by the replicated state machine
+(``arbiter/core/ranks.py``), so every replica and subscriber holds the same
+ranks at the same epoch: a rank changes only in an entry that changes the
+view, and :attr:`JobRanks.epoch` is that entry's epoch, the fencing token for
+"re-form the process group exactly once per assignment".
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
@@ -26,6 +33,7 @@ __all__ = [
     "Degradation",
     "Disconnected",
     "Evidence",
+    "JobRanks",
     "Member",
     "MemberChange",
     "MemberState",
@@ -65,6 +73,40 @@ def _frozen_labels(labels: Mapping[str, str] | None) -> Mapping[str, str]:
     return MappingProxyType(dict(sorted((labels or {}).items())))
 
 
+JOB_LABEL = "job"
+"""The label whose value names a member's job: ranks are per job (``arbiter/core/ranks.py``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRanks:
+    """The rank assignment of one job, as committed at ``epoch``.
+
+    Attributes:
+        job: the ``job`` label's value.
+        epoch: the epoch of the entry that made this assignment (the last one
+            that changed a member of the job): the fencing token with which a
+            process group of exactly these members and ranks is formed.
+        ranks: node_id -> rank, dense ``0..world_size - 1``; empty once the
+            job has no ALIVE member left.
+    """
+
+    job: str
+    epoch: int
+    ranks: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.ranks, MappingProxyType):
+            object.__setattr__(self, "ranks", MappingProxyType(dict(self.ranks)))
+
+    @property
+    def world_size(self) -> int:
+        """How many members the job has (its ranks are ``0..world_size - 1``)."""
+        return len(self.ranks)
+
+    def __hash__(self) -> int:
+        return hash((self.job, self.epoch, len(self.ranks)))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Member:
     """One node as the committed view has it.
@@ -76,6 +118,11 @@ class Member:
         state: ALIVE, DEAD or LEFT.
         labels: static key/value labels the node announced when it joined.
         epoch: the epoch at which the member entered its current state.
+        rank: its rank in its job (the ``job`` label) while ALIVE; None
+            without a job, or when not ALIVE. The job's world size is
+            ``view.job(member.job).world_size`` (:meth:`View.world_size`): kept
+            once per job, so that a join or death in a job of N members does
+            not rewrite N member records.
     """
 
     node_id: str
@@ -83,6 +130,12 @@ class Member:
     state: MemberState
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     epoch: int = 0
+    rank: int | None = None
+
+    @property
+    def job(self) -> str:
+        """The member's ``job`` label ("" without one): the group its rank is in."""
+        return self.labels.get(JOB_LABEL, "")
 
     def __post_init__(self) -> None:
         if not isinstance(self.labels, MappingProxyType):
@@ -100,10 +153,26 @@ class View:
         epoch: number of the view; 0 is the empty view before any change.
         members: every node with a record, sorted by node_id (ALIVE, DEAD
             and LEFT alike; filter with :meth:`alive`).
+        jobs: the rank assignment of every job with an ALIVE member, sorted
+            by job (each of its members also carries its ``rank``).
     """
 
     epoch: int = 0
     members: tuple[Member, ...] = ()
+    jobs: tuple[JobRanks, ...] = ()
+
+    def job(self, name: str) -> JobRanks | None:
+        """The rank assignment of job ``name``, or None when it has no ALIVE member."""
+        for j in self.jobs:
+            if j.job == name:
+                return j
+        return None
+
+    def world_size(self, node_id: str) -> int:
+        """How many ALIVE members the job of member ``node_id`` has (0 without a rank)."""
+        m = self.get(node_id)
+        j = None if m is None or m.rank is None else self.job(m.job)
+        return 0 if j is None else j.world_size
 
     def get(self, node_id: str) -> Member | None:
         """Returns the member named ``node_id``, or None."""
@@ -116,8 +185,11 @@ class View:
         """The members whose state is ALIVE."""
         return tuple(m for m in self.members if m.state is MemberState.ALIVE)
 
-    def with_changes(self, epoch: int, changes: tuple[MemberChange, ...]) -> View:
-        """Returns the view after applying ``changes`` committed at ``epoch``."""
+    def with_changes(
+        self, epoch: int, changes: tuple[MemberChange, ...], ranks: tuple[JobRanks, ...] = ()
+    ) -> View:
+        """Returns the view after applying ``changes`` and the jobs' new ``ranks``
+        committed at ``epoch`` (a :class:`ViewChanged`'s fields)."""
         by_id = {m.node_id: m for m in self.members}
         for c in changes:
             if c.forgotten:  # the record's retention passed: it leaves the view
@@ -132,7 +204,18 @@ class View:
                 labels=labels,
                 epoch=epoch,
             )
-        return View(epoch=epoch, members=tuple(by_id[k] for k in sorted(by_id)))
+        jobs = {j.job: j for j in self.jobs}
+        for j in ranks:
+            for node_id, rank in j.ranks.items():
+                m = by_id.get(node_id)  # absent from a view folded without its snapshot
+                if m is not None and m.rank != rank:  # rewritten only when it moved (or is new)
+                    by_id[node_id] = replace(m, rank=rank)
+            if j.ranks:
+                jobs[j.job] = j
+            else:
+                jobs.pop(j.job, None)
+        members = tuple(by_id[k] for k in sorted(by_id))
+        return View(epoch=epoch, members=members, jobs=tuple(jobs[k] for k in sorted(jobs)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -208,11 +291,19 @@ class ViewSnapshot:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ViewChanged:
-    """Event: one committed entry changed the view; its epoch is ``epoch``."""
+    """Event: one committed entry changed the view; its epoch is ``epoch``.
+
+    ``ranks`` holds the new assignment of every job the entry changed (a
+    member joined, died, left or restarted in it, or ranks moved): the moment
+    to re-form that job's process group, with ``epoch`` as its fencing token.
+    An entry may change ranks only (``changes`` empty): the cluster's rules
+    were upgraded to ranks (``arbiter/core/ranks.py``, rule 6).
+    """
 
     epoch: int
     changes: tuple[MemberChange, ...]
     arbiter_id: str = ""
+    ranks: tuple[JobRanks, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -259,6 +350,10 @@ class StatusReport:
         suspected_by: replicas whose committed observation of the node is
             SUSPECT (fewer than a quorum: a quorum makes it DEAD).
         silence: seconds since the serving replica last heard the node.
+        grace: seconds left of the node's committed grace window, as the
+            serving replica holds it (0.0: none; ``arbiter/core/grace.py``):
+            the replicas do not suspect the node meanwhile.
+        grace_reason: the reason the node gave for its grace window ("" if none).
         degraded: the serving replica's DEGRADED marks (empty: not degraded).
         suspicion: the serving replica's failure detector's suspicion level of
             the node when the report was made (phi for detector ``"phi"``,
@@ -271,6 +366,8 @@ class StatusReport:
     status: NodeStatus
     suspected_by: tuple[str, ...] = ()
     silence: float = 0.0
+    grace: float = 0.0
+    grace_reason: str = ""
     degraded: tuple[Degradation, ...] = ()
     suspicion: float | None = None
     detector: str = ""

@@ -10,14 +10,16 @@ Modules, in the order a heartbeat reaches them:
 
 * ``replica.py``: ``Replica``, one replica as a whole, the only object a
   shell drives. ``heartbeat``, ``step`` (a Raft message), ``tick`` and
-  ``propose_leave`` / ``propose_remove`` go in; ``ready()`` and ``advance()`` come out, in etcd's
-  Ready order.
+  ``propose_leave`` / ``propose_remove`` / ``propose_grace`` go in (``proposals.py``);
+  ``ready()`` and ``advance()`` come out, in etcd's Ready order.
 * ``observer.py``: this replica's opinion of each node (ALIVE or SUSPECT),
-  the observations it owes the log and the leases it grants.
+  the observations it owes the log and the leases it grants;
+  ``grace_windows.py``: the committed grace windows on this replica's clock.
 * ``detection/``: the failure detectors (missed heartbeats, phi accrual), the
   timing wheel of their deadlines and the interval suggested to nodes.
 * ``commands.py``: the log entries (``ObserveBatch``, ``Leave``, ``Remove``,
-  ``Bootstrap``) and their encoding. Raft carries them as opaque bytes.
+  ``Bootstrap``, ``Forget``, ``Grace``) and their encoding. Raft carries them
+  as opaque bytes. ``grace.py``: the Grace command, its record and rules.
 * ``raft/``: Raft consensus (``RaftNode``: tick, step and propose in;
   ``Ready`` out).
 * ``tally.py``: ``MembershipState``, the replicated state machine. It applies
@@ -26,6 +28,8 @@ Modules, in the order a heartbeat reaches them:
   (``ViewChange``).
 * ``leaves.py``: how the tally judges a Leave and an administrator's Remove
   (its rules 5 and 5a); the API asks the same question before proposing.
+* ``ranks.py``: the rule that gives the ALIVE members of each job their ranks
+  on every view change (stable, dense, the same on every replica).
 * ``tally_snapshot.py``: the tally's canonical snapshot encoding (Raft
   compacts its log with it) and the checks that refuse anything else.
 * ``history.py``: the recent view changes kept for subscribers and the

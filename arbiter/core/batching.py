@@ -62,8 +62,13 @@ epochs and 18 entries (1.01 s, 1,000 epochs, 3,000 entries at ``interval =
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
-__all__ = ["BatchPacer"]
+from arbiter.core.commands import Opinion
+from arbiter.core.tally import MembershipState
+from membership.view import MemberState
+
+__all__ = ["BatchPacer", "follows"]
 
 
 class BatchPacer:
@@ -116,3 +121,36 @@ class BatchPacer:
         """Records that held observations went out at ``now`` (the leader's next cut is
         ``interval`` later)."""
         self._last = now
+
+
+def follows(
+    opinion: Opinion,
+    incarnation: int,
+    node_id: str,
+    me: str,
+    voters: Sequence[str],
+    state: MembershipState,
+) -> bool:
+    """True when an owed observation *follows* (rule 1): it is ALIVE, another voter's
+    committed observation is ALIVE at its incarnation, and the node is not ALIVE at it
+    already without replica ``me`` having reported that life (a late echo: held).
+
+    Args:
+        opinion: the owed observation's opinion.
+        incarnation: its incarnation.
+        node_id: the node observed.
+        me: the observing replica.
+        voters: the other voters of the configuration in force.
+        state: the committed state machine.
+    """
+    if opinion is not Opinion.ALIVE:
+        return False
+    m, mine = state.member(node_id), state.observation(me, node_id)
+    late = mine is None or mine.incarnation < incarnation  # never reported this life
+    if late and m is not None and (m.incarnation, m.state) == (incarnation, MemberState.ALIVE):
+        return False  # ALIVE without this replica: a late echo, held
+    for r in voters:
+        rec = state.observation(r, node_id)
+        if rec is not None and rec.opinion is Opinion.ALIVE and rec.incarnation == incarnation:
+            return True
+    return False

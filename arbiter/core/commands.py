@@ -30,8 +30,13 @@ Rule 3a. A :class:`Bootstrap` names the cluster's *instance*: a random id
     applied wins; later ones change nothing. A cluster started again on fresh
     data dirs (a reset) draws a new one, so a subscriber can tell that its
     epochs belong to another history, even at the same name and replicas.
+    It carries the proposing leader's *rules version* too (``rules``; 1 is
+    left out of the encoding): a leader whose applied state has a lower one
+    proposes one with the state's instance (tally rule 10; ranks rule 6).
 Rule 3c. A :class:`Forget` removes DEAD and LEFT records whose retention
     has passed; it lives in :mod:`arbiter.core.forget` (its rules there).
+Rule 3d. A :class:`Grace` asks for a node's grace window, or ends it; it
+    lives in :mod:`arbiter.core.grace` (its rules there).
 Rule 4. The encoding is JSON from the standard library, compact
     (no spaces) and canonical (sorted keys, ASCII only), with a version
     field ``"v": 1``: encoding the same command gives the same bytes on
@@ -52,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from arbiter.core.forget import Forget, records_from_json, records_to_json
+from arbiter.core.grace import Grace, grace_from_json, grace_to_json
 from arbiter.errors import ArbiterError
 
 __all__ = [
@@ -60,6 +66,7 @@ __all__ = [
     "Command",
     "CommandDecodeError",
     "Forget",
+    "Grace",
     "Leave",
     "Observation",
     "ObserveBatch",
@@ -254,11 +261,15 @@ class Bootstrap:
 
     Attributes:
         instance: 1 to 64 characters of lowercase hex digits.
+        rules: the rules version the proposing leader applies (>= 1).
     """
 
     instance: str
+    rules: int = 1
 
     def __post_init__(self) -> None:
+        if type(self.rules) is not int or self.rules < 1:
+            raise ValueError(f"rules must be an int >= 1, got {self.rules!r}")
         if (
             not isinstance(self.instance, str)
             or not 0 < len(self.instance) <= 64
@@ -267,7 +278,7 @@ class Bootstrap:
             raise ValueError(f"instance must be 1 to 64 hex digits, got {self.instance!r}")
 
 
-Command = ObserveBatch | Leave | Remove | Bootstrap | Forget
+Command = ObserveBatch | Leave | Remove | Bootstrap | Forget | Grace
 
 
 def encode(command: Command) -> bytes:
@@ -308,6 +319,10 @@ def encode(command: Command) -> bytes:
         }
     elif isinstance(command, Bootstrap):
         obj = {"v": VERSION, "type": "bootstrap", "instance": command.instance}
+        if command.rules > 1:  # rule 3a: left out at 1, so older entries decode unchanged
+            obj["rules"] = command.rules
+    elif isinstance(command, Grace):
+        obj = {"v": VERSION, "type": "grace", **grace_to_json(command)}
     elif isinstance(command, Forget):
         obj = {"v": VERSION, "type": "forget", "records": records_to_json(command)}
     else:
@@ -425,8 +440,14 @@ def _decode_obj(obj: Any) -> Command:
             request_id=_get(f, "request_id", str, "remove"),
         )
     if kind == "bootstrap":
-        f = _fields(obj, "bootstrap", {"v", "type", "instance"})
-        return Bootstrap(instance=_get(f, "instance", str, "bootstrap"))
+        names = {"v", "type", "instance"}
+        f = _fields(obj, "bootstrap", names | {"rules"} if "rules" in obj else names)
+        rules = _get(f, "rules", int, "bootstrap") if "rules" in f else 1
+        if "rules" in f and rules <= 1:
+            raise CommandDecodeError("bootstrap.rules: rules 1 is written as no 'rules'")
+        return Bootstrap(instance=_get(f, "instance", str, "bootstrap"), rules=rules)
+    if kind == "grace":
+        return grace_from_json(obj)
     if kind == "forget":
         return records_from_json(_fields(obj, "forget", {"v", "type", "records"})["records"])
     raise CommandDecodeError(f"command: unknown type {kind!r}")

@@ -58,6 +58,8 @@ class LeaveRefusal(enum.Enum):
     STALE = "stale"  # the cluster records another incarnation (FAILED_PRECONDITION)
     FINAL = "final"  # the incarnation is already DEAD or LEFT (FAILED_PRECONDITION)
     NOT_JOINING = "not_joining"  # above the record, heard by no replica (FAILED_PRECONDITION)
+    # A grace window that only its node may end or replace (grace rule 2: FAILED_PRECONDITION).
+    WINDOW = "window"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

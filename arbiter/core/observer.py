@@ -53,6 +53,10 @@ Rules:
    delay is bounded even if the replica stays late. Leases only gain: the
    detector's clock goes slower, never faster, than the one they were
    promised on. The evidence's silence is measured to ``heard_until`` too.
+7. Grace windows (:mod:`arbiter.core.grace_windows`, its rules there): a
+   committed window holds back suspicions of its node until it ends here
+   (then the node counts as heard at the end), and acks that grant a lease
+   carry what is left of it. Synced at each tick (with ``tick``'s ``wall``).
 """
 
 from __future__ import annotations
@@ -61,9 +65,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from arbiter.core.batching import BatchPacer
+from arbiter.core.batching import BatchPacer, follows
 from arbiter.core.commands import Observation, Opinion
 from arbiter.core.detection import FailureDetector
+from arbiter.core.grace_windows import GraceWindows
+from arbiter.core.outcomes import HeartbeatVerdict
 from arbiter.core.tally import MembershipState
 from membership.view import MemberState
 
@@ -71,26 +77,6 @@ __all__ = ["HeartbeatVerdict", "Observer"]
 
 # Cap of a suspicion level written to the log (phi can reach infinity).
 _MAX_LEVEL = 1e6
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HeartbeatVerdict:
-    """What the replica answers to one heartbeat.
-
-    Attributes:
-        accepted: the heartbeat counted (refreshed the detector).
-        state: the node's state at the heartbeat's incarnation in the committed
-            view (JOINING when it is not a member at that incarnation).
-        incarnation: the highest incarnation the cluster records for the node
-            id (at least the heartbeat's own when accepted).
-        lease: seconds of lease granted, counted by the node from its send
-            time; 0.0 when none.
-    """
-
-    accepted: bool
-    state: MemberState
-    incarnation: int
-    lease: float
 
 
 @dataclass(slots=True)
@@ -127,6 +113,8 @@ class Observer:
         batch_interval: seconds between the leader's batches of held ALIVE
             observations (rule 2, :mod:`arbiter.core.batching`); 0 proposes
             everything at once.
+        max_grace: the longest grace window this replica holds a node, seconds
+            (rule 7).
 
     Raises:
         ValueError: a negative lease, grace or batch interval, or retry_after <= 0.
@@ -143,6 +131,7 @@ class Observer:
         now: float,
         restart_grace: float,
         batch_interval: float = 0.0,
+        max_grace: float = 300.0,
     ) -> None:
         if lease < 0 or retry_after <= 0 or restart_grace < 0:
             raise ValueError("lease and restart_grace must be >= 0, retry_after > 0")
@@ -156,6 +145,7 @@ class Observer:
         self._owed: set[str] = set()
         self._seen_epoch = -1
         self._pacer = BatchPacer(batch_interval)
+        self.windows = GraceWindows(max_grace)  # rule 7
         # The last scan of observations(): oldest held, how many, the applied index and
         # leadership it judged under, the next due time. Until one moves or an opinion
         # is made (_fresh) a scan finds nothing: skipped; next_deadline() is O(1).
@@ -278,21 +268,30 @@ class Observer:
             self._detector.remove(node_id)
             current = None
         self._detector.heartbeat(node_id, now, interval)
+        if self.windows.active:
+            self.windows.heard(node_id)  # rule 7: a held-back suspicion is over
         if current is None or current.opinion is not Opinion.ALIVE or current.assumed:
             self._new_opinion(
                 node_id, incarnation, Opinion.ALIVE, tuple(sorted(labels.items())), now
             )
             current = self._opinions[node_id]
         self._check_committed(node_id, current, state)
-        granted = 0.0
+        granted, grace, grant = 0.0, 0.0, 0
         if current.committed:
             granted = self._lease if lease is None else lease
             self._detector.hold(node_id, now + granted)
+            if self.windows.active:
+                grace, grant = self.windows.lease(node_id, incarnation, now)
         member_state = MemberState.JOINING
         if record is not None and record.incarnation == incarnation:
             member_state = record.state
         return HeartbeatVerdict(
-            accepted=True, state=member_state, incarnation=highest, lease=granted
+            accepted=True,
+            state=member_state,
+            incarnation=highest,
+            lease=granted,
+            grace=grace,
+            grace_id=grant,
         )
 
     def _check_committed(self, node_id: str, op: _Opinion, state: MembershipState) -> None:
@@ -304,8 +303,10 @@ class Observer:
             op.proposed_at = None
             self._owed.discard(node_id)
 
-    def tick(self, now: float, state: MembershipState, lateness: float = 0.0) -> None:
-        """Turns the detector's suspicions into SUSPECT opinions (rules 1, 5, 6).
+    def tick(
+        self, now: float, state: MembershipState, lateness: float = 0.0, wall: float | None = None
+    ) -> None:
+        """Turns the detector's suspicions into SUSPECT opinions (rules 1, 5, 6, 7).
 
         Also starts tracking members ALIVE in the committed view that this
         replica has never heard (rule 5) and forgets nodes whose tracked
@@ -316,6 +317,8 @@ class Observer:
             state: the committed state machine.
             lateness: seconds of the recent past this replica could not hear
                 (rule 6; >= 0, bounded by the caller).
+            wall: Unix seconds now, for the grace windows (rule 7); None: none
+                (``arbiter/core/grace_windows.py`` rule 1).
 
         Raises:
             ValueError: ``lateness`` is negative or NaN.
@@ -324,19 +327,29 @@ class Observer:
             raise ValueError(f"lateness must be >= 0, got {lateness!r}")
         if state.epoch != self._seen_epoch:
             self._sync_view(now, state)
+        windows = self.windows
+        if windows.needs_sync(state):
+            for node_id in windows.sync(state, now, wall):
+                windows.rearm(node_id, now, self._detector)
         if now < self._grace_until:
             return
         heard_until = now - lateness
+        for node_id, end in windows.ended(heard_until):
+            windows.rearm(node_id, end, self._detector)
         for node_id in self._detector.tick(heard_until):
             op = self._opinions.get(node_id)
             if op is None or op.opinion is Opinion.SUSPECT:
                 continue
+            if windows.active and windows.defer(
+                node_id, op.incarnation, heard_until, self._detector
+            ):
+                continue  # rule 7: the node is in its grace window here
             evidence = self._evidence(node_id, heard_until)
             self._new_opinion(node_id, op.incarnation, Opinion.SUSPECT, op.labels, now, evidence)
 
     def _evidence(self, node_id: str, now: float) -> tuple[float, float]:
         """(silence, suspicion level) of a node just suspected, rounded for the log."""
-        last = self._detector.last_heard(node_id)
+        last = self.windows.last_heard(node_id, self._detector)
         silence = 0.0 if last is None else max(0.0, now - last)
         level = self._detector.suspicion(node_id, now)
         if not math.isfinite(level):
@@ -358,6 +371,7 @@ class Observer:
             elif op is not None and op.incarnation <= member.incarnation:
                 # DEAD or LEFT at the tracked life: nothing more to say about it.
                 self._detector.remove(member.node_id)
+                self.windows.forget(member.node_id)
                 del self._opinions[member.node_id]
                 self._owed.discard(member.node_id)
 
@@ -411,7 +425,9 @@ class Observer:
                 due = min(due, op.proposed_at + self._retry_after)
                 continue
             urgent = not pacing or op.opinion is Opinion.SUSPECT
-            if urgent or _follows(op, node_id, self._replica_id, voters, state):
+            if urgent or follows(
+                op.opinion, op.incarnation, node_id, self._replica_id, voters, state
+            ):
                 chosen.append((node_id, op))
             else:
                 held.append((node_id, op))
@@ -454,8 +470,8 @@ class Observer:
         return self._held_since is not None and state.applied_index != self._scan_applied
 
     def needs_sync(self, state: MembershipState) -> bool:
-        """True when the committed view moved since the last :meth:`tick` (rule 5 work is due)."""
-        return state.epoch != self._seen_epoch
+        """True when the view or grace windows moved since the last :meth:`tick` (rules 5, 7)."""
+        return state.epoch != self._seen_epoch or self.windows.needs_sync(state)
 
     def next_deadline(self, lateness: float = 0.0) -> float | None:
         """Earliest monotonic time at which :meth:`tick` or :meth:`observations` has work.
@@ -469,6 +485,9 @@ class Observer:
         d = self._detector.next_deadline()
         if d is not None:
             times.append(max(d + lateness, self._grace_until))
+        g = self.windows.next_deadline()
+        if g is not None:
+            times.append(max(g + lateness, self._grace_until))  # rule 7: a window's end
         if self._fresh:
             times.append(0.0)  # a new opinion may be due at once
         elif self._owed and math.isfinite(self._due_at):
@@ -479,22 +498,3 @@ class Observer:
 def _ready_at(op: _Opinion, retry_after: float) -> float:
     """When ``op`` is (or was) ready to be proposed: made, or due for a retry (rule 2)."""
     return op.since if op.proposed_at is None else op.proposed_at + retry_after
-
-
-def _follows(
-    op: _Opinion, node_id: str, me: str, voters: list[str], state: MembershipState
-) -> bool:
-    """True when ``op`` is ALIVE, another voter's committed observation is ALIVE at its
-    incarnation, and the node is not ALIVE at it already without this replica having
-    reported it (a late echo: held; :mod:`arbiter.core.batching`, rule 1)."""
-    if op.opinion is not Opinion.ALIVE:
-        return False
-    m, mine = state.member(node_id), state.observation(me, node_id)
-    late = mine is None or mine.incarnation < op.incarnation  # never reported this life
-    if late and m is not None and (m.incarnation, m.state) == (op.incarnation, MemberState.ALIVE):
-        return False  # ALIVE without this replica: a late echo, held
-    for r in voters:
-        rec = state.observation(r, node_id)
-        if rec is not None and rec.opinion is Opinion.ALIVE and rec.incarnation == op.incarnation:
-            return True
-    return False

@@ -7,7 +7,8 @@ Rules:
 
 1. Inputs: ``heartbeat`` (a node's heartbeat received at ``now``), ``step`` (a
    Raft message from a peer), ``tick`` (time passes), ``propose_leave``,
-   ``propose_remove`` and ``propose_config_change``.
+   ``propose_remove``, ``propose_grace`` and ``propose_config_change``
+   (:mod:`arbiter.core.proposals`).
 2. ``tick`` ticks Raft and the observer, then proposes the owed observations due
    now as one batch (observer rules 1, 2; :mod:`arbiter.core.batching`: the
    leader cuts a join storm into few batches, the others follow its commits).
@@ -40,7 +41,9 @@ Rules:
    and returns the snapshot for the caller to persist (Raft §7).
 6. Instance: a leader whose applied state has no instance id yet proposes a
    Bootstrap with a random one (drawn from the injected random source), once
-   per term; the tally keeps the first applied (its rule 10).
+   per term; the tally keeps the first applied (its rule 10). The Bootstrap
+   carries this code's rules version, and a leader whose applied state has a
+   lower one proposes one with the state's instance id (ranks rule 6).
 7. Configuration (Raft single-server changes with learners, Ongaro's
    thesis §4; :mod:`arbiter.core.raft.membership`): ``configuration`` is the
    one in force in the log (Raft's peers), ``applied_configuration`` the one
@@ -59,18 +62,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
-from arbiter.core.commands import Bootstrap, Leave, ObserveBatch, Remove, encode
+from arbiter.core.commands import ObserveBatch, encode
 from arbiter.core.delivery import Delivered, must_persist
 from arbiter.core.detection import FailureDetector
 from arbiter.core.observer import HeartbeatVerdict, Observer
+from arbiter.core.proposals import Proposals
 from arbiter.core.raft import (
     ArbiterConfiguration,
-    ConfChange,
-    ConfChangeOp,
     Entry,
     EntryType,
     HardState,
-    InvalidInput,
     Message,
     ProposalDropped,
     RaftConfig,
@@ -97,7 +98,7 @@ __all__ = [
 ]
 
 
-class Replica:
+class Replica(Proposals):
     """Raft + membership state machine + observer of one replica.
 
     Args:
@@ -198,6 +199,7 @@ class Replica:
             now=now,
             restart_grace=settings.restart_grace,
             batch_interval=settings.observation_batch_interval,
+            max_grace=settings.max_grace,
         )
         self.retention = Retention(settings.retention)
         self.interval = settings.governor()  # the suggested interval (detection/interval.py)
@@ -266,12 +268,13 @@ class Replica:
         except ProposalDropped:
             self.proposals_dropped += 1
 
-    def tick(self, now: float, lateness: float = 0.0) -> None:
+    def tick(self, now: float, lateness: float = 0.0, wall: float | None = None) -> None:
         """Lets time pass: Raft timers, detector suspicions, owed observations (rule 2),
         and, on a leader of a cluster without an instance id, its Bootstrap (rule 6),
         and on a leader the Forget of records past their retention (rule 8).
         ``lateness``: seconds of the recent past this replica could not hear
-        (observer rule 6, bounded by ``settings.max_lateness``)."""
+        (observer rule 6, bounded by ``settings.max_lateness``). ``wall``: Unix seconds
+        now, for the grace windows (observer rule 7; None: no wall clock)."""
         self.raft.tick(now)
         self._bootstrap(now)
         self.observer.pacer.leading = leader = self.raft.status().role is Role.LEADER
@@ -281,7 +284,7 @@ class Replica:
                 self.raft.propose(encode(forget), now)
             except ProposalDropped:
                 self.proposals_dropped += 1
-        self.observer.tick(now, self.state, min(lateness, self.settings.max_lateness))
+        self.observer.tick(now, self.state, min(lateness, self.settings.max_lateness), wall)
         owed = self.observer.observations(now, self.state)
         if owed and not self._joining and self.replica_id in self.state.configuration:
             self.observations_proposed += len(owed)
@@ -291,84 +294,6 @@ class Replica:
                 )
             except ProposalDropped:
                 self.proposals_dropped += 1
-
-    def _bootstrap(self, now: float) -> None:
-        """Rule 6: a leader proposes an instance id while the applied state has none,
-        once per term (a second one applied changes nothing)."""
-        st = self.raft.status()
-        if st.role is not Role.LEADER or self.state.instance or self._bootstrap_term == st.term:
-            return
-        self._bootstrap_term = st.term
-        # 104 random bits from the injected source, as hex (reproducible in the simulator).
-        instance = "".join(f"{int(self._rng.random() * 2**52):013x}" for _ in range(2))
-        try:
-            self.raft.propose(encode(Bootstrap(instance=instance)), now)
-        except ProposalDropped:
-            self.proposals_dropped += 1
-
-    def propose_leave(self, node_id: str, incarnation: int, request_id: str, now: float) -> None:
-        """Proposes a graceful leave; the command says whether this replica's
-        detector hears the node at ``incarnation`` (tally rule 5: it is joining).
-
-        Raises:
-            ProposalDropped: no leader is known.
-        """
-        heard_by = self.replica_id if self.observer.heard(node_id) == incarnation else ""
-        command = Leave(
-            node_id=node_id, incarnation=incarnation, request_id=request_id, heard_by=heard_by
-        )
-        self.raft.propose(encode(command), now)
-
-    def propose_remove(
-        self, node_id: str, incarnation: int, by: str, request_id: str, now: float
-    ) -> None:
-        """Proposes an administrator's removal of a member (tally rule 5a).
-
-        Args:
-            node_id: the member.
-            incarnation: the incarnation to remove; 0 for the recorded one.
-            by: who asked (non-empty).
-            request_id: matches the applied outcome to the waiting call.
-            now: monotonic seconds.
-
-        Raises:
-            ProposalDropped: no leader is known.
-        """
-        command = Remove(node_id=node_id, incarnation=incarnation, by=by, request_id=request_id)
-        self.raft.propose(encode(command), now)
-
-    def propose_config_change(
-        self, op: str, replica_id: str, address: str | None, now: float
-    ) -> None:
-        """Proposes one change of the arbiter group (rule 7; Raft membership rules 1-2).
-
-        Args:
-            op: ``"add_learner"`` (needs ``address``), ``"promote"`` or ``"remove"``.
-            replica_id: the replica the change is about.
-            address: its ``host:port`` for ``add_learner``; ignored otherwise.
-            now: monotonic seconds.
-
-        The change is in force on this leader at once (:attr:`configuration`)
-        and committed like any entry; the tally follows it once it is applied
-        (:attr:`applied_configuration`). Automatic promotion of a caught-up
-        learner is ``RaftConfig.auto_promote`` (on by default).
-
-        Raises:
-            ProposalDropped: this replica is not the leader, another change
-                is not committed yet, or this leader has not committed an
-                entry of its term yet; retry later (or at the leader).
-            InvalidInput: an unknown ``op``, or a change that does not apply:
-                adding an existing id, an address already in use or none,
-                promoting a replica that is not a learner, removing an
-                unknown id or the last voter.
-        """
-        try:
-            kind = ConfChangeOp(op)
-        except ValueError:
-            ops = ", ".join(o.value for o in ConfChangeOp)
-            raise InvalidInput(f"unknown configuration change {op!r} (one of {ops})") from None
-        addr = (address or "") if kind is ConfChangeOp.ADD_LEARNER else ""
-        self.raft.propose_conf_change(ConfChange(op=kind, replica_id=replica_id, address=addr), now)
 
     @property
     def configuration(self) -> ArbiterConfiguration:

@@ -45,6 +45,8 @@ class ReplicaSettings:
             follow its commits and wait at most twice this
             (:mod:`arbiter.core.batching`); 0 proposes every owed
             observation on every tick.
+        max_grace: the longest grace window a node is granted, seconds
+            (``arbiter/core/grace_windows.py``); an ask for more gets this much.
     """
 
     lease: float
@@ -58,6 +60,7 @@ class ReplicaSettings:
     load_policy: LoadPolicy = field(default_factory=LoadPolicy)
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     observation_batch_interval: float = 0.0
+    max_grace: float = 300.0
 
     @property
     def ceiling(self) -> float:

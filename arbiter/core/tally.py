@@ -42,7 +42,9 @@ Rule 6. An entry that changes the view bumps the epoch by exactly one, however
     epoch alone. Changes of one entry are ordered by node_id (a DEAD-then-
     ALIVE or DEAD-then-LEFT pair stays adjacent, in that order). Every change
     carries the member's labels: those it joined with (rule 3), which DEAD
-    and LEFT changes repeat.
+    and LEFT changes repeat. From rules version 2 on (rule 10) the entry
+    also gives every job it touched its new ranks (:mod:`arbiter.core.ranks`,
+    its rules 1 to 5), in the same epoch.
 Rule 4a. The DEAD change of rule 4 carries the evidence of the quorum that
     decided it: one :class:`~membership.view.Evidence` per replica counted
     by rule 4 (sorted by replica id), from its stored SUSPECT observation.
@@ -58,8 +60,11 @@ Rule 9. Raft no-ops (empty data), undecodable entries and batches from a
     4): its opinions are committed, so it grants leases (observer rule 4)
     before it is promoted, and a node holds its lease by the time it votes.
 Rule 10. A Bootstrap (commands rule 3a) sets the cluster's instance id if it
-    has none; later ones change nothing. It never changes the view or the
-    epoch.
+    has none; later ones change nothing. It raises the rules version in force
+    to its own when that is higher (never lowers it). That never changes the
+    view, except once: the entry that raises it to 2 derives the jobs' ranks
+    from the view (:mod:`arbiter.core.ranks`, rule 6), a view change when
+    some member has a job.
 Rule 11. A configuration-change entry (Raft ``EntryType.CONFIG``, applied
     with :meth:`MembershipState.apply_configuration`) replaces the arbiter
     configuration from its index on: the quorum becomes a strict majority of
@@ -73,6 +78,9 @@ Rule 12. Forget (:mod:`arbiter.core.forget`) removes each named record that
     still matches exactly (node, incarnation, DEAD or LEFT), with a change
     marked ``forgotten``, and its observations at or below it; n keeps a
     floor by which all is judged as by the record (:mod:`arbiter.core.floors`).
+Rule 13. Grace (:mod:`arbiter.core.grace`, its rules there) records or
+    ends a node's grace window; never a view change. A member change of the
+    node drops its window (DEAD, LEFT, a new incarnation, forgotten).
 Records stay after DEAD and LEFT until the leader forgets them
 (:mod:`arbiter.core.retention`). The whole state is snapshotted for log compaction
 by :meth:`MembershipState.to_bytes` and restored by
@@ -83,28 +91,33 @@ in :mod:`arbiter.core.tally_snapshot`.
 from __future__ import annotations
 
 import dataclasses
+from types import MappingProxyType
 
 from arbiter.core import leaves, tally_snapshot
 from arbiter.core.commands import (
     Bootstrap,
     CommandDecodeError,
     Forget,
+    Grace,
     Leave,
     ObserveBatch,
     Opinion,
     Remove,
     decode,
 )
+from arbiter.core.grace import GraceOutcome, GraceRecord, judge_grace
 from arbiter.core.leaves import LeaveOutcome, LeaveRefusal
 from arbiter.core.outcomes import ApplyResult, ViewChange
 from arbiter.core.outcomes import change as _change
 from arbiter.core.raft.configuration import ArbiterConfiguration
+from arbiter.core.ranks import RANKS_RULES, derive, job_of, update
 from arbiter.core.tally_records import TallyRecords
 from arbiter.core.tally_snapshot import ObservationRecord, SnapshotDecodeError
-from membership.view import Member, MemberChange, MemberState
+from membership.view import JobRanks, Member, MemberChange, MemberState
 
 __all__ = [
     "ApplyResult",
+    "GraceOutcome",
     "LeaveOutcome",
     "LeaveRefusal",
     "MembershipState",
@@ -173,7 +186,14 @@ class MembershipState(TallyRecords):
             # Rule 10: the first instance id applied names this cluster for good.
             if not self._instance:
                 self._instance = command.instance
+            before, self._rules = self._rules, max(self._rules, command.rules)
+            if before < RANKS_RULES <= self._rules:  # ranks rule 6: derived, once
+                return ApplyResult(
+                    index=index, change=self._commit([], derive(self._members.values()))
+                )
             return ApplyResult(index=index)
+        if isinstance(command, Grace):
+            return ApplyResult(index=index, grace=self._grace(index, command))
         if isinstance(command, ObserveBatch):
             if command.replica_id not in self._configuration:
                 return ApplyResult(
@@ -342,17 +362,70 @@ class MembershipState(TallyRecords):
             changes.append(dataclasses.replace(_change(n, i, record.state, record), forgotten=True))
         return changes
 
-    def _commit(self, changes: list[MemberChange]) -> ViewChange | None:
-        """Records the entry's changes under the next epoch (rule 6)."""
-        if not changes:
+    def judge_grace(
+        self, node_id: str, incarnation: int, by: str = ""
+    ) -> tuple[LeaveRefusal | None, str]:
+        """How rule 13 judges Grace(node_id, incarnation, by) now, without changing
+        anything (:func:`arbiter.core.grace.judge_grace`): the API asks before proposing."""
+        window = self._graces.get(node_id)
+        return judge_grace(node_id, incarnation, self._members.get(node_id), by, window)
+
+    def _grace(self, index: int, command: Grace) -> GraceOutcome:
+        """Rule 13: records or ends the node's window; what became of the ask."""
+        n = command.node_id
+        refusal, reason = self.judge_grace(n, command.incarnation, command.by)
+        if refusal is not None:
+            return GraceOutcome(
+                request_id=command.request_id,
+                node_id=n,
+                accepted=False,
+                refusal=refusal,
+                reason=reason,
+                index=index,
+            )
+        record = None
+        if command.seconds > 0:
+            record = GraceRecord(
+                incarnation=command.incarnation,
+                seconds=command.seconds,
+                until=command.until,
+                reason=command.reason,
+                grant=index,
+            )
+            self._graces[n] = record
+        else:
+            self._graces.pop(n, None)
+        self._grace_version += 1
+        return GraceOutcome(
+            request_id=command.request_id,
+            node_id=n,
+            accepted=True,
+            reason=reason,
+            record=record,
+            index=index,
+        )
+
+    def _commit(
+        self, changes: list[MemberChange], derived: dict[str, dict[str, int]] | None = None
+    ) -> ViewChange | None:
+        """Records the entry's changes under the next epoch (rule 6), with the ranks of
+        the jobs they touch (rules 6, 10: ``derived`` ranks of an upgrade)."""
+        if not changes and not derived:
             return None
         self._epoch += 1
+        touched = set(derived or ())
         for c in changes:
+            old = self._members.get(c.node_id)
+            touched.add(job_of(old))
+            grace = self._graces.get(c.node_id)
+            same_life = grace is not None and grace.incarnation == c.incarnation
+            if grace is not None and not (same_life and c.state is MemberState.ALIVE):
+                del self._graces[c.node_id]  # rule 13: the window was for that life
+                self._grace_version += 1
             if c.forgotten:  # rule 12
                 del self._members[c.node_id]
                 continue
             self._floors.drop(c.node_id)
-            old = self._members.get(c.node_id)
             # Same label rule as View.with_changes, so that a subscriber folding
             # the changes into its view ends with exactly view().
             labels = c.labels if c.labels else (old.labels if old is not None else {})
@@ -363,8 +436,44 @@ class MembershipState(TallyRecords):
                 labels=labels,
                 epoch=self._epoch,
             )
+            touched.add(job_of(self._members[c.node_id]))
+        touched.discard("")
+        ranks: tuple[JobRanks, ...] = ()
+        if self._rules >= RANKS_RULES:
+            changed = {c.node_id for c in changes}
+            ranks = tuple(self._rank(j, changed, (derived or {}).get(j)) for j in sorted(touched))
         self._view = None
-        return ViewChange(epoch=self._epoch, changes=tuple(changes))
+        return ViewChange(epoch=self._epoch, changes=tuple(changes), ranks=ranks)
+
+    def _rank(self, job: str, changed: set[str], derived: dict[str, int] | None) -> JobRanks:
+        """The job's new ranks at this epoch (ranks rules 2 to 5), written into the records
+        of its members that moved, joined or restarted; ``derived``: the ranks of an upgrade
+        instead (ranks rule 6). O(changes) plus one copy of the job's ranks."""
+        records = self._members
+        if derived is not None:
+            by_rank: list[str | None] = [None] * len(derived)
+            for n, r in derived.items():
+                by_rank[r] = n
+            ranks, touch = dict(derived), list(derived)
+            self._ranks[job] = (ranks, by_rank)
+        else:
+            ranks, by_rank = self._ranks.setdefault(job, ({}, []))
+            stay = {n for n in changed if job_of(records.get(n)) == job}  # in it after the entry
+            gone = [n for n in changed if n in ranks and n not in stay]
+            moved = update(ranks, by_rank, gone, stay)  # those already in it are kept (rule 2)
+            touch = [*moved, *(n for n in stay if n not in moved)]  # restarted: new records
+        frozen = MappingProxyType(dict(ranks))  # the one O(job) step: a C-level copy
+        assignment = JobRanks(job=job, epoch=self._epoch, ranks=frozen)
+        if ranks:
+            self._jobs[job] = assignment
+        else:
+            self._jobs.pop(job, None)  # ranks rule 5: an empty job is gone
+            self._ranks.pop(job, None)
+        for n in touch:
+            m = records[n]
+            if m.rank != ranks[n]:  # moved, new, or a new record of a member that stayed
+                records[n] = dataclasses.replace(m, rank=ranks[n])
+        return assignment
 
     # -- snapshots (the encoding is in arbiter.core.tally_snapshot) ------------
 

@@ -3,7 +3,8 @@
 :class:`TallyRecords` holds what :class:`arbiter.core.tally.MembershipState`
 records (the arbiter configuration in force, the epoch, member records, each
 voter's latest observation of each node, retired incarnations, the floors of
-forgotten records, the instance id) and answers read-only questions about
+forgotten records, the instance id, the rules version, the jobs' ranks, the
+grace windows) and answers read-only questions about
 them; the rules that change them are in :mod:`arbiter.core.tally`, the snapshot's layout in
 :mod:`arbiter.core.tally_snapshot`. Split from the tally by concept: records
 and reads here, rules there.
@@ -11,14 +12,17 @@ and reads here, rules there.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 from arbiter.core import tally_snapshot
 from arbiter.core.commands import Opinion
 from arbiter.core.floors import Floors
+from arbiter.core.grace import GraceRecord
 from arbiter.core.raft.configuration import ArbiterConfiguration
 from arbiter.core.tally_snapshot import ObservationRecord, TallyImage
-from membership.view import Member, View
+from membership.view import JobRanks, Member, View
 
 __all__ = ["TallyRecords"]
 
@@ -53,6 +57,13 @@ class TallyRecords:
         self._retired: dict[str, int] = {}
         self._floors = Floors()  # rule 12
         self._instance = ""  # rule 10
+        self._rules = 1  # rule 10: the rules version in force (ranks from 2 on)
+        self._jobs: dict[str, JobRanks] = {}  # job -> its ranks (arbiter/core/ranks.py)
+        # job -> (node -> rank, rank -> node): the working copy ranks.update changes in
+        # place (O(changes) per entry); _jobs holds frozen copies. Rebuilt on load.
+        self._ranks: dict[str, tuple[dict[str, int], list[str | None]]] = {}
+        self._graces: dict[str, GraceRecord] = {}  # node -> its grace window (rule 13)
+        self._grace_version = 0  # bumped whenever a window is granted, ended or dropped
         self._view: View | None = View()
 
     def _set_configuration(self, configuration: ArbiterConfiguration) -> None:
@@ -86,11 +97,36 @@ class TallyRecords:
         return self._quorum
 
     def view(self) -> View:
-        """The current view: every member with a record, sorted by node_id."""
+        """The current view: every member with a record, sorted by node_id, and the jobs'
+        ranks, sorted by job."""
         if self._view is None:
             members = tuple(self._members[n] for n in sorted(self._members))
-            self._view = View(epoch=self._epoch, members=members)
+            jobs = tuple(self._jobs[j] for j in sorted(self._jobs))
+            self._view = View(epoch=self._epoch, members=members, jobs=jobs)
         return self._view
+
+    @property
+    def rules(self) -> int:
+        """The rules version in force (rule 10): ranks are kept from 2 on."""
+        return self._rules
+
+    def job(self, name: str) -> JobRanks | None:
+        """Job ``name``'s rank assignment, or None when it has no ALIVE member."""
+        return self._jobs.get(name)
+
+    def graces(self) -> Mapping[str, GraceRecord]:
+        """node_id -> its committed grace window (rule 13), read-only."""
+        return MappingProxyType(self._graces)
+
+    def grace(self, node_id: str) -> GraceRecord | None:
+        """The node's committed grace window, or None (rule 13)."""
+        return self._graces.get(node_id)
+
+    @property
+    def grace_version(self) -> int:
+        """Grows whenever a grace window is granted, ended or dropped (not in snapshots:
+        a restored state starts again from 0)."""
+        return self._grace_version
 
     def member(self, node_id: str) -> Member | None:
         """The node's record in the view, or None if it has none."""
@@ -188,6 +224,9 @@ class TallyRecords:
             retired=tuple((n, self._retired[n]) for n in sorted(self._retired)),
             instance=self._instance,
             forgotten=self._floors.rows(),
+            rules=self._rules,
+            jobs=tuple(self._jobs[j] for j in sorted(self._jobs)),
+            graces=tuple((n, self._graces[n]) for n in sorted(self._graces)),
         )
 
     def _load(self, image: TallyImage) -> None:
@@ -202,4 +241,14 @@ class TallyRecords:
             self._retired[node] = incarnation
         self._instance = image.instance
         self._floors = Floors(image.forgotten)
+        self._rules = image.rules
+        for j in image.jobs:
+            self._jobs[j.job] = j
+            by_rank: list[str | None] = [None] * j.world_size
+            self._ranks[j.job] = (dict(j.ranks), by_rank)
+            for node_id, rank in j.ranks.items():
+                by_rank[rank] = node_id
+                m = self._members[node_id]
+                self._members[node_id] = dataclasses.replace(m, rank=rank)
+        self._graces.update(image.graces)
         self._view = None

@@ -24,14 +24,24 @@ Rules:
    address}, "learners": {...}, "index": i}`` is the arbiter configuration
    in force (tally rule 11); it is left out while that is the initial one
    with no addresses (``arbiters`` says it all), and ``"arbiters"`` always
-   lists its voters.
+   lists its voters. ``"rules": r`` is the rules version (tally rule 10),
+   present only above 1; ``"jobs": [[job, epoch, [[node, rank], ...]], ...]``
+   the jobs' ranks (:mod:`arbiter.core.ranks`; sorted by job, then node),
+   present only when there is one; ``"graces": [[node, incarnation,
+   seconds, until, reason, grant], ...]`` the grace windows (tally rule 13),
+   present only when there is one. A snapshot written before they existed
+   has none of them: it loads with rules 1 and no ranks, which a leader's
+   Bootstrap then derives for every replica at once (ranks rule 6).
 3. Decoding refuses, with :class:`SnapshotDecodeError`, anything this
    module could not have written: another version, a wrong type (a bool is
    not an int), a negative number, an empty id, unsorted or duplicate
    labels, a JOINING member, a member epoch outside ``1..epoch``, an
    observation from a replica that is not a voter, a ``config`` whose voters
    are not ``arbiters`` or whose index is above ``applied_index``, a forgotten
-   floor that is not DEAD or LEFT or whose node has a record. The state checks the
+   floor that is not DEAD or LEFT or whose node has a record, ranks below
+   rules 2, a rank of a node that is not an ALIVE member of that job, ranks
+   that are not dense, an ALIVE member of a job without a rank (rules >= 2),
+   a grace window of a node not ALIVE at its incarnation. The state checks the
    rest (distinct arbiters, no duplicate records) by encoding what it
    restored and comparing with the input.
 
@@ -47,10 +57,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from arbiter.core.commands import Opinion
+from arbiter.core.grace import GraceRecord, check_reason
 from arbiter.core.raft.configuration import ArbiterConfiguration
 from arbiter.core.raft.errors import InvalidInput
+from arbiter.core.ranks import RANKS_RULES, job_of
 from arbiter.errors import ArbiterError
-from membership.view import Evidence, Member, MemberState
+from membership.view import Evidence, JobRanks, Member, MemberState
 
 __all__ = [
     "SNAPSHOT_VERSION",
@@ -112,6 +124,9 @@ class TallyImage:
         instance: the cluster's instance id ("" before its Bootstrap).
         forgotten: (node id, incarnation, DEAD or LEFT) of each floor of a
             forgotten record (tally rule 12), sorted by node id.
+        rules: the rules version in force (tally rule 10).
+        jobs: every job's ranks, sorted by job (members carry no rank here).
+        graces: (node id, its grace window), sorted by node id.
     """
 
     configuration: ArbiterConfiguration
@@ -122,6 +137,9 @@ class TallyImage:
     retired: tuple[tuple[str, int], ...] = ()
     instance: str = ""
     forgotten: tuple[tuple[str, int, MemberState], ...] = ()
+    rules: int = 1
+    jobs: tuple[JobRanks, ...] = ()
+    graces: tuple[tuple[str, GraceRecord], ...] = ()
 
 
 def encode(image: TallyImage) -> bytes:
@@ -151,6 +169,16 @@ def encode(image: TallyImage) -> bytes:
     conf = image.configuration
     if conf.index or conf.learners or any(conf.voters.values()):
         snapshot["config"] = conf.to_json()
+    if image.rules > 1:
+        snapshot["rules"] = image.rules
+    if image.jobs:
+        snapshot["jobs"] = [
+            [j.job, j.epoch, sorted(map(list, j.ranks.items()))] for j in image.jobs
+        ]
+    if image.graces:
+        snapshot["graces"] = [
+            [n, g.incarnation, g.seconds, g.until, g.reason, g.grant] for n, g in image.graces
+        ]
     return json.dumps(snapshot, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -220,6 +248,10 @@ def _image(snap: Any) -> TallyImage:
         if node in recorded:
             raise SnapshotDecodeError(f"{node!r} has both a record and a forgotten floor")
         forgotten.append((_str(node, empty=False), _int(inc), state))
+    rules = _int(snap.get("rules", 1))
+    if rules < 1:
+        raise SnapshotDecodeError(f"bad rules version {rules}")
+    by_id = {m.node_id: m for m in members}
     return TallyImage(
         configuration=conf,
         epoch=epoch,
@@ -229,7 +261,57 @@ def _image(snap: Any) -> TallyImage:
         retired=retired,
         instance=_str(snap.get("instance", "")),
         forgotten=tuple(forgotten),
+        rules=rules,
+        jobs=_jobs(snap.get("jobs", ()), by_id, rules, epoch),
+        graces=_graces(snap.get("graces", ()), by_id, applied),
     )
+
+
+def _jobs(rows: Any, members: dict[str, Member], rules: int, epoch: int) -> tuple[JobRanks, ...]:
+    """The ``jobs`` rows, checked against the members (rule 3)."""
+    jobs = []
+    ranked: set[str] = set()
+    for job, job_epoch, pairs in rows:
+        ranks = {_str(n, empty=False): _int(r) for n, r in pairs}
+        if rules < RANKS_RULES or not _str(job, empty=False) or not 0 < _int(job_epoch) <= epoch:
+            raise SnapshotDecodeError(f"bad ranks of job {job!r} (rules {rules})")
+        if sorted(ranks.values()) != list(range(len(ranks))) or not ranks:
+            raise SnapshotDecodeError(f"ranks of job {job!r} are not dense: {ranks}")
+        for n in ranks:
+            if job_of(members.get(n)) != job:
+                raise SnapshotDecodeError(f"{n!r} has a rank in {job!r} but is no ALIVE member")
+        ranked |= set(ranks)
+        jobs.append(JobRanks(job=job, epoch=job_epoch, ranks=ranks))
+    if rules >= RANKS_RULES:
+        missing = sorted(n for n, m in members.items() if job_of(m) and n not in ranked)
+        if missing:
+            raise SnapshotDecodeError(f"members of a job without a rank: {missing}")
+    return tuple(jobs)
+
+
+def _graces(
+    rows: Any, members: dict[str, Member], applied: int
+) -> tuple[tuple[str, GraceRecord], ...]:
+    """The ``graces`` rows, checked against the members (rule 3)."""
+    out = []
+    for node, inc, seconds, until, reason, grant in rows:
+        m = members.get(node)
+        if m is None or m.state is not MemberState.ALIVE or m.incarnation != _int(inc):
+            raise SnapshotDecodeError(f"grace window of {node!r} not ALIVE at {inc!r}")
+        for v in (seconds, until):
+            if type(v) is not float or not v >= 0 or v == float("inf"):
+                raise SnapshotDecodeError(f"bad grace window value {v!r}")
+        try:
+            check_reason(reason)
+        except ValueError as e:
+            raise SnapshotDecodeError(f"bad grace window reason: {e}") from None
+        if not 0 < _int(grant) <= applied:
+            raise SnapshotDecodeError(f"grace window of {node!r} granted at {grant!r}")
+        record = GraceRecord(
+            incarnation=inc, seconds=seconds, until=until, reason=reason, grant=grant
+        )
+        out.append((node, record))
+    return tuple(out)
 
 
 def _configuration(

@@ -8,10 +8,11 @@ made by :mod:`arbiter.core`, fed by the driver loop. Modules:
 * ``driver.py``: ``Driver``, the single loop that calls the core with
   ``now``. It takes heartbeats (``on_heartbeat``) and peer messages
   (``on_raft_message``), ticks the replica, and handles each Raft Ready in
-  order: persist, send, apply, advance.
+  order: persist, send, apply, advance. ``proposing.py``: the proposals a
+  call waits for (leave, removal, grace window).
 * ``servicers.py``: the public gRPC API (``Heartbeat``, ``Subscribe``,
-  ``GetView``, ``Leave``). It decodes, hands over to the driver or the hub,
-  and encodes.
+  ``GetView``, ``Leave``, ``Grace``: ``grace_api.py``). It decodes, hands over
+  to the driver or the hub, and encodes.
 * ``admin.py``: the Admin service (``RemoveNode``), an administrator's
   removal of another node, asked of the ``Authorizer`` first; ``Status``,
   the replica's standing (``status.py`` builds it) for admins and observers.

@@ -25,19 +25,20 @@ import dataclasses
 import logging
 import random
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from arbiter.config import ArbiterConfig
 from arbiter.core.observer import HeartbeatVerdict
 from arbiter.core.raft import ConflictingState, Message, RaftError, Ready, Role
 from arbiter.core.replica import Replica, must_persist
-from arbiter.core.tally import LeaveOutcome, MembershipState, ViewChange
+from arbiter.core.tally import MembershipState, ViewChange
 from arbiter.server.counters import Counters
 from arbiter.server.events import RaftStanding, log_raft_standing, log_view_change
 from arbiter.server.load import LoadMonitor, LocalHealth
 from arbiter.server.looplag import LoopLagMonitor
+from arbiter.server.proposing import Proposing
 from arbiter.server.standing import Standing, Standings
 from arbiter.server.storage import DurableState, Storage
 from arbiter.server.writer import DiskWriter
@@ -66,7 +67,7 @@ def _has_state(durable: DurableState) -> bool:
     return bool(durable.entries or durable.snapshot or (hs is not None and hs.term > 0))
 
 
-class Driver:
+class Driver(Proposing):
     """Owns the cores of one replica and drives them from one asyncio task.
 
     Args:
@@ -143,7 +144,7 @@ class Driver:
         self.raft = self.replica.raft
         self.observer = self.replica.observer
         self._wake = asyncio.Event()
-        self._leaves: dict[str, asyncio.Future[LeaveOutcome]] = {}
+        self._waiting: dict[str, asyncio.Future[Any]] = {}  # proposing.py
         self._task: asyncio.Task[None] | None = None
         self._last_status: RaftStanding | None = None
         self.loop_lag = 0.0
@@ -276,51 +277,6 @@ class Driver:
         """The incarnation of ``node_id`` this replica's detector heard last, or None."""
         return self.observer.heard(node_id)
 
-    async def leave(self, node_id: str, incarnation: int, timeout: float) -> LeaveOutcome:
-        """Proposes a graceful leave and waits until it is applied.
-
-        Raises:
-            ProposalDropped: no leader is known to take the proposal.
-            TimeoutError: not applied within ``timeout`` seconds.
-        """
-        return await self._await_outcome(
-            lambda rid: self.replica.propose_leave(node_id, incarnation, rid, time.monotonic()),
-            timeout,
-        )
-
-    async def remove(self, node_id: str, incarnation: int, by: str, timeout: float) -> LeaveOutcome:
-        """Proposes an administrator's removal (tally rule 5a) and waits until it is applied.
-
-        Args:
-            node_id: the member to remove.
-            incarnation: the incarnation to remove; 0 for the recorded one.
-            by: who asked (non-empty).
-            timeout: seconds to wait for the entry to be applied here.
-
-        Raises:
-            ProposalDropped: no leader is known to take the proposal.
-            TimeoutError: not applied within ``timeout`` seconds.
-        """
-        return await self._await_outcome(
-            lambda rid: self.replica.propose_remove(
-                node_id, incarnation, by, rid, time.monotonic()
-            ),
-            timeout,
-        )
-
-    async def _await_outcome(self, propose: Callable[[str], None], timeout: float) -> LeaveOutcome:
-        """Proposes with a fresh request id and waits for the applied outcome."""
-        request_id = uuid.uuid4().hex
-        fut: asyncio.Future[LeaveOutcome] = asyncio.get_running_loop().create_future()
-        self._leaves[request_id] = fut
-        try:
-            propose(request_id)
-            self._wake.set()
-            async with asyncio.timeout(timeout):
-                return await fut
-        finally:
-            self._leaves.pop(request_id, None)
-
     def status(self) -> ReplicaStatus:
         """This replica's leader, quorum, term, role and applied epoch."""
         st = self.raft.status()
@@ -408,7 +364,7 @@ class Driver:
             self.loop_lag = max(0.0, time.monotonic() - (t + timeout))
 
     async def _turn(self, now: float, lateness: float = 0.0) -> None:
-        self.replica.tick(now, lateness)
+        self.replica.tick(now, lateness, time.time())  # wall: grace windows' clock
         while self.replica.has_ready():
             rd = self.replica.ready()
             if must_persist(rd):
@@ -461,10 +417,7 @@ class Driver:
                     self.counters.deaths += log_view_change(self.replica_id, result.change)
                     self.counters.applied(result.change.epoch, time.monotonic())
                 self._on_change(result.change)
-            if result.leave is not None:
-                fut = self._leaves.get(result.leave.request_id)
-                if fut is not None and not fut.done():
-                    fut.set_result(result.leave)
+            self._resolve(result)
 
     async def _maybe_compact(self) -> None:
         """Snapshots the state machine every ``config.snapshot_every`` applied entries."""

@@ -47,14 +47,23 @@ class ViewEncoder:
             return ()
         return self._driver.state.suspected_by(node_id)
 
+    def grace(self, node_id: str) -> tuple[float, str]:
+        """(seconds left of the node's grace window on this replica, its reason)."""
+        return self._driver.observer.windows.window(node_id, time.monotonic())
+
     def view_pb(self, view: View, with_status: bool = False) -> pb.View:
-        """``view`` as sent; with ``with_status`` each ALIVE member has its status, its
-        DEGRADED marks, the detector's suspicion level and the silence since heard."""
+        """``view`` as sent, with the jobs' ranks (each ranked member with its rank and its
+        job's world size); with ``with_status`` each ALIVE member has its status, its
+        DEGRADED marks, the detector's suspicion level, the silence since heard and its
+        grace window."""
         members = []
         now = time.monotonic()
         marks = self._marks.marks(now) if with_status else {}
+        windows = self._driver.observer.windows if with_status else None
         for m in view.members:
-            msg = convert.member_to_pb(m, self.suspected_by(m.node_id))
+            job = view.job(m.job) if m.rank is not None else None
+            size = job.world_size if job is not None else 0
+            msg = convert.member_to_pb(m, self.suspected_by(m.node_id), size)
             if with_status and m.state is MemberState.ALIVE:
                 entry = self._board.get(m.node_id)
                 if entry is not None and entry.incarnation == m.incarnation:
@@ -64,12 +73,14 @@ class ViewEncoder:
                 level = self._marks.suspicion(m.node_id, m.incarnation, now)
                 if level is not None:
                     msg.suspicion, msg.detector = round(level[0], 3), level[1]
+                if windows is not None and len(windows):
+                    msg.grace_seconds, msg.grace_reason = self.grace(m.node_id)
             members.append(msg)
-        return pb.View(epoch=view.epoch, members=members)
+        return pb.View(epoch=view.epoch, members=members, jobs=convert.jobs_to_pb(view.jobs))
 
     def status_updates(self, sent: dict[str, tuple[object, ...]]) -> list[pb.StatusUpdate]:
-        """Reports of the nodes whose status, suspicions or DEGRADED marks changed since
-        ``sent`` (updated)."""
+        """Reports of the nodes whose status, suspicions, DEGRADED marks or grace window
+        changed since ``sent`` (updated)."""
         now = time.monotonic()
         reports = []
         state = self._driver.state
@@ -83,7 +94,8 @@ class ViewEncoder:
                 continue  # a life that is over reports nothing more
             suspected = self.suspected_by(node_id)
             degraded = marks.get(node_id, ())
-            key = (entry.version, suspected, degraded)
+            grace, reason = self.grace(node_id)
+            key = (entry.version, suspected, degraded, grace > 0)  # a window opening or ending
             if sent.get(node_id) == key:
                 continue
             sent[node_id] = key
@@ -94,6 +106,8 @@ class ViewEncoder:
                 suspected_by=suspected,
                 silence_seconds=round(max(0.0, now - entry.heard), 3),
                 degraded=_marks_pb(degraded),
+                grace_seconds=round(grace, 3),
+                grace_reason=reason,
             )
             level = self._marks.suspicion(node_id, entry.incarnation, now)
             if level is not None:

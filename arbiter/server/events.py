@@ -42,7 +42,8 @@ def _evidence_text(e: Evidence) -> str:
 
 
 def log_view_change(replica_id: str, change: ViewChange) -> int:
-    """Logs one ``membership_change`` line per member of ``change``; returns the deaths in it.
+    """Logs one ``membership_change`` line per member of ``change`` and one ``ranks_change``
+    line per job it re-ranked; returns the deaths in it.
 
     A forgotten tombstone (``forgotten``) is logged with that field and is no death.
     """
@@ -69,6 +70,16 @@ def log_view_change(replica_id: str, change: ViewChange) -> int:
             fields["removed_by"] = c.removed_by
             what += f" (removed by {c.removed_by})"
         log_event(log, "membership_change", what, **fields)
+    for j in change.ranks:  # one line per job re-ranked (arbiter/core/ranks.py), not per member
+        log_event(
+            log,
+            "ranks_change",
+            f"epoch {change.epoch}: job {j.job} has {j.world_size} ranked member(s)",
+            arbiter=replica_id,
+            epoch=change.epoch,
+            job=j.job,
+            world_size=j.world_size,
+        )
     return deaths
 
 

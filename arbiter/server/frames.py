@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from google.protobuf import message_factory
 
 from arbiter.core.tally import ViewChange
 from arbiter.server.arbiterset import ArbiterSet, to_protos
@@ -100,7 +101,10 @@ class EventFrames:
         data = self._changes.get(key)
         if data is None:
             changes = [convert.change_to_pb(c) for c in change.changes]
-            event = self.event(change=pb.ViewChange(epoch=change.epoch, changes=changes))
+            ranks = convert.jobs_to_pb(change.ranks)
+            event = self.event(
+                change=pb.ViewChange(epoch=change.epoch, changes=changes, ranks=ranks)
+            )
             data = event.SerializeToString()
             self._changes[key] = data
             if len(self._changes) > _CHANGES_KEPT:
@@ -155,28 +159,30 @@ class EventFrames:
 def add_membership_service(servicer: Any, server: grpc.aio.Server) -> None:
     """Registers the Membership service as the generated ``add_MembershipServicer_to_server``
     does, except that ``Subscribe`` writes bytes (its events, serialised once per
-    replica by :class:`EventFrames`) that gRPC sends as they are."""
-    handlers = {
-        "Heartbeat": grpc.stream_stream_rpc_method_handler(
-            servicer.Heartbeat,
-            request_deserializer=pb.HeartbeatRequest.FromString,
-            response_serializer=pb.HeartbeatAck.SerializeToString,
-        ),
-        "Subscribe": grpc.unary_stream_rpc_method_handler(
-            servicer.Subscribe,
-            request_deserializer=pb.SubscribeRequest.FromString,
-            response_serializer=None,  # bytes: gRPC sends them as they are
-        ),
-        "GetView": grpc.unary_unary_rpc_method_handler(
-            servicer.GetView,
-            request_deserializer=pb.GetViewRequest.FromString,
-            response_serializer=pb.GetViewResponse.SerializeToString,
-        ),
-        "Leave": grpc.unary_unary_rpc_method_handler(
-            servicer.Leave,
-            request_deserializer=pb.LeaveRequest.FromString,
-            response_serializer=pb.LeaveResponse.SerializeToString,
-        ),
-    }
+    replica by :class:`EventFrames`) that gRPC sends as they are.
+
+    The handlers are built from the service's descriptor, so every RPC the proto
+    declares is registered (a method added to the proto needs no change here).
+    """
+    handlers = {}
+    for method in pb.DESCRIPTOR.services_by_name["Membership"].methods:
+        request = message_factory.GetMessageClass(method.input_type)
+        response = message_factory.GetMessageClass(method.output_type)
+        make = _HANDLER_KINDS[(method.client_streaming, method.server_streaming)]
+        handlers[method.name] = make(
+            getattr(servicer, method.name),
+            request_deserializer=request.FromString,
+            # Subscribe: bytes that gRPC sends as they are
+            response_serializer=None if method.name == "Subscribe" else response.SerializeToString,
+        )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)
+
+
+# (client streaming, server streaming) -> gRPC's handler constructor.
+_HANDLER_KINDS: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, False): grpc.stream_unary_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}

@@ -198,4 +198,7 @@ class AckBuilder:
         ack.lease_seconds = verdict.lease
         ack.state = convert.state_to_pb(verdict.state)
         ack.incarnation = verdict.incarnation
+        if verdict.grace_id:  # a grace window (arbiter/core/grace_windows.py rule 3)
+            ack.grace_seconds = verdict.grace
+            ack.grace_id = verdict.grace_id
         return ack

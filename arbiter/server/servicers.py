@@ -39,6 +39,7 @@ from arbiter.server.degradation import DegradedMarks
 from arbiter.server.driver import Driver
 from arbiter.server.encoding import ViewEncoder
 from arbiter.server.frames import EventFrames
+from arbiter.server.grace_api import grace_call
 from arbiter.server.heartbeat_path import AckBuilder, ClusterMismatch, HeartbeatChecks
 from arbiter.server.hub import Hub, HubStatus, Marker
 from arbiter.server.limits import LimitExceeded
@@ -64,7 +65,7 @@ FUTURE_EPOCH_WAIT = 1.0
 
 
 class MembershipServicer(pb_grpc.MembershipServicer):
-    """Heartbeat, Subscribe, GetView and Leave for one replica.
+    """Heartbeat, Subscribe, GetView, Leave and Grace for one replica.
 
     Args:
         driver: the replica's driver (cores and loop).
@@ -434,3 +435,9 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 return done
             await context.abort(refusal_status(outcome.refusal), outcome.reason)
         return pb.LeaveResponse(epoch=outcome.epoch, joined=outcome.joined)
+
+    async def Grace(
+        self, request: pb.GraceRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GraceResponse:
+        """Commits the node's grace window, or its end (:mod:`arbiter.server.grace_api`)."""
+        return await grace_call(self._driver, self.authz, self.cluster, request, context)

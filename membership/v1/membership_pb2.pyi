@@ -404,6 +404,8 @@ class HeartbeatAck(_message.Message):
     INSTANCE_FIELD_NUMBER: _builtins.int
     ARBITERS_FIELD_NUMBER: _builtins.int
     CONFIG_INDEX_FIELD_NUMBER: _builtins.int
+    GRACE_SECONDS_FIELD_NUMBER: _builtins.int
+    GRACE_ID_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """the request this answers"""
     epoch: _builtins.int
@@ -428,6 +430,12 @@ class HeartbeatAck(_message.Message):
     instance: _builtins.str
     """the cluster's instance id (see MembershipEvent)"""
     config_index: _builtins.int
+    grace_seconds: _builtins.float
+    """The node's grace window at this replica (only with a lease): seconds left,
+    counted by the node from its send time as the lease is, and the grant that
+    made it (the log index of its entry; 0 = no window).
+    """
+    grace_id: _builtins.int
     @_builtins.property
     def arbiters(self) -> _containers.RepeatedCompositeFieldContainer[Global___Arbiter]:
         """The arbiter configuration in force at the replica (see Arbiter) and the
@@ -452,10 +460,12 @@ class HeartbeatAck(_message.Message):
         instance: _builtins.str = ...,
         arbiters: _abc.Iterable[Global___Arbiter] | None = ...,
         config_index: _builtins.int = ...,
+        grace_seconds: _builtins.float = ...,
+        grace_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "arbiters", b"arbiters", "cluster", b"cluster", "cluster_size", b"cluster_size", "config_index", b"config_index", "epoch", b"epoch", "in_quorum", b"in_quorum", "incarnation", b"incarnation", "instance", b"instance", "leader_id", b"leader_id", "lease_seconds", b"lease_seconds", "next_interval_seconds", b"next_interval_seconds", "seq", b"seq", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "arbiters", b"arbiters", "cluster", b"cluster", "cluster_size", b"cluster_size", "config_index", b"config_index", "epoch", b"epoch", "grace_id", b"grace_id", "grace_seconds", b"grace_seconds", "in_quorum", b"in_quorum", "incarnation", b"incarnation", "instance", b"instance", "leader_id", b"leader_id", "lease_seconds", b"lease_seconds", "next_interval_seconds", b"next_interval_seconds", "seq", b"seq", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -572,6 +582,10 @@ class Member(_message.Message):
     EPOCH_FIELD_NUMBER: _builtins.int
     SUSPECTED_BY_FIELD_NUMBER: _builtins.int
     STATUS_FIELD_NUMBER: _builtins.int
+    RANK_FIELD_NUMBER: _builtins.int
+    WORLD_SIZE_FIELD_NUMBER: _builtins.int
+    GRACE_SECONDS_FIELD_NUMBER: _builtins.int
+    GRACE_REASON_FIELD_NUMBER: _builtins.int
     DEGRADED_FIELD_NUMBER: _builtins.int
     SUSPICION_FIELD_NUMBER: _builtins.int
     DETECTOR_FIELD_NUMBER: _builtins.int
@@ -581,6 +595,16 @@ class Member(_message.Message):
     state: Global___MemberState.ValueType
     epoch: _builtins.int
     """epoch at which it entered `state`"""
+    rank: _builtins.int
+    """Its rank in its job (its "job" label) and the job's world size: set for
+    the ALIVE members of a job (see JobRanks), unset / 0 for the others.
+    """
+    world_size: _builtins.int
+    grace_seconds: _builtins.float
+    """Seconds left of its grace window at the serving replica (status, GetView
+    only; 0 = none), and the reason the node gave.
+    """
+    grace_reason: _builtins.str
     suspicion: _builtins.float
     detector: _builtins.str
     silence_seconds: _builtins.float
@@ -612,18 +636,84 @@ class Member(_message.Message):
         epoch: _builtins.int = ...,
         suspected_by: _abc.Iterable[_builtins.str] | None = ...,
         status: Global___NodeStatus | None = ...,
+        rank: _builtins.int | None = ...,
+        world_size: _builtins.int = ...,
+        grace_seconds: _builtins.float = ...,
+        grace_reason: _builtins.str = ...,
         degraded: _abc.Iterable[Global___Degradation] | None = ...,
         suspicion: _builtins.float = ...,
         detector: _builtins.str = ...,
         silence_seconds: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_rank", b"_rank", "rank", b"rank", "status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["degraded", b"degraded", "detector", b"detector", "epoch", b"epoch", "incarnation", b"incarnation", "labels", b"labels", "node_id", b"node_id", "silence_seconds", b"silence_seconds", "state", b"state", "status", b"status", "suspected_by", b"suspected_by", "suspicion", b"suspicion"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_rank", b"_rank", "degraded", b"degraded", "detector", b"detector", "epoch", b"epoch", "grace_reason", b"grace_reason", "grace_seconds", b"grace_seconds", "incarnation", b"incarnation", "labels", b"labels", "node_id", b"node_id", "rank", b"rank", "silence_seconds", b"silence_seconds", "state", b"state", "status", b"status", "suspected_by", b"suspected_by", "suspicion", b"suspicion", "world_size", b"world_size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__rank: _TypeAlias = _typing.Literal["rank"]  # noqa: Y015
+    _WhichOneofArgType__rank: _TypeAlias = _typing.Literal["_rank", b"_rank"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__rank) -> _WhichOneofReturnType__rank | None: ...
+
+Global___Member: _TypeAlias = Member  # noqa: Y015
+
+@_typing.final
+class JobRanks(_message.Message):
+    """The ranks of one job: its ALIVE members (label "job"), dense 0..world_size-1,
+    decided by the replicas' state machine (stable across unrelated joins and
+    deaths; after a death the highest rank moves into the gap; a join takes the
+    next rank: docs/protocol.md, "Ranks").
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class RanksEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    JOB_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
+    WORLD_SIZE_FIELD_NUMBER: _builtins.int
+    job: _builtins.str
+    epoch: _builtins.int
+    """The epoch of the entry that made this assignment: the fencing token with
+    which a process group of exactly these members and ranks is formed.
+    """
+    world_size: _builtins.int
+    @_builtins.property
+    def ranks(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """node_id -> rank; empty: the job has no member left"""
+
+    def __init__(
+        self,
+        *,
+        job: _builtins.str = ...,
+        epoch: _builtins.int = ...,
+        ranks: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        world_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "job", b"job", "ranks", b"ranks", "world_size", b"world_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___Member: _TypeAlias = Member  # noqa: Y015
+Global___JobRanks: _TypeAlias = JobRanks  # noqa: Y015
 
 @_typing.final
 class View(_message.Message):
@@ -631,18 +721,24 @@ class View(_message.Message):
 
     EPOCH_FIELD_NUMBER: _builtins.int
     MEMBERS_FIELD_NUMBER: _builtins.int
+    JOBS_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     @_builtins.property
     def members(self) -> _containers.RepeatedCompositeFieldContainer[Global___Member]: ...
+    @_builtins.property
+    def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobRanks]:
+        """every job with an ALIVE member, sorted by job"""
+
     def __init__(
         self,
         *,
         epoch: _builtins.int = ...,
         members: _abc.Iterable[Global___Member] | None = ...,
+        jobs: _abc.Iterable[Global___JobRanks] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "members", b"members"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "jobs", b"jobs", "members", b"members"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -761,6 +857,8 @@ class NodeStatusReport(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     SUSPECTED_BY_FIELD_NUMBER: _builtins.int
     SILENCE_SECONDS_FIELD_NUMBER: _builtins.int
+    GRACE_SECONDS_FIELD_NUMBER: _builtins.int
+    GRACE_REASON_FIELD_NUMBER: _builtins.int
     DEGRADED_FIELD_NUMBER: _builtins.int
     SUSPICION_FIELD_NUMBER: _builtins.int
     DETECTOR_FIELD_NUMBER: _builtins.int
@@ -768,6 +866,9 @@ class NodeStatusReport(_message.Message):
     incarnation: _builtins.int
     silence_seconds: _builtins.float
     """Seconds since the serving replica last heard the node."""
+    grace_seconds: _builtins.float
+    """Seconds left of its grace window at the serving replica (0 = none)."""
+    grace_reason: _builtins.str
     suspicion: _builtins.float
     """The serving replica's failure detector's suspicion level of the node when
     the report was made: phi (`detector` "phi") or missed heartbeat
@@ -796,13 +897,15 @@ class NodeStatusReport(_message.Message):
         status: Global___NodeStatus | None = ...,
         suspected_by: _abc.Iterable[_builtins.str] | None = ...,
         silence_seconds: _builtins.float = ...,
+        grace_seconds: _builtins.float = ...,
+        grace_reason: _builtins.str = ...,
         degraded: _abc.Iterable[Global___Degradation] | None = ...,
         suspicion: _builtins.float = ...,
         detector: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["degraded", b"degraded", "detector", b"detector", "incarnation", b"incarnation", "node_id", b"node_id", "silence_seconds", b"silence_seconds", "status", b"status", "suspected_by", b"suspected_by", "suspicion", b"suspicion"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["degraded", b"degraded", "detector", b"detector", "grace_reason", b"grace_reason", "grace_seconds", b"grace_seconds", "incarnation", b"incarnation", "node_id", b"node_id", "silence_seconds", b"silence_seconds", "status", b"status", "suspected_by", b"suspected_by", "suspicion", b"suspicion"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -856,18 +959,26 @@ class ViewChange(_message.Message):
 
     EPOCH_FIELD_NUMBER: _builtins.int
     CHANGES_FIELD_NUMBER: _builtins.int
+    RANKS_FIELD_NUMBER: _builtins.int
     epoch: _builtins.int
     @_builtins.property
     def changes(self) -> _containers.RepeatedCompositeFieldContainer[Global___MemberChange]: ...
+    @_builtins.property
+    def ranks(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobRanks]:
+        """The new assignment of every job this entry changed (a member joined, died,
+        left or restarted in it); changes may be empty when only ranks changed.
+        """
+
     def __init__(
         self,
         *,
         epoch: _builtins.int = ...,
         changes: _abc.Iterable[Global___MemberChange] | None = ...,
+        ranks: _abc.Iterable[Global___JobRanks] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "epoch", b"epoch"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes", b"changes", "epoch", b"epoch", "ranks", b"ranks"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1132,6 +1243,71 @@ class LeaveResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___LeaveResponse: _TypeAlias = LeaveResponse  # noqa: Y015
+
+@_typing.final
+class GraceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    SECONDS_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    CLUSTER_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    incarnation: _builtins.int
+    """the incarnation the cluster records ALIVE"""
+    seconds: _builtins.float
+    """The window asked for, seconds, finite and >= 0 (capped by the replica's
+    max_grace); 0 ends the node's window.
+    """
+    reason: _builtins.str
+    """at most 128 printable characters, e.g. "checkpoint" """
+    cluster: _builtins.str
+    """the cluster identity the node expects; empty = not checked"""
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        seconds: _builtins.float = ...,
+        reason: _builtins.str = ...,
+        cluster: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "incarnation", b"incarnation", "node_id", b"node_id", "reason", b"reason", "seconds", b"seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GraceRequest: _TypeAlias = GraceRequest  # noqa: Y015
+
+@_typing.final
+class GraceResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GRANTED_SECONDS_FIELD_NUMBER: _builtins.int
+    GRACE_ID_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
+    granted_seconds: _builtins.float
+    """the window committed (capped); 0 when it was ended"""
+    grace_id: _builtins.int
+    """the grant (its log index), which acks name; 0 when ended"""
+    epoch: _builtins.int
+    """the answering replica's view epoch once applied"""
+    def __init__(
+        self,
+        *,
+        granted_seconds: _builtins.float = ...,
+        grace_id: _builtins.int = ...,
+        epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "grace_id", b"grace_id", "granted_seconds", b"granted_seconds"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GraceResponse: _TypeAlias = GraceResponse  # noqa: Y015
 
 @_typing.final
 class RemoveNodeRequest(_message.Message):

@@ -59,6 +59,11 @@ class MembershipStub:
                 request_serializer=membership_dot_v1_dot_membership__pb2.LeaveRequest.SerializeToString,
                 response_deserializer=membership_dot_v1_dot_membership__pb2.LeaveResponse.FromString,
                 _registered_method=True)
+        self.Grace = channel.unary_unary(
+                '/membership.v1.Membership/Grace',
+                request_serializer=membership_dot_v1_dot_membership__pb2.GraceRequest.SerializeToString,
+                response_deserializer=membership_dot_v1_dot_membership__pb2.GraceResponse.FromString,
+                _registered_method=True)
 
 
 class MembershipServicer:
@@ -119,6 +124,24 @@ class MembershipServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Grace(self, request, context):
+        """A grace window: for `seconds` (capped by the replica's max_grace, 300 s
+        by default) the replicas do not suspect the node (a checkpoint, a long
+        collective), committed through the replicas' log like a view change
+        (but not one: no epoch), so a leader change keeps it. Each replica holds
+        it on its own clock and tells the node in its acks (grace_seconds,
+        grace_id), which the node counts as a lease; a node silent when the
+        window ends is suspected one detection time later, as usual. seconds = 0
+        ends the node's window. Only the node (its certificate under mutual
+        TLS) or an administrator may ask. NOT_FOUND for an id the cluster has no
+        record of; FAILED_PRECONDITION for an incarnation that is not the one the
+        cluster records ALIVE; INVALID_ARGUMENT for a bad seconds or reason;
+        UNAVAILABLE when it cannot commit. Docs: docs/protocol.md, "Grace windows".
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MembershipServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -141,6 +164,11 @@ def add_MembershipServicer_to_server(servicer, server):
                     servicer.Leave,
                     request_deserializer=membership_dot_v1_dot_membership__pb2.LeaveRequest.FromString,
                     response_serializer=membership_dot_v1_dot_membership__pb2.LeaveResponse.SerializeToString,
+            ),
+            'Grace': grpc.unary_unary_rpc_method_handler(
+                    servicer.Grace,
+                    request_deserializer=membership_dot_v1_dot_membership__pb2.GraceRequest.FromString,
+                    response_serializer=membership_dot_v1_dot_membership__pb2.GraceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -256,6 +284,33 @@ class Membership:
             '/membership.v1.Membership/Leave',
             membership_dot_v1_dot_membership__pb2.LeaveRequest.SerializeToString,
             membership_dot_v1_dot_membership__pb2.LeaveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Grace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/membership.v1.Membership/Grace',
+            membership_dot_v1_dot_membership__pb2.GraceRequest.SerializeToString,
+            membership_dot_v1_dot_membership__pb2.GraceResponse.FromString,
             options,
             channel_credentials,
             insecure,

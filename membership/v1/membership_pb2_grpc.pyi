@@ -80,6 +80,20 @@ class MembershipStub:
     records. A second leave of an incarnation already LEFT (or retired) is
     answered as the first was. Removing another node is Admin.RemoveNode.
     """
+    Grace: _grpc.UnaryUnaryMultiCallable[_membership_pb2.GraceRequest, _membership_pb2.GraceResponse]
+    """A grace window: for `seconds` (capped by the replica's max_grace, 300 s
+    by default) the replicas do not suspect the node (a checkpoint, a long
+    collective), committed through the replicas' log like a view change
+    (but not one: no epoch), so a leader change keeps it. Each replica holds
+    it on its own clock and tells the node in its acks (grace_seconds,
+    grace_id), which the node counts as a lease; a node silent when the
+    window ends is suspected one detection time later, as usual. seconds = 0
+    ends the node's window. Only the node (its certificate under mutual
+    TLS) or an administrator may ask. NOT_FOUND for an id the cluster has no
+    record of; FAILED_PRECONDITION for an incarnation that is not the one the
+    cluster records ALIVE; INVALID_ARGUMENT for a bad seconds or reason;
+    UNAVAILABLE when it cannot commit. Docs: docs/protocol.md, "Grace windows".
+    """
 
 @_typing.type_check_only
 class MembershipAsyncStub(MembershipStub):
@@ -123,6 +137,20 @@ class MembershipAsyncStub(MembershipStub):
     above it that no arbiter heard; the message says what the cluster
     records. A second leave of an incarnation already LEFT (or retired) is
     answered as the first was. Removing another node is Admin.RemoveNode.
+    """
+    Grace: _aio.UnaryUnaryMultiCallable[_membership_pb2.GraceRequest, _membership_pb2.GraceResponse]  # type: ignore[assignment]
+    """A grace window: for `seconds` (capped by the replica's max_grace, 300 s
+    by default) the replicas do not suspect the node (a checkpoint, a long
+    collective), committed through the replicas' log like a view change
+    (but not one: no epoch), so a leader change keeps it. Each replica holds
+    it on its own clock and tells the node in its acks (grace_seconds,
+    grace_id), which the node counts as a lease; a node silent when the
+    window ends is suspected one detection time later, as usual. seconds = 0
+    ends the node's window. Only the node (its certificate under mutual
+    TLS) or an administrator may ask. NOT_FOUND for an id the cluster has no
+    record of; FAILED_PRECONDITION for an incarnation that is not the one the
+    cluster records ALIVE; INVALID_ARGUMENT for a bad seconds or reason;
+    UNAVAILABLE when it cannot commit. Docs: docs/protocol.md, "Grace windows".
     """
 
 class MembershipServicer(metaclass=_abc_1.ABCMeta):
@@ -188,6 +216,26 @@ class MembershipServicer(metaclass=_abc_1.ABCMeta):
         above it that no arbiter heard; the message says what the cluster
         records. A second leave of an incarnation already LEFT (or retired) is
         answered as the first was. Removing another node is Admin.RemoveNode.
+        """
+
+    @_abc_1.abstractmethod
+    def Grace(
+        self,
+        request: _membership_pb2.GraceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_membership_pb2.GraceResponse, _abc.Awaitable[_membership_pb2.GraceResponse]]:
+        """A grace window: for `seconds` (capped by the replica's max_grace, 300 s
+        by default) the replicas do not suspect the node (a checkpoint, a long
+        collective), committed through the replicas' log like a view change
+        (but not one: no epoch), so a leader change keeps it. Each replica holds
+        it on its own clock and tells the node in its acks (grace_seconds,
+        grace_id), which the node counts as a lease; a node silent when the
+        window ends is suspected one detection time later, as usual. seconds = 0
+        ends the node's window. Only the node (its certificate under mutual
+        TLS) or an administrator may ask. NOT_FOUND for an id the cluster has no
+        record of; FAILED_PRECONDITION for an incarnation that is not the one the
+        cluster records ALIVE; INVALID_ARGUMENT for a bad seconds or reason;
+        UNAVAILABLE when it cannot commit. Docs: docs/protocol.md, "Grace windows".
         """
 
 def add_MembershipServicer_to_server(servicer: MembershipServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -298,8 +298,10 @@ def test_durability_replica_whose_data_dir_was_lost_stops_with_one_error(
     others = tuple(r for r in IDS if r != victim)
     cluster.procs["n1"].kill()
     wait_until(
-        lambda: (v := _agreed(_views(cluster, others), 0))
-        and any(m[0] == "n1" and m[2] == "DEAD" for m in _members(v)),
+        lambda: (
+            (v := _agreed(_views(cluster, others), 0))
+            and any(m[0] == "n1" and m[2] == "DEAD" for m in _members(v))
+        ),
         15,
         "n1 DEAD on the two others",
     )

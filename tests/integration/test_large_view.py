@@ -59,9 +59,7 @@ async def test_a_view_over_4_mib_reaches_get_view_and_watch(lone_replica: Arbite
     async with grpc.aio.insecure_channel(addr) as channel:
         stub = pb_grpc.MembershipStub(channel)
         for start in range(0, NODES, 50):
-            await asyncio.gather(
-                *(_one_heartbeat(stub, f"n{i}") for i in range(start, start + 50))
-            )
+            await asyncio.gather(*(_one_heartbeat(stub, f"n{i}") for i in range(start, start + 50)))
         # Heard once each: every node joins (and, silent, is then DEAD: still in the view).
         await wait_async(
             lambda: len(lone_replica.driver.state.view().members) == NODES, 60, "every node joined"

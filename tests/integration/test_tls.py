@@ -95,6 +95,8 @@ async def _call_code(address: str, creds: grpc.ChannelCredentials, what: str, **
         try:
             if what == "leave":
                 await stub.Leave(pb.LeaveRequest(**kw), timeout=5)  # type: ignore[arg-type]
+            elif what == "grace":
+                await stub.Grace(pb.GraceRequest(**kw), timeout=5)  # type: ignore[arg-type]
             elif what == "view":
                 await stub.GetView(pb.GetViewRequest(), timeout=5)
             else:
@@ -158,6 +160,18 @@ async def test_tls_node_certificate_cannot_heartbeat_or_leave_as_another_node(
     assert await _member(admin, "n1") == (epoch, MemberState.ALIVE)
     # n1's own certificate still heartbeats as n1 (the process does), and so would another stream.
     assert await _heartbeat_code(c.addresses[0], n1, "n1") == "OK"
+    # Grace windows: n1 may not ask as n2; an admin may open one for n1, never end it; n1 may.
+    info = await admin.get_view()
+    inc = info.view.get("n1").incarnation  # type: ignore[union-attr]
+    a0, ops = c.addresses[0], _creds(c.certs.files("ops", "admin"))
+    assert await _call_code(a0, n1, "grace", node_id="n2", incarnation=1, seconds=9.0) == (
+        "PERMISSION_DENIED"
+    )
+    assert await _call_code(a0, ops, "grace", node_id="n1", incarnation=inc, seconds=9.0) == "OK"
+    assert await _call_code(a0, ops, "grace", node_id="n1", incarnation=inc) == (
+        "FAILED_PRECONDITION"
+    )
+    assert await _call_code(a0, n1, "grace", node_id="n1", incarnation=inc) == "OK"
 
 
 async def test_tls_node_started_with_another_nodes_certificate_exits_2_naming_it(

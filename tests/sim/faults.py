@@ -27,6 +27,11 @@ Rules:
    isolate the leader, crash the new replica, a minority partition). Added
    replicas start with an empty disk. No new operation starts after the
    final heal; one under way finishes.
+6. Grace windows (one seed in three, a stream of its own: the other seeds
+   run as before): half of a node's pauses are announced, a window of 0.5
+   to 4 s asked of a random up replica (of the leader when that one knows
+   none) 0.2 s before the pause; now and then a node ends its window early.
+   S6 then checks that a node counting a window's leases is never DEAD.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from arbiter.config import ArbiterConfig
+from arbiter.core.raft import ProposalDropped
 from tests.sim.nodes import NodeStatus
 from tests.sim.reconfig import Operator
 from tests.sim.world import World
@@ -238,8 +244,11 @@ class FaultSchedule:
                 hold = rng.choice((rng.uniform(0.02, 0.4), rng.uniform(1.0, 3.0)))
             else:
                 hold = rng.uniform(D - 0.1, D + 0.3)
-            w.pause_node(nid)
-            self._later(hold, w.resume_node, nid)
+            graces = w.grace_rng
+            if graces is not None and graces.random() < 0.5 and self._ask_grace(nid, graces):
+                self._later(0.2, self._pause_for, nid, hold)  # rule 6: acks carry it first
+            else:
+                self._pause_for(nid, hold)
         elif kind == "crash" and node.status is not NodeStatus.CRASHED:
             w.crash_node(nid)
             if rng.random() < 0.7:
@@ -259,6 +268,25 @@ class FaultSchedule:
             if sub.feed is not None:
                 sub.broken(sub.feed)
         self._later(rng.uniform(0.3, 3.0), self._node_fault)
+
+    def _pause_for(self, nid: str, hold: float) -> None:
+        w = self.w
+        if w.nodes[nid].status is NodeStatus.UP and not self.healed:
+            w.pause_node(nid)
+            self._later(hold, w.resume_node, nid)
+
+    def _ask_grace(self, nid: str, graces: random.Random) -> bool:
+        """Rule 6: ``nid`` asks a random up replica for a window (or, 1 in 5, its end)."""
+        w = self.w
+        up = [r for r in w.replica_ids if w.replicas[r].core is not None]
+        if not up or w.nodes[nid].session is None:
+            return False
+        seconds = 0.0 if graces.random() < 0.2 else round(graces.uniform(0.5, 4.0), 2)
+        try:
+            w.grace(nid, seconds, via=graces.choice(up))
+        except ProposalDropped:
+            return False
+        return seconds > 0
 
     def _cut_for(self, links: list[tuple[str, str]], hold: float) -> None:
         w = self.w

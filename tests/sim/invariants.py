@@ -34,6 +34,15 @@ S8 Forgotten lives: once a DEAD or LEFT record of n at k is forgotten (tally
    rule 12: only a record still in the view, DEAD or LEFT, is forgotten), no
    committed change names n at an incarnation <= k again, and no replica
    that applied the forgetting grants a lease to n at an incarnation <= k.
+S9 Ranks (arbiter/core/ranks.py): none before the first committed Bootstrap
+   that carries the ranks rules (a join may commit before it: its ranks are
+   derived in that entry, ranks rule 6); from then on, in every committed view each job's ranks
+   are dense 0..world_size-1 and held by exactly its ALIVE members (each
+   member's rank is its job's); a job's assignment changes
+   only in an entry that changes the view, at that epoch; a member that
+   stays in its job keeps its rank unless the job shrank to it or below
+   (ranks rule 2). S4 and S7 compare the ranks too: every replica and every
+   subscriber holds the same ranks at the same epoch.
 
 Liveness (checked by ``World`` at set times, bounds in ``faults``):
 
@@ -52,7 +61,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from arbiter.core.commands import ObserveBatch, Opinion, decode
+from arbiter.core.commands import Bootstrap, ObserveBatch, Opinion, decode
 from arbiter.core.raft import (
     ArbiterConfiguration,
     Entry,
@@ -62,6 +71,7 @@ from arbiter.core.raft import (
     Role,
     decode_change,
 )
+from arbiter.core.ranks import RANKS_RULES
 from arbiter.core.tally import ApplyResult, ViewChange
 from membership.view import MemberChange, MemberState, View
 
@@ -99,6 +109,7 @@ class Checker:
         self.top = 0  # highest index applied anywhere
         self.floors: dict[str, tuple[int, int]] = {}  # node -> (forgotten incarnation, epoch)
         self.forgotten = 0  # records forgotten in the run
+        self.ranks_on = False  # S9: a Bootstrap with the ranks rules is committed
 
     def fail(self, what: str) -> None:
         """Raises :class:`InvariantViolation` with the virtual time."""
@@ -162,7 +173,7 @@ class Checker:
     def restored(self, replica: SimReplica, view: View) -> None:
         """A replica's state machine was restored from a snapshot (or started empty) (S4)."""
         committed = self.views.get(view.epoch)
-        if committed is None or committed.members != view.members:
+        if committed is None or committed != view:
             self.fail(f"S4: {replica.id} restores epoch {view.epoch}, not the committed view")
         if view.epoch < replica.epoch:
             self.fail(f"S4: {replica.id} goes back from epoch {replica.epoch} to {view.epoch}")
@@ -211,6 +222,8 @@ class Checker:
     def _first_apply(self, entry: Entry, change: ViewChange | None) -> None:
         w = self.world
         cmd = decode(entry.data)
+        if isinstance(cmd, Bootstrap) and cmd.rules >= RANKS_RULES:
+            self.ranks_on = True
         if isinstance(cmd, ObserveBatch) and cmd.replica_id in self.conf:  # tally rule 9
             r = cmd.replica_id
             for o in cmd.observations:
@@ -235,7 +248,10 @@ class Checker:
             self.fail(f"S4: epoch {change.epoch} committed after epoch {self.epoch}")
         self.epoch = change.epoch
         base = self.views[change.epoch - 1]
-        self.views[change.epoch] = base.with_changes(change.epoch, change.changes)
+        self.views[change.epoch] = view = base.with_changes(
+            change.epoch, change.changes, change.ranks
+        )
+        self._ranks(base, view, change)
         later = {(c.node_id) for c in change.changes if c.state is not MemberState.DEAD}
         for c in change.changes:
             if self._forgotten(change.epoch, c, base):
@@ -260,6 +276,37 @@ class Checker:
             node = w.nodes.get(c.node_id)
             if node is not None:
                 self._lease_quorum(node, node.local(w.q.now))
+
+    def _ranks(self, base: View, view: View, change: ViewChange) -> None:
+        """S9 for one committed view change."""
+        epoch = change.epoch
+        if any(j.epoch != epoch for j in change.ranks):
+            self.fail(f"S9: epoch {epoch} carries an assignment of another epoch")
+        jobs: dict[str, dict[str, int]] = {}
+        for m in view.members:
+            job = m.labels.get("job", "") if m.state is MemberState.ALIVE else ""
+            job = job if self.ranks_on else ""  # no ranks before the rules carry them
+            if (m.rank is not None) != bool(job):
+                self.fail(f"S9: epoch {epoch}: {m.node_id} ({m.state.value}) has rank {m.rank}")
+            if job:
+                jobs.setdefault(job, {})[m.node_id] = m.rank  # type: ignore[assignment]
+        for j in view.jobs:
+            if dict(j.ranks) != jobs.get(j.job) or sorted(j.ranks.values()) != list(
+                range(j.world_size)
+            ):
+                self.fail(f"S9: epoch {epoch}: job {j.job} ranks {dict(j.ranks)}, members {jobs}")
+            before = base.job(j.job)
+            if before is not None and j.epoch != epoch and before != j:
+                self.fail(f"S9: job {j.job}'s ranks changed at epoch {epoch} without a change")
+            for n, r in before.ranks.items() if before is not None else ():
+                if n in j.ranks and j.ranks[n] != r and r < j.world_size:
+                    self.fail(f"S9: {n} moved from rank {r} in {j.job} at epoch {epoch}")
+        if set(jobs) != {j.job for j in view.jobs}:
+            self.fail(f"S9: epoch {epoch}: ranked members of a job the view does not list")
+        if self.world.verbose and change.ranks and self.world.trace_ranks:
+            for j in change.ranks:
+                ranks = " ".join(f"{n}={r}" for n, r in sorted(j.ranks.items(), key=lambda x: x[1]))
+                self.world.trace(f"epoch {epoch}: job {j.job} ranks {ranks or '(none)'}")
 
     def _forgotten(self, epoch: int, c: MemberChange, base: View) -> bool:
         """S8 for one committed change; True when it is a forgotten record."""
@@ -345,5 +392,5 @@ class Checker:
         committed = self.views.get(view.epoch)
         if committed is None:
             self.fail(f"S7: {sub_id} holds epoch {view.epoch}, never committed")
-        elif committed.members != view.members:
+        elif committed != view:
             self.fail(f"S7: {sub_id}'s view at epoch {view.epoch} differs from the committed one")

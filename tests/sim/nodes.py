@@ -72,6 +72,8 @@ class Ack:
     voters: tuple[str, ...] = ()
     learners: tuple[str, ...] = ()
     config_index: int = 0
+    grace: float = 0.0
+    grace_id: int = 0
 
 
 class NodeStatus(enum.Enum):
@@ -82,7 +84,7 @@ class NodeStatus(enum.Enum):
     CRASHED = "crashed"
 
 
-_LABELS = {"rack": "a"}
+_LABELS = {"job": "j1", "rack": "a"}
 
 
 class SimNode:
@@ -169,6 +171,13 @@ class SimNode:
         self._beat(self._beat_token)
         self._schedule_fence()
 
+    def ask_grace(self) -> int:
+        """Before asking for a grace window (or its end): stops counting every grant it
+        knows (session rule 10). Returns the incarnation asking."""
+        assert self.session is not None
+        self._session_events(self.session.end_grace(self.local(self.world.q.now)))
+        return self.session.incarnation
+
     # --- heartbeats -----------------------------------------------------------------------
 
     def _schedule_beat(self, when: float) -> None:
@@ -207,6 +216,8 @@ class SimNode:
             recorded_incarnation=ack.incarnation,
             epoch=ack.epoch,
             now=now,
+            grace=ack.grace,
+            grace_id=ack.grace_id,
         )
         if events:
             self._session_events(events)

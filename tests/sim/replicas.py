@@ -213,6 +213,8 @@ class SimReplica:
             voters,
             learners,
             conf.index,
+            v.grace,
+            v.grace_id,
         )
         w.net.send(self.id, hb.node_id, w.deliver_ack, ack)
         self._schedule()  # a new opinion is owed to the log at once
@@ -229,12 +231,17 @@ class SimReplica:
                 assert self._spins < 10_000, f"{self.id} ticks forever at {now}: livelock"
             else:
                 self._spin_at, self._spins = now, 0
-            self.core.tick(now)
+            self.core.tick(now, wall=now)  # the replicas' wall clocks agree here
             self._after_input()
         else:
             self._schedule()
 
     # --- outputs ----------------------------------------------------------------------------
+
+    def poke(self) -> None:
+        """Something was proposed from outside (a node's grace window): flush and reschedule."""
+        if self.core is not None:
+            self._after_input()
 
     def _after_input(self) -> None:
         core = self.core
@@ -298,6 +305,8 @@ class SimReplica:
                 self.feed.reset(view)
             for entry, result in done.applied:
                 check.applied(self, entry, result)
+                if result.grace is not None and result.grace.request_id in w.grace_asks:
+                    w.grace_answered(self.id, result.grace)
                 change = result.change
                 if change is not None:
                     self._view_moved = True

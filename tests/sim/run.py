@@ -63,7 +63,8 @@ def replay_command(seed: int, seconds: float, mutant: str | None = None) -> str:
 def build(seed: int, *, mutant: str | None = None, echo: bool = False) -> World:
     """The world a seed draws: 3 replicas (5 one time in five), 2 to 4 nodes, 2 subscribers,
     a random network profile, nodes' clocks drifting within ``DRIFT``; one seed in three
-    forgets DEAD and LEFT records after 1 to 6 s, some also by count (bounded history)."""
+    forgets DEAD and LEFT records after 1 to 6 s, some also by count (bounded history); one
+    in three has nodes ask for grace windows before some of their pauses (``faults`` rule 6)."""
     rng = random.Random(f"{seed}/shape")
     replicas = 5 if rng.random() < 0.2 else 3
     nodes = rng.randint(2, 4)
@@ -78,7 +79,7 @@ def build(seed: int, *, mutant: str | None = None, echo: bool = False) -> World:
             max_tombstones=pick.choice([None, 0, 1, 2]),
             retry_after=0.5,
         )
-    return World(
+    world = World(
         seed,
         replicas=replicas,
         nodes=nodes,
@@ -89,6 +90,10 @@ def build(seed: int, *, mutant: str | None = None, echo: bool = False) -> World:
         drift=DRIFT,
         retention=retention,
     )
+    graces = random.Random(f"{seed}/grace")  # its own stream too
+    if graces.random() < 1 / 3:
+        world.grace_rng = graces
+    return world
 
 
 def run_seed(

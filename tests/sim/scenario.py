@@ -23,7 +23,9 @@ Commands (``T`` is seconds of virtual time):
 ``partition A B | C D`` | ``cut A->B`` | ``cut A<->B`` | ``isolate X`` | ``heal``
 ``crash X..`` | ``restart X..`` | ``pause N`` | ``resume N``
 ``disconnect S`` | ``connect S R``
-``status`` | ``views`` | ``suspects N``
+``status`` | ``views`` | ``suspects N`` | ``ranks``
+``grace N SECONDS [via=R]``
+    node N asks replica R (the leader) for a grace window (0: its end).
 ``operate STEP R [STEP R ...]``
     hands the operator (``reconfig``) one membership operation, steps
     ``add``, ``voter``, ``promote``... as in ``reconfig`` (``wipe``, ``add``,
@@ -160,6 +162,10 @@ class _Runner:
             return w.status_lines()
         elif name == "views":
             return [self._view_line(rid) for rid in w.replicas]
+        elif name == "ranks":
+            return [self._ranks_line(rid) for rid in w.replicas]
+        elif name == "grace":
+            w.grace(args[0], float(args[1]), kw.get("via"))
         elif name == "suspects":
             return [self._suspects_line(rid, args[0]) for rid in w.replicas]
         elif name == "operate":
@@ -179,6 +185,16 @@ class _Runner:
         v = core.state.view()
         members = ", ".join(f"{m.node_id}#{m.incarnation} {m.state.value}" for m in v.members)
         return f"{rid} epoch {v.epoch}: {members or '(empty)'}"
+
+    def _ranks_line(self, rid: str) -> str:
+        core = self.world.replicas[rid].core
+        if core is None:
+            return f"{rid}: down"
+        v = core.state.view()
+        jobs = "; ".join(
+            f"{j.job}@{j.epoch} " + " ".join(f"{n}={r}" for n, r in j.ranks.items()) for j in v.jobs
+        )
+        return f"{rid} epoch {v.epoch}: {jobs or '(no job)'}"
 
     def _suspects_line(self, rid: str, node_id: str) -> str:
         r = self.world.replicas[rid]

@@ -153,7 +153,7 @@ class SimSubscriber:
                 item.epoch == self.epoch + 1,
                 f"{self.id} got epoch {item.epoch} after epoch {self.epoch}: not contiguous",
             )
-            self.view = self.view.with_changes(item.epoch, item.changes)
+            self.view = self.view.with_changes(item.epoch, item.changes, item.ranks)
             self.changes += 1
             if self.world.verbose:
                 self.world.trace(f"{self.id} <- epoch {item.epoch}")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from arbiter.config import ArbiterConfig
 from arbiter.core.raft import ArbiterConfiguration, Message, RaftConfig, Role
 from arbiter.core.retention import RetentionPolicy
+from arbiter.core.tally import GraceOutcome
 from membership.view import MemberState, View
 from tests.sim.clock import EventQueue
 from tests.sim.invariants import Checker
@@ -119,7 +120,10 @@ class World:
             profile or NetProfile(),
         )
         self.sub_rng = random.Random(f"{seed}/subs")
-        self.labels = {"rack": "a"}
+        self.labels = {"job": "j1", "rack": "a"}
+        self.trace_ranks = False  # scenario files turn it on (ranks rule 5 in the trace)
+        self.grace_asks: dict[str, tuple[str, str, int]] = {}  # id -> (node, asked, boot)
+        self.grace_rng: random.Random | None = None  # faults rule 6: nodes ask for windows
         self.lines: list[str] = []
         self._hash = hashlib.sha256()
         self.checker = Checker(self)
@@ -270,6 +274,38 @@ class World:
         if n.status is NodeStatus.PAUSED:
             self._fault(f"resume {nid}", topology=False)
             n.resume()
+
+    def grace(self, nid: str, seconds: float, via: str | None = None) -> float:
+        """Node ``nid`` asks replica ``via`` (the leader by default) for a grace window of
+        ``seconds`` (0: its end), as ``Membership.Grace`` proposes it; returns the seconds
+        proposed (capped by ``max_grace``). The node first stops counting its grants
+        (session rule 10).
+
+        Raises:
+            ProposalDropped: ``via`` knows no leader.
+        """
+        lead = self.leader() if via is None else self.replicas[via]
+        assert lead is not None and lead.core is not None, "no replica to ask"
+        incarnation = self.nodes[nid].ask_grace()
+        now = self.q.now
+        rid = f"grace-{len(self.grace_asks)}"
+        self.grace_asks[rid] = (nid, lead.id, lead.boots)
+        granted = lead.core.propose_grace(nid, incarnation, seconds, "sim", rid, now, wall=now)
+        self.trace(f"{nid}#{incarnation} asks {lead.id} for a grace window of {granted:g}s")
+        lead.poke()
+        return granted
+
+    def grace_answered(self, rid: str, outcome: GraceOutcome) -> None:
+        """Replica ``rid`` applied a grace ask: the one asked answers the node (the
+        answer's network trip is left out: the node learns it when it is applied)."""
+        nid, asked, boot = self.grace_asks[outcome.request_id]
+        if (rid, self.replicas[rid].boots) != (asked, boot):
+            return  # another replica, or the one asked after a restart: the call is gone
+        del self.grace_asks[outcome.request_id]
+        node = self.nodes[nid]
+        if node.session is not None and outcome.accepted:
+            node.session.grace_answered(outcome.index, outcome.record is not None)
+            self.trace(f"{nid} is told its grace window is committed at {outcome.index}")
 
     def partition(self, *groups: list[str]) -> None:
         """Cuts every link between the groups, both ways (others stay connected)."""

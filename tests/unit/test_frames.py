@@ -7,14 +7,17 @@ from typing import Any
 
 import grpc
 
+from arbiter.core.degraded import DegradedPolicy
 from arbiter.core.tally import ViewChange
 from arbiter.server.arbiterset import ArbiterSet
+from arbiter.server.degradation import DegradedMarks
 from arbiter.server.encoding import ViewEncoder
 from arbiter.server.frames import SERVICE, EventFrames, add_membership_service
 from arbiter.server.hub import HubStatus
 from arbiter.server.statusboard import StatusBoard
 from membership import convert
 from membership.v1 import membership_pb2 as pb
+from membership.v1 import membership_pb2_grpc as pb_grpc
 from membership.view import Member, MemberChange, MemberState, View
 
 
@@ -45,7 +48,9 @@ ARBITERS = ArbiterSet(voters={"a1": "h:1", "a2": "h:2", "a3": "h:3"}, index=7)
 
 def _frames() -> tuple[EventFrames, FakeDriver]:
     driver = FakeDriver()
-    views = ViewEncoder(driver, StatusBoard())  # type: ignore[arg-type]
+    board = StatusBoard()
+    marks = DegradedMarks(driver, board, DegradedPolicy())  # type: ignore[arg-type]
+    views = ViewEncoder(driver, board, marks)  # type: ignore[arg-type]
     frames = EventFrames(driver, views, "c@d", lambda: ARBITERS, 1.0)  # type: ignore[arg-type]
     return frames, driver
 
@@ -112,17 +117,10 @@ class _Server:
 
 def test_frames_service_has_every_method_and_subscribe_writes_bytes() -> None:
     server = _Server()
-    add_membership_service(object.__new__(_Servicer), server)  # type: ignore[arg-type]
+    add_membership_service(pb_grpc.MembershipServicer(), server)  # type: ignore[arg-type]
     methods = pb.DESCRIPTOR.services_by_name["Membership"].methods
     assert sorted(server.handlers) == sorted(m.name for m in methods)
     subscribe = server.handlers["Subscribe"]
     assert subscribe.unary_stream is not None and subscribe.response_serializer is None
     assert server.handlers["GetView"].response_serializer is not None
     assert isinstance(subscribe, grpc.RpcMethodHandler)
-
-
-class _Servicer:
-    async def Heartbeat(self, *a: Any) -> None: ...
-    async def Subscribe(self, *a: Any) -> None: ...
-    async def GetView(self, *a: Any) -> None: ...
-    async def Leave(self, *a: Any) -> None: ...

@@ -3,9 +3,9 @@ measures and sends, and how view, watch --status and top print them."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,7 +22,7 @@ from membership.top_view import Frame, RecentChange, node_order, render
 from membership.v1 import membership_pb2 as pb
 from membership.view import (
     Degradation,
-    Member,
+    JobRanks,
     MemberState,
     StatusReport,
     StatusUpdated,
@@ -248,18 +248,17 @@ def test_top_frame_orders_problem_nodes_first_and_explains_them() -> None:
 
 def test_top_frame_cuts_rows_to_the_terminal_and_reads_rank_and_grace_when_present() -> None:
     info = _info()
-    ranked = [
-        SimpleNamespace(**{f: getattr(m, f) for f in Member.__slots__}, rank=1, world_size=2)
-        if m.node_id == "n1"
-        else m
+    ranked = tuple(
+        dataclasses.replace(m, labels={**m.labels, "job": "j1"}, rank=1) if m.node_id == "n1" else m
         for m in info.view.members
-    ]
-    grace = SimpleNamespace(remaining=42.0, reason="checkpoint")
-    view = View(epoch=9)
-    object.__setattr__(view, "members", tuple(ranked))
-    fake = SimpleNamespace(**{f: getattr(info, f) for f in ViewInfo.__slots__}, grace={"n1": grace})
-    fake.view = view
-    text = _draw(Frame(at=0.0, replicas=REPLICAS, info=fake, max_rows=2), plain=False)  # type: ignore[arg-type]
+    )
+    job = JobRanks(job="j1", epoch=9, ranks={"n0": 0, "n1": 1})
+    fake = dataclasses.replace(
+        info,
+        view=View(epoch=9, members=ranked, jobs=(job,)),
+        graces={"n1": (42.0, "checkpoint")},
+    )
+    text = _draw(Frame(at=0.0, replicas=REPLICAS, info=fake, max_rows=2), plain=False)
     row = next(ln for ln in text.splitlines() if ln.startswith("n1 "))
     assert " 1/2 " in row and "GRACE 42s checkpoint" in row
     assert "... 1 more" in text and not any(ln.startswith("n3 ") for ln in text.splitlines())

@@ -29,7 +29,8 @@ Rules:
      histogram since the last batch (``(bucket counts, sum of seconds)`` on
      :data:`arbiter.server.counters.INTERARRIVAL_BUCKETS`, or None: none).
    - ``VERDICTS`` (``<-``): batch id, one verdict per heartbeat in order
-     (``(accepted, state, incarnation, lease)``, or a refusal
+     (``(accepted, state, incarnation, lease, grace, grace_id)``: the grace
+     window of arbiter/core/grace_windows.py rule 3, or a refusal
      ``(message, pushback_ms)``: the stream is ended with RESOURCE_EXHAUSTED,
      that message and, when ``pushback_ms`` > 0, the trailing metadata
      ``grpc-retry-pushback-ms``: max_nodes, or shedding), then the replica's

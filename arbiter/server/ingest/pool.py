@@ -363,7 +363,9 @@ class IngestPool:
             )
             if v.accepted and status is not None:
                 board.update(node_id, incarnation, pb.NodeStatus.FromString(status), now)
-            verdicts.append((v.accepted, _STATE[v.state], v.incarnation, v.lease))
+            verdicts.append(
+                (v.accepted, _STATE[v.state], v.incarnation, v.lease, v.grace, v.grace_id)
+            )
         self.horizon.heard(slot.stats.index, sent_at)
         heartbeats, acks, streams = counts
         counters = driver.counters

@@ -223,7 +223,8 @@ class HeartbeatService:
                         if pushback_ms
                         else (),
                     )
-                _, ack.state, ack.incarnation, ack.lease_seconds = verdict
+                _, ack.state, ack.incarnation, ack.lease_seconds, grace, grace_id = verdict
+                ack.grace_seconds, ack.grace_id = grace, grace_id
                 ack.seq = req.seq
                 batcher.acks += 1
                 yield st.base + ack.SerializeToString()  # rule 4
