@@ -394,10 +394,15 @@ async def test_tls_sighup_rotation_new_connections_get_the_new_certificate_strea
         await wait_async(lambda: min(acks.values()) >= 5, 20, "acks from every replica")
         opened_before = dict(opened)
         a1 = c.certs.files("a1", "arbiter")
-        old_serial = _served_serial(c.arbiters["a1"], n1)
+        # Everything blocking runs off the event loop: the node heartbeats from this process at
+        # a 0.15 s interval, and a CLI process's start run on the loop (over a second on a
+        # loaded CI machine) silenced it past D and got it declared DEAD.
+        old_serial = await asyncio.to_thread(_served_serial, c.arbiters["a1"], n1)
         assert old_serial == x509.load_pem_x509_certificate(a1.cert.read_bytes()).serial_number
         # Re-issue a1's certificate with the CLI, then SIGHUP every replica.
-        r = _cli("certs", "issue", str(c.certs.folder), "--arbiters", "a1", "--force")
+        r = await asyncio.to_thread(
+            _cli, "certs", "issue", str(c.certs.folder), "--arbiters", "a1", "--force"
+        )
         assert r.returncode == 0, r.stderr
         new_serial = x509.load_pem_x509_certificate(a1.cert.read_bytes()).serial_number
         assert new_serial != old_serial
@@ -407,14 +412,14 @@ async def test_tls_sighup_rotation_new_connections_get_the_new_certificate_strea
         for rid in c.arbiters:
             c.children[rid].signal(signal.SIGHUP)
         for rid in c.arbiters:
-            wait_until(
+            await wait_async(
                 lambda rid=rid: (
                     c.children[rid].stderr().count("TLS files reloaded") > log_lines[rid]
                 ),
                 10,
                 f"{rid} reloading",
             )
-        assert _served_serial(c.arbiters["a1"], n1) == new_serial
+        assert await asyncio.to_thread(_served_serial, c.arbiters["a1"], n1) == new_serial
         acks_at_hup = dict(acks)
         await wait_async(
             lambda: all(acks[a] >= acks_at_hup[a] + 30 for a in c.addresses),
