@@ -23,17 +23,29 @@ Rules:
    ``gpu_utilization`` may be probed (NVML) or reported by the application;
    the heartbeat does not say which, so it has the fraction deadband.
 2. Memory is bounded by the nodes the replica hears: an entry not updated for
-   ``forget_after`` seconds is dropped by :meth:`prune`.
+   ``forget_after`` seconds is dropped by :meth:`prune`. An entry holds no
+   older request's status than the latest (a protobuf submessage holds its
+   whole request's memory): the status of the last version is that latest
+   status while they are equal, and its plain values (:func:`fields_of`)
+   once a status within the deadband replaces it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from membership.v1 import membership_pb2 as pb
 
-__all__ = ["FRACTION_DEADBAND", "LOAD_DEADBAND", "StatusBoard", "StatusEntry", "changed"]
+__all__ = [
+    "FRACTION_DEADBAND",
+    "LOAD_DEADBAND",
+    "StatusBoard",
+    "StatusEntry",
+    "changed",
+    "differs",
+    "fields_of",
+]
 
 # Rule 1: how far a probed figure moves before the status counts as changed.
 LOAD_DEADBAND = 0.1  # load average (runnable processes)
@@ -44,6 +56,16 @@ _Probed = Literal[
 _FRACTIONS: frozenset[_Probed] = frozenset(
     ("cpu_utilization", "memory_utilization", "gpu_utilization", "gpu_memory_utilization")
 )
+
+
+def fields_of(status: pb.NodeStatus) -> dict[str, Any]:
+    """The fields set in ``status`` (``ListFields``: a field present, a map non-empty),
+    name -> value, the gauges as a plain dict: what rule 1 compares, holding nothing
+    of the message."""
+    out = {f.name: v for f, v in status.ListFields()}
+    if "gauges" in out:
+        out["gauges"] = dict(out["gauges"])
+    return out
 
 
 def changed(
@@ -60,8 +82,16 @@ def changed(
     """
     if old == new:
         return False
-    was = {f.name: v for f, v in old.ListFields()}
-    now = {f.name: v for f, v in new.ListFields()}
+    return differs(fields_of(old), fields_of(new), load_deadband, fraction_deadband)
+
+
+def differs(
+    was: dict[str, Any],
+    now: dict[str, Any],
+    load_deadband: float = LOAD_DEADBAND,
+    fraction_deadband: float = FRACTION_DEADBAND,
+) -> bool:
+    """:func:`changed` of two statuses given as :func:`fields_of` (rule 1)."""
     if was.keys() != now.keys():
         return True  # a field (or the first gauge) appeared or disappeared
     for name, value in now.items():
@@ -72,7 +102,7 @@ def changed(
             if abs(value - was[name]) >= fraction_deadband:
                 return True
         elif name == "gauges":
-            if dict(value) != dict(was[name]):
+            if value != was[name]:
                 return True
         elif value != was[name]:  # phase, step, progress: any other value
             return True
@@ -94,7 +124,9 @@ class StatusEntry:
     status: pb.NodeStatus
     heard: float
     version: int
-    sent: pb.NodeStatus  # the status as of ``version`` (what rule 1 compares with)
+    # the status as of ``version`` (what rule 1 compares with): ``status`` itself while
+    # they are equal, else its fields_of (rule 2)
+    sent: pb.NodeStatus | dict[str, Any]
 
 
 class StatusBoard:
@@ -129,10 +161,15 @@ class StatusBoard:
         entry = self._entries.get(node_id)
         if entry is not None and entry.incarnation == incarnation:
             entry.heard = now
-            if status == entry.status:  # most heartbeats: the same status again (C compare)
+            old, sent = entry.status, entry.sent
+            entry.status = status  # the latest request's, even when equal (rule 2)
+            if status == old:  # most heartbeats: the same status again (C compare)
+                if sent is old:
+                    entry.sent = status  # the same, held by the newer request (rule 2)
                 return
-            entry.status = status
-            if not changed(entry.sent, status, self._load_deadband, self._fraction_deadband):
+            was = sent if isinstance(sent, dict) else fields_of(sent)
+            if not differs(was, fields_of(status), self._load_deadband, self._fraction_deadband):
+                entry.sent = was  # its values, not an older request (rule 2)
                 return
             self._version += 1
             entry.version, entry.sent = self._version, status
