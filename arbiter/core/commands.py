@@ -40,6 +40,13 @@ Rule 5. Decoding is strict: unknown versions, unknown or missing fields,
     duplicate keys, wrong types (a bool is not an int, a float is not an
     int) and values the constructors reject all raise
     :class:`CommandDecodeError`. What decodes is a valid command.
+Rule 6. An observation's node id and label strings decode interned
+    (``sys.intern``): the tally keeps them for as long as the node is
+    recorded, once per replica that observed it, and the replica's shell
+    interns the same strings as it hears them, so a node's id and labels are
+    one string each in the process, and a label key or value that many
+    nodes share is one string for all (docs/scale.md, "Memory per node").
+    An interned string is freed when nothing else holds it.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ import enum
 import itertools
 import json
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -450,7 +458,7 @@ def _decode_observation(obj: Any, i: int) -> Observation:
             and isinstance(pair[1], str)
         ):
             raise CommandDecodeError(f"{where}.labels: expected [key, value] strings, got {pair!r}")
-        labels.append((pair[0], pair[1]))
+        labels.append((sys.intern(pair[0]), sys.intern(pair[1])))  # rule 6
     silence: float | None = None
     suspicion: float | None = None
     detector = ""
@@ -468,7 +476,7 @@ def _decode_observation(obj: Any, i: int) -> Observation:
         if silence is None and suspicion is None and not detector:
             raise CommandDecodeError(f"{where}.ev: empty evidence is written as no 'ev' at all")
     return Observation(
-        node_id=_get(f, "node", str, where),
+        node_id=sys.intern(_get(f, "node", str, where)),  # rule 6
         incarnation=_get(f, "inc", int, where),
         opinion=opinion,
         seq=_get(f, "seq", int, where),

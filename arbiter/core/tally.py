@@ -221,14 +221,20 @@ class MembershipState(TallyRecords):
             floor = max(self._retired.get(o.node_id, 0), self._floors.incarnation(o.node_id))
             if o.incarnation <= floor:
                 continue
-            stored = self._obs.get(o.node_id, {}).get(batch.replica_id)
+            held = self._obs.get(o.node_id)
+            stored = held.get(batch.replica_id) if held is not None else None
             if stored is not None and (o.incarnation, o.seq) <= (stored.incarnation, stored.seq):
                 continue
-            self._obs.setdefault(o.node_id, {})[batch.replica_id] = ObservationRecord(
+            labels = o.labels
+            if held:  # one tuple for the labels every replica saw alike (memory per node)
+                labels = next((r.labels for r in held.values() if r.labels == labels), labels)
+            else:
+                held = self._obs[o.node_id] = {}
+            held[batch.replica_id] = ObservationRecord(
                 incarnation=o.incarnation,
                 opinion=o.opinion,
                 seq=o.seq,
-                labels=o.labels,
+                labels=labels,
                 silence=o.silence,
                 suspicion=o.suspicion,
                 detector=o.detector,
