@@ -105,6 +105,11 @@ def start_ours(
             # machine is then not judged at the 0.15 s base interval's D (0.75 s)
             *("--heartbeat-interval", str(args.interval)),
             *("--max-heartbeat-interval", str(max(0.6, args.interval))),
+            # a long D: a replica starved by a busy machine must not declare nodes
+            # DEAD (they would rejoin: records, floors and history that are no
+            # member's memory); what a member costs does not depend on D
+            *("--missed-heartbeats", str(args.missed)),
+            *("--restart-grace", str(args.missed * max(0.6, args.interval) + 1)),
             *args.replica_flag,
         ]
         if args.mode == "cluster" and rid != "a1":
@@ -152,7 +157,8 @@ def measure(
             bare = procs.spawn(
                 "bare",
                 [*_probe_argv(workdir / "probe-bare", args.trace), str(BENCH / "scale_bare.py"),
-                 "--listen", addrs[0], "--interval", f"{interval:.4f}"],
+                 "--listen", addrs[0], "--interval", f"{interval:.4f}",
+                 *(f"--option={o}" for o in args.bare_option)],
             )  # fmt: skip
             pid, out = bare.pid, workdir / "probe-bare"
             if not wait_until(lambda: (out / ".").exists() and bare.poll() is None, 30):
@@ -175,8 +181,8 @@ def measure(
         fleet = Fleet(procs, addrs, n, args.procs, workdir, *extra)
         fleet.wait_ready()
         time.sleep(1.0)  # at rest, every connection dialled
+        rss0 = rss_bytes(pid)  # before the probe, which allocates (its list of objects)
         p0 = take_probe(pid, out, 0)
-        rss0 = rss_bytes(pid)
         others = (
             {}
             if cluster is None
@@ -266,12 +272,25 @@ def main() -> int:
     p.add_argument("--join-timeout", type=float, default=120.0)
     p.add_argument("--light-interval", type=float, default=3.0, help="a2, a3 in cluster mode")
     p.add_argument(
+        "--missed",
+        type=float,
+        default=20.0,
+        help="--missed-heartbeats of the replicas (D / interval)",
+    )
+    p.add_argument(
         "--interval", type=float, default=0.6, help="the replicas' base heartbeat interval, s"
     )
     p.add_argument("--trace", type=int, default=0, help="tracemalloc frames (0: not traced)")
     p.add_argument("--top", type=int, default=25, help="lines of the tracemalloc breakdown")
     p.add_argument(
         "--replica-flag", action="append", default=[], help="one more flag of the replica (repeat)"
+    )
+    p.add_argument(
+        "--bare-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a gRPC server option of the bare server (scale_bare.py --option; repeat)",
     )
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--keep-logs", type=Path, default=None, help="work in DIR and keep it")
