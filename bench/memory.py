@@ -217,6 +217,12 @@ def measure(
         tot = fleet.totals()
         rss1 = rss_bytes(pid)
         p1 = take_probe(pid, out, 1)
+        trimmed = None
+        if args.trim:  # what malloc_trim(0) gives back (memory_probe.py), after the probe
+            os.kill(pid, signal.SIGUSR1)
+            path = out / "trim-0.json"
+            if wait_until(path.exists, 60, 0.1):
+                trimmed = json.loads(path.read_text())
         a = tot["arbiters"][0]
         res = {
             "system": system,
@@ -231,11 +237,18 @@ def measure(
             "required_rate": a["required_rate"],
             "late_p99_ms": tot["late_p99_ms"],
             "probes": [p0, p1],
+            "trim": trimmed,
         }
         # a2, a3 in cluster mode (light: their heartbeats come every --light-interval)
         res["others_kib_per_node"] = {
             rid: (rss_bytes(q) - others0[rid]) / n / 1024 for rid, q in others.items()
         }
+        if trimmed is not None:
+            say(
+                f"{system} N={n}: malloc_trim(0) took {trimmed['s'] * 1000:.1f} ms, RSS "
+                f"{trimmed['rss_before_kib'] / 1024:.1f} -> {trimmed['rss_after_kib'] / 1024:.1f} "
+                f"MiB: {(trimmed['rss_after_kib'] * 1024 - rss0) / n / 1024:.1f} KiB/node after it"
+            )
         say(
             f"{system} N={n}: {res['kib_per_node']:.1f} KiB/node (RSS {res['rss0_mib']:.1f} -> "
             f"{res['rss1_mib']:.1f} MiB, drift over the last {args.window:g} s "
@@ -282,6 +295,11 @@ def main() -> int:
     )
     p.add_argument("--trace", type=int, default=0, help="tracemalloc frames (0: not traced)")
     p.add_argument("--top", type=int, default=25, help="lines of the tracemalloc breakdown")
+    p.add_argument(
+        "--trim",
+        action="store_true",
+        help="then call malloc_trim(0) in the server and print what RSS it gave back",
+    )
     p.add_argument(
         "--replica-flag", action="append", default=[], help="one more flag of the replica (repeat)"
     )

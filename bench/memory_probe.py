@@ -16,6 +16,8 @@ place, so a reader never sees half a file:
 - ``pymalloc``: Python's small-object allocator (objects up to 512 bytes),
   from ``sys._debugmallocstats``: bytes in allocated blocks, in free blocks
   and pools, and in its arenas (its share of the RSS);
+- ``sqlite``: bytes SQLite's allocator holds (its page caches; part of
+  ``malloc``), when the program uses SQLite;
 - ``gc_types``: gc-tracked objects per type name (containers: instances,
   dicts, lists, frames, coroutines, protobuf messages ...);
 - with ``--trace-frames K``: the first probe starts tracemalloc (K frames per
@@ -25,6 +27,10 @@ place, so a reader never sees half a file:
   allocated. Tracing from the first probe on keeps the program's start at
   full speed; it slows Python's allocator several times after it, so a
   traced run gives the attribution, never a figure.
+
+On SIGUSR1 it calls glibc's ``malloc_trim(0)`` and writes ``DIR/trim-<k>.json``
+(RSS before and after, the seconds it took): what freed heap memory the
+allocator still held resident.
 
 The snapshot is taken in the signal handler, between two bytecodes of the
 main thread (the event loop's), so the program is paused while it is written.
@@ -42,6 +48,7 @@ import runpy
 import signal
 import sys
 import tempfile
+import time
 import traceback
 import tracemalloc
 from collections import Counter
@@ -104,6 +111,19 @@ def pymalloc_info() -> dict[str, int]:
     }
 
 
+def sqlite_used() -> int | None:
+    """Bytes SQLite's allocator holds in this process (page caches of the Raft log's
+    database), or None when libsqlite3 is not loaded."""
+    if "_sqlite3" not in sys.modules:
+        return None
+    try:
+        fn = ctypes.CDLL("libsqlite3.so.0").sqlite3_memory_used
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int64
+    return int(fn())
+
+
 def rss_kib() -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -119,6 +139,7 @@ def probe(out: Path, k: int, frames: int = 0) -> None:
         "rss_kib": rss_kib(),
         "malloc": malloc_info(),
         "pymalloc": pymalloc_info(),
+        "sqlite": sqlite_used(),
         "gc_types": dict(counts.most_common(200)),
         "gc_objects": sum(counts.values()),
     }
@@ -132,6 +153,18 @@ def probe(out: Path, k: int, frames: int = 0) -> None:
     tmp = out / f".probe-{k}.json"
     tmp.write_text(json.dumps(record) + "\n")
     tmp.rename(out / f"probe-{k}.json")
+
+
+def trim(out: Path, k: int) -> None:
+    """glibc's ``malloc_trim(0)`` (free pages of every arena back to the system), timed;
+    writes ``DIR/trim-<k>.json``: RSS before and after, KiB, and the seconds it took."""
+    before = rss_kib()
+    t0 = time.perf_counter()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    took = time.perf_counter() - t0
+    tmp = out / f".trim-{k}.json"
+    tmp.write_text(json.dumps({"rss_before_kib": before, "rss_after_kib": rss_kib(), "s": took}))
+    tmp.rename(out / f"trim-{k}.json")
 
 
 def main() -> None:
@@ -156,7 +189,16 @@ def main() -> None:
             traceback.print_exc()
         taken[0] += 1
 
+    def on_trim(signum: int, frame: Any) -> None:
+        try:
+            trim(args.out, trims[0])
+        except Exception:  # a probe must not end the program it watches
+            traceback.print_exc()
+        trims[0] += 1
+
+    trims = [0]
     signal.signal(signal.SIGUSR2, on_signal)
+    signal.signal(signal.SIGUSR1, on_trim)
     if rest[0] == "-m":
         module = rest[1]
         sys.argv = [module, *rest[2:]]

@@ -33,6 +33,8 @@ def _parts(p0: dict[str, Any], p1: dict[str, Any], n: int) -> dict[str, float]:
         / n,
         "pymalloc arenas (in use + free)": (y1.get("total", 0) - y0.get("total", 0)) / n,
     }
+    if p0.get("sqlite") is not None and p1.get("sqlite") is not None:
+        out["of malloc: SQLite (page caches, bounded)"] = (p1["sqlite"] - p0["sqlite"]) / n
     if "traced" in p1:  # traced from p0 on
         out["tracemalloc traced (Python allocations since)"] = p1["traced"] / n
     return out

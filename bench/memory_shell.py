@@ -72,14 +72,17 @@ def _short(frame: tracemalloc.Frame) -> str:
     return "/".join(parts[-2:]) + f":{frame.lineno}"
 
 
-async def _child(nodes: int, rounds: int, top: int) -> dict[str, Any]:
+async def _child(nodes: int, rounds: int, top: int, replicas: int) -> dict[str, Any]:
     from arbiter.config import ArbiterConfig
     from arbiter.server.app import ArbiterServer
     from membership.localcluster import free_ports
     from membership.v1 import membership_pb2 as pb
 
     with tempfile.TemporaryDirectory(prefix="bench-memshell-") as tmp:
-        addr = f"127.0.0.1:{free_ports(1)[0]}"
+        ids = [f"a{k + 1}" for k in range(replicas)]
+        peers = {
+            rid: f"127.0.0.1:{port}" for rid, port in zip(ids, free_ports(replicas), strict=True)
+        }
         # The servicer in this process; a long D (20 s), so that a round made slow by
         # tracing on a loaded machine is never a silence (memory does not depend on it).
         config = ArbiterConfig.lan(
@@ -88,13 +91,21 @@ async def _child(nodes: int, rounds: int, top: int) -> dict[str, Any]:
             max_heartbeat_interval=INTERVAL,
             missed_heartbeats=10.0,
         )
-        server = ArbiterServer(
-            replica_id="a1", peers={"a1": addr}, listen=addr, config=config, data_dir=Path(tmp)
-        )
-        await server.start()
+        servers = [
+            ArbiterServer(
+                replica_id=rid,
+                peers=peers,
+                listen=peers[rid],
+                config=config,
+                data_dir=Path(tmp) / rid,
+            )
+            for rid in ids
+        ]
+        await asyncio.gather(*(s.start() for s in servers))
+        server = servers[0]
         try:
-            deadline = time.monotonic() + 30
-            while not server.driver.status().in_quorum:
+            deadline = time.monotonic() + 60
+            while not all(s.driver.status().in_quorum for s in servers):
                 if time.monotonic() > deadline:
                     raise TimeoutError("no leader")
                 await asyncio.sleep(0.05)
@@ -102,7 +113,7 @@ async def _child(nodes: int, rounds: int, top: int) -> dict[str, Any]:
                 pb.NodeStatus(load=1.0, cpu_utilization=0.2, memory_utilization=0.4),
                 pb.NodeStatus(load=1.5, cpu_utilization=0.3, memory_utilization=0.4),
             ]
-            pending: list[list[Any]] = [[] for _ in range(nodes)]
+            pending: list[list[Any]] = []
             incarnation = 1_733_000_000_000
 
             def request(i: int, seq: int) -> Any:
@@ -123,26 +134,36 @@ async def _child(nodes: int, rounds: int, top: int) -> dict[str, Any]:
                 while True:
                     yield pending[i].pop()
 
+            pending = [[] for _ in range(nodes * replicas)]  # a stream per node and replica
+
             gc.collect()
             objects0: Counter[str] = Counter(type(o).__name__ for o in gc.get_objects())
             tracemalloc.start(8)
             t0 = time.monotonic()
             ctx = _Context()
-            streams = [server.api.Heartbeat(requests(i), ctx) for i in range(nodes)]  # type: ignore[arg-type]
+            streams = [
+                srv.api.Heartbeat(requests(k * nodes + i), ctx)  # type: ignore[arg-type]
+                for k, srv in enumerate(servers)
+                for i in range(nodes)
+            ]
             seq = 0
 
             async def one_round() -> None:
                 nonlocal seq
                 seq += 1
-                for i in range(nodes):
-                    pending[i].append(request(i, seq))
+                for k in range(replicas):
+                    for i in range(nodes):
+                        pending[k * nodes + i].append(request(i, seq))
                 for s in streams:
                     await anext(s)
 
             await one_round()
             print(f"first round done in {time.monotonic() - t0:.1f} s", file=sys.stderr)
             deadline = time.monotonic() + 300
-            while sum(1 for i in range(nodes) if server.driver.state.member(f"n{i}")) < nodes:
+            while not all(
+                sum(1 for i in range(nodes) if srv.driver.state.member(f"n{i}")) == nodes
+                for srv in servers
+            ):
                 if time.monotonic() > deadline:
                     raise TimeoutError("nodes not ALIVE")
                 await asyncio.sleep(0.1)
@@ -166,21 +187,23 @@ async def _child(nodes: int, rounds: int, top: int) -> dict[str, Any]:
                 blocks[own] += stat.count
                 by_file[own.rsplit(":", 1)[0]] += stat.size
                 by_alloc[alloc] += stat.size
-            types = {t: (objects1[t] - objects0[t]) / nodes for t in objects1 | objects0}
+            per = nodes * replicas  # figures per node and replica
+            types = {t: (objects1[t] - objects0[t]) / per for t in objects1 | objects0}
             for s in streams:
                 await s.aclose()
             return {
                 "nodes": nodes,
-                "traced_per_node": traced / nodes,
-                "by_line": [(w, b / nodes, blocks[w] / nodes) for w, b in by_line.most_common(top)],
-                "by_file": [(w, b / nodes) for w, b in by_file.most_common(top)],
-                "by_alloc": [(w, b / nodes) for w, b in by_alloc.most_common(top)],
+                "replicas": replicas,
+                "traced_per_node": traced / per,
+                "by_line": [(w, b / per, blocks[w] / per) for w, b in by_line.most_common(top)],
+                "by_file": [(w, b / per) for w, b in by_file.most_common(top)],
+                "by_alloc": [(w, b / per) for w, b in by_alloc.most_common(top)],
                 "types": sorted(
                     ((t, c) for t, c in types.items() if abs(c) >= 0.05), key=lambda x: -abs(x[1])
                 )[:top],
             }
         finally:
-            await server.stop(0)
+            await asyncio.gather(*(s.stop(0) for s in servers))
 
 
 def _run_child(args: argparse.Namespace, before: Path | None) -> dict[str, Any]:
@@ -189,6 +212,7 @@ def _run_child(args: argparse.Namespace, before: Path | None) -> dict[str, Any]:
         env["PYTHONPATH"] = str(before)
     argv = [sys.executable, str(HERE), "--child", "--nodes", str(args.nodes)]
     argv += ["--rounds", str(args.rounds), "--top", str(args.top)]
+    argv += ["--replicas", str(args.replicas)]
     # Outside any source tree, so that PYTHONPATH (--before) decides what is imported.
     out = subprocess.run(
         argv, env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=900
@@ -201,7 +225,10 @@ def _run_child(args: argparse.Namespace, before: Path | None) -> dict[str, Any]:
 
 
 def _print(name: str, r: dict[str, Any]) -> None:
-    print(f"\n== {name}: {r['nodes']} nodes, {r['traced_per_node']:.0f} bytes traced per node")
+    print(
+        f"\n== {name}: {r['nodes']} nodes, {r['replicas']} replica(s), "
+        f"{r['traced_per_node']:.0f} bytes traced per node and replica"
+    )
     print("  by the innermost line of ours that allocated (bytes, blocks per node):")
     for w, b, c in r["by_line"]:
         print(f"  {b:9.1f} {c:6.2f}  {w}")
@@ -218,6 +245,12 @@ def main() -> int:
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--top", type=int, default=30)
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="a group of 1 or 3 in this process (figures per replica)",
+    )
     p.add_argument("--before", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -226,7 +259,7 @@ def main() -> int:
         import logging
 
         logging.basicConfig(level=logging.WARNING)
-        print(json.dumps(asyncio.run(_child(args.nodes, args.rounds, args.top))))
+        print(json.dumps(asyncio.run(_child(args.nodes, args.rounds, args.top, args.replicas))))
         return 0
     results = {}
     if args.before is not None:
