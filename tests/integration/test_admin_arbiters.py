@@ -44,9 +44,10 @@ def test_admin_arbiters_under_mutual_tls_admin_may_node_certificate_is_denied(
     admin = ("admin", "admin")
 
     def listed() -> list[dict[str, object]] | None:
-        r = _cli(
-            c, "admin", "arbiters", "list", "--json", "--arbiters", c.arbiter_list(), cert=admin
-        )
+        # Polled: _cli's command line and environment, in the harness's long-lived
+        # CLI process (no Python start per poll).
+        argv = ("admin", "arbiters", "list", "--json", "--arbiters", c.arbiter_list())
+        r = c.query(*argv, *c.certs.files(*admin).flags(), secure=True)
         rows = [json.loads(line) for line in r.stdout.splitlines()] if r.returncode == 0 else []
         # the leader's answer carries progress (its own at least)
         return rows if any("match" in row for row in rows) else None
@@ -117,16 +118,10 @@ def test_admin_arbiters_join_under_mutual_tls_refused_until_added_then_restarts_
     c = tls_cluster
 
     def role(rid: str) -> object:
-        r = _cli(
-            c,
-            "admin",
-            "arbiters",
-            "list",
-            "--json",
-            "--arbiters",
-            c.arbiter_list(),
-            cert=("admin", "admin"),
-        )
+        # Polled: _cli's command line and environment, in the harness's long-lived
+        # CLI process (no Python start per poll).
+        argv = ("admin", "arbiters", "list", "--json", "--arbiters", c.arbiter_list())
+        r = c.query(*argv, *c.certs.files("admin", "admin").flags(), secure=True)
         rows = [json.loads(line) for line in r.stdout.splitlines()] if r.returncode == 0 else []
         return next((row["role"] for row in rows if row["id"] == rid and "match" in row), None)
 
