@@ -9,6 +9,8 @@ chain, inside its namespace, so TCP sees silence (no RST), as with a pulled cabl
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -22,9 +24,10 @@ from tests.chaos.cluster import (
     D,
     assert_no_change_since,
     converge,
+    view_members,
     window,
 )
-from tests.chaos.netlab import wait_until
+from tests.chaos.netlab import Lab, wait_until
 
 pytestmark = pytest.mark.chaos
 
@@ -41,11 +44,48 @@ SUSPECT_WITHIN = ClientConfig().keepalive_timeout + D + SLACK
 QUIET_WINDOW = 5 * D
 
 
+@pytest.fixture(scope="module")
+def started(module_lab: Lab) -> tuple[ChaosCluster, dict[str, Any]]:
+    """One cluster for the three directions of a cut from one replica (each heals its
+    cut and changes nothing, which it asserts); with the view it started at."""
+    cluster = ChaosCluster(module_lab)
+    return cluster, cluster.start(["n1", "n2"], {"s1": "a1", "s2": "a3"})
+
+
+@pytest.fixture
+def shared(
+    started: tuple[ChaosCluster, dict[str, Any]], request: pytest.FixtureRequest
+) -> Iterator[tuple[ChaosCluster, dict[str, Any]]]:
+    """The shared cluster as a fresh one would be: replicas and subscribers at the
+    starting view (same epoch, both nodes ALIVE at their first incarnation), no
+    replica suspecting anyone, no node ever fenced. Healed afterwards, whatever
+    happened; on failure its processes' logs are printed."""
+    cluster, view0 = started
+    view = converge(cluster, {"n1": "ALIVE", "n2": "ALIVE"}, SETTLE_WITHIN)
+    assert view["epoch"] == view0["epoch"], ("the shared cluster moved", view)
+    assert view_members(view) == view_members(view0), ("the shared cluster moved", view)
+    wait_until(
+        lambda: all(v["local_suspects"] == [] for v in cluster.views().values()),
+        REJOIN_WITHIN,
+        "no replica suspecting anyone",
+    )
+    for nid in cluster.nodes:
+        assert cluster.node_log(nid).fenced_at() == [], cluster.nodes[nid].lines()
+    try:
+        yield cluster, view0
+    finally:
+        cluster.host("n1").heal_all()
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            print(f"lab workdir: {cluster.lab.workdir}")
+            print(cluster.dump())
+
+
 @pytest.mark.parametrize("direction", ["both", "out", "in"])
 def test_chaos_node_cut_from_one_replica_is_never_dead(
-    cluster: ChaosCluster, direction: str
+    shared: tuple[ChaosCluster, dict[str, Any]], direction: str
 ) -> None:
-    view0 = cluster.start(["n1", "n2"], {"s1": "a1", "s2": "a3"})
+    cluster, view0 = shared
     n1, a1 = cluster.host("n1"), cluster.host("a1")
 
     t_cut = time.monotonic()
