@@ -23,12 +23,18 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import sys
 
 
 def run(argv: list[str]) -> dict[str, object]:
     from membership.cli import main
 
+    # As in a new process, the command configures logging itself (at its own
+    # level, on the stderr captured here): the previous command's handler goes.
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
