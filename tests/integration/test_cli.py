@@ -82,17 +82,35 @@ def test_cli_usage_errors_exit_two_with_one_line(
     assert expect in line, line
 
 
-@pytest.mark.parametrize("command", ["view", "watch", "node"])
-def test_cli_unreachable_arbiters_exit_one_with_one_line(command: str) -> None:
-    (port,) = free_ports(1)
-    argv = [command, "--arbiters", f"127.0.0.1:{port}"]
-    if command == "node":
-        argv += ["--id", "n1", "--connect-timeout", "1"]
-    if command == "watch":
-        argv += ["--connect-timeout", "1"]
-    if command == "view":
-        argv += ["--timeout", "1"]
-    r = run_cli(*argv)
+UNREACHABLE = ("view", "watch", "node")
+
+
+@pytest.fixture(scope="module")
+def unreachable_runs() -> dict[str, tuple[int, subprocess.CompletedProcess[str]]]:
+    """Each UNREACHABLE command given an address where nothing listens (a port of its
+    own), all run at once, each its own process (a Python start and a 1 s timeout
+    apiece): by command, (port, result)."""
+
+    def run(command: str, port: int) -> tuple[int, subprocess.CompletedProcess[str]]:
+        argv = [command, "--arbiters", f"127.0.0.1:{port}"]
+        if command == "node":
+            argv += ["--id", "n1", "--connect-timeout", "1"]
+        if command == "watch":
+            argv += ["--connect-timeout", "1"]
+        if command == "view":
+            argv += ["--timeout", "1"]
+        return port, run_cli(*argv)
+
+    ports = free_ports(len(UNREACHABLE))
+    with ThreadPoolExecutor(max_workers=len(UNREACHABLE)) as pool:
+        return dict(zip(UNREACHABLE, pool.map(run, UNREACHABLE, ports), strict=True))
+
+
+@pytest.mark.parametrize("command", UNREACHABLE)
+def test_cli_unreachable_arbiters_exit_one_with_one_line(
+    unreachable_runs: dict[str, tuple[int, subprocess.CompletedProcess[str]]], command: str
+) -> None:
+    port, r = unreachable_runs[command]
     assert r.returncode == 1
     # node and watch say why they wait (a warning) before giving up with the error line.
     last = r.stderr.strip().splitlines()[-1]
