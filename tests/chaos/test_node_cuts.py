@@ -44,6 +44,60 @@ SUSPECT_WITHIN = ClientConfig().keepalive_timeout + D + SLACK
 QUIET_WINDOW = 5 * D
 
 
+def test_chaos_node_cut_from_majority_is_fenced_then_dead_then_rejoins(
+    cluster: ChaosCluster,
+) -> None:
+    view0 = cluster.start(["n1", "n2"], {"s1": "a1", "s2": "a3"})
+    inc0 = cluster.node_log("n1").incarnation()
+    n1 = cluster.host("n1")
+
+    t_cut = time.monotonic()
+    n1.cut([cluster.host("a1"), cluster.host("a2")])
+
+    def dead_everywhere() -> bool:
+        return all(cluster.feed(s).changes("n1", "DEAD") for s in cluster.watchers)
+
+    wait_until(dead_everywhere, DEAD_WITHIN, "DEAD(n1) on every subscriber")
+    t_dead = time.monotonic()
+    assert t_dead - t_cut < DEAD_WITHIN
+    deads = {s: cluster.feed(s).changes("n1", "DEAD") for s in cluster.watchers}
+    # Once, for the incarnation that was cut, at one epoch, decided by the two
+    # replicas that lost it.
+    for s, evs in deads.items():
+        assert len(evs) == 1, (s, evs)
+        assert evs[0]["incarnation"] == inc0, (s, evs)
+        assert evs[0]["epoch"] == view0["epoch"] + 1, (s, evs)
+        assert {e["arbiter"] for e in evs[0]["evidence"]} == {"a1", "a2"}, evs
+    # Fenced before the cluster declared it DEAD (the node knows first).
+    fenced = cluster.node_log("n1").fenced_at(t_cut)
+    assert fenced, cluster.nodes["n1"].lines()
+    for s in cluster.watchers:
+        got = cluster.feed(s).received_at(
+            lambda ev: ev["type"] == "change" and ev["node_id"] == "n1" and ev["state"] == "DEAD"
+        )
+        assert got is not None and fenced[0] < got, (s, fenced, got)
+    # n2 was never touched: ALIVE, never fenced.
+    assert not cluster.node_log("n2").fenced_at(t_cut), cluster.nodes["n2"].lines()
+    for s in cluster.watchers:
+        assert cluster.feed(s).changes("n2", since=t_cut) == []
+
+    n1.heal_all()
+    t_heal = time.monotonic()
+    view = converge(cluster, {"n1": "ALIVE", "n2": "ALIVE"}, REJOIN_WITHIN)
+    inc1 = view["members"][[m["node_id"] for m in view["members"]].index("n1")]["incarnation"]
+    assert inc1 > inc0
+    # On every subscriber: DEAD(n1, inc0) then ALIVE(n1, inc1), in that order, once each.
+    for s in cluster.watchers:
+        seen = [(e["state"], e["incarnation"]) for e in cluster.feed(s).changes("n1", since=t_cut)]
+        assert seen == [("DEAD", inc0), ("ALIVE", inc1)], (s, seen)
+    log = cluster.node_log("n1")
+    assert log.incarnation() == inc1
+    assert [x for x in log.since(t_heal) if x.kind == "unfenced"], cluster.nodes["n1"].lines()
+    assert not log.fenced()
+
+
+# After the test above (which has a lab of its own), so that the shared cluster is
+# not running beside it: a module fixture is torn down at the module's end.
 @pytest.fixture(scope="module")
 def started(module_lab: Lab) -> tuple[ChaosCluster, dict[str, Any]]:
     """One cluster for the three directions of a cut from one replica (each heals its
@@ -112,55 +166,3 @@ def test_chaos_node_cut_from_one_replica_is_never_dead(
         log = cluster.node_log(nid)
         assert len(set(log.alive_incarnations())) == 1, log.proc.lines()
         assert log.fenced_at() == [], log.proc.lines()
-
-
-def test_chaos_node_cut_from_majority_is_fenced_then_dead_then_rejoins(
-    cluster: ChaosCluster,
-) -> None:
-    view0 = cluster.start(["n1", "n2"], {"s1": "a1", "s2": "a3"})
-    inc0 = cluster.node_log("n1").incarnation()
-    n1 = cluster.host("n1")
-
-    t_cut = time.monotonic()
-    n1.cut([cluster.host("a1"), cluster.host("a2")])
-
-    def dead_everywhere() -> bool:
-        return all(cluster.feed(s).changes("n1", "DEAD") for s in cluster.watchers)
-
-    wait_until(dead_everywhere, DEAD_WITHIN, "DEAD(n1) on every subscriber")
-    t_dead = time.monotonic()
-    assert t_dead - t_cut < DEAD_WITHIN
-    deads = {s: cluster.feed(s).changes("n1", "DEAD") for s in cluster.watchers}
-    # Once, for the incarnation that was cut, at one epoch, decided by the two
-    # replicas that lost it.
-    for s, evs in deads.items():
-        assert len(evs) == 1, (s, evs)
-        assert evs[0]["incarnation"] == inc0, (s, evs)
-        assert evs[0]["epoch"] == view0["epoch"] + 1, (s, evs)
-        assert {e["arbiter"] for e in evs[0]["evidence"]} == {"a1", "a2"}, evs
-    # Fenced before the cluster declared it DEAD (the node knows first).
-    fenced = cluster.node_log("n1").fenced_at(t_cut)
-    assert fenced, cluster.nodes["n1"].lines()
-    for s in cluster.watchers:
-        got = cluster.feed(s).received_at(
-            lambda ev: ev["type"] == "change" and ev["node_id"] == "n1" and ev["state"] == "DEAD"
-        )
-        assert got is not None and fenced[0] < got, (s, fenced, got)
-    # n2 was never touched: ALIVE, never fenced.
-    assert not cluster.node_log("n2").fenced_at(t_cut), cluster.nodes["n2"].lines()
-    for s in cluster.watchers:
-        assert cluster.feed(s).changes("n2", since=t_cut) == []
-
-    n1.heal_all()
-    t_heal = time.monotonic()
-    view = converge(cluster, {"n1": "ALIVE", "n2": "ALIVE"}, REJOIN_WITHIN)
-    inc1 = view["members"][[m["node_id"] for m in view["members"]].index("n1")]["incarnation"]
-    assert inc1 > inc0
-    # On every subscriber: DEAD(n1, inc0) then ALIVE(n1, inc1), in that order, once each.
-    for s in cluster.watchers:
-        seen = [(e["state"], e["incarnation"]) for e in cluster.feed(s).changes("n1", since=t_cut)]
-        assert seen == [("DEAD", inc0), ("ALIVE", inc1)], (s, seen)
-    log = cluster.node_log("n1")
-    assert log.incarnation() == inc1
-    assert [x for x in log.since(t_heal) if x.kind == "unfenced"], cluster.nodes["n1"].lines()
-    assert not log.fenced()
