@@ -16,7 +16,6 @@ import stat
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -48,13 +47,6 @@ def _cli(*argv: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         env=_env(),
         stdin=subprocess.DEVNULL,
     )
-
-
-def _cli_all(argvs: list[list[str]]) -> list[subprocess.CompletedProcess[str]]:
-    """:func:`_cli` of each command line, in order; independent commands (usage
-    errors) run four at a time, each still its own process."""
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return list(pool.map(lambda argv: _cli(*argv), argvs))
 
 
 @pytest.fixture
@@ -471,13 +463,13 @@ def test_tls_secure_by_default_commands_refuse_to_start_without_tls_or_insecure(
 ) -> None:
     port = free_ports(1)[0]
     one = ("--id", "a1", "--listen", f"127.0.0.1:{port}", "--peers", f"a1=127.0.0.1:{port}")
-    argvs = [
+    for argv in (
         ["arbiter", *one, "--data-dir", str(tmp_path / "a1.data")],
         ["node", "--id", "n1", "--arbiters", f"127.0.0.1:{port}"],
         ["watch", "--arbiters", f"127.0.0.1:{port}"],
         ["view", "--arbiters", f"127.0.0.1:{port}"],
-    ]
-    for argv, r in zip(argvs, _cli_all(argvs), strict=True):
+    ):
+        r = _cli(*argv)
         assert r.returncode == 2, (argv, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
@@ -533,9 +525,8 @@ def test_tls_bad_files_are_one_line_usage_errors(tmp_path: Path) -> None:
             "not PEM",
         )
     )
-    node = ["node", "--id", "n1", "--arbiters", "127.0.0.1:1", "--check-config"]
-    runs = _cli_all([[*node, *flags] for flags, _ in cases])
-    for (flags, expect), r in zip(cases, runs, strict=True):
+    for flags, expect in cases:
+        r = _cli("node", "--id", "n1", "--arbiters", "127.0.0.1:1", "--check-config", *flags)
         assert r.returncode == 2, (flags, r.stdout, r.stderr)
         assert expect in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
