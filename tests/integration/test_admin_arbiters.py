@@ -44,10 +44,9 @@ def test_admin_arbiters_under_mutual_tls_admin_may_node_certificate_is_denied(
     admin = ("admin", "admin")
 
     def listed() -> list[dict[str, object]] | None:
-        # Polled: _cli's command line and environment, in the harness's long-lived
-        # CLI process (no Python start per poll).
-        argv = ("admin", "arbiters", "list", "--json", "--arbiters", c.arbiter_list())
-        r = c.query(*argv, *c.certs.files(*admin).flags(), secure=True)
+        r = _cli(
+            c, "admin", "arbiters", "list", "--json", "--arbiters", c.arbiter_list(), cert=admin
+        )
         rows = [json.loads(line) for line in r.stdout.splitlines()] if r.returncode == 0 else []
         # the leader's answer carries progress (its own at least)
         return rows if any("match" in row for row in rows) else None
