@@ -260,6 +260,8 @@ class ChaosCluster:
     replicas: dict[str, Proc] = field(default_factory=dict)
     _probe: Proc | None = None
     _probe_count: int = 0
+    _runner: Proc | None = None
+    _runner_count: int = 0
 
     def _membership(self, host: Host, name: str, *argv: str, level: str = "info") -> Proc:
         return host.run(name, membership_command(*argv, log_level=level))
@@ -325,10 +327,28 @@ class ChaosCluster:
         argv_full = membership_command("admin", "arbiters", *argv, "--arbiters", addresses)
         return host.sh(*argv_full, timeout=60.0)
 
+    def query(self, *argv: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+        """``membership ARGV`` run to completion on the management host to read state,
+        as :meth:`admin_arbiters` runs it but in one long-lived process there
+        (:mod:`tests.integration.clirunner`: the CLI's ``main`` with its output
+        captured), so that a poll costs no Python start."""
+        if self._runner is None:
+            host = self.lab.host("probe", mgmt=True)
+            argv_runner = [sys.executable, "-m", "tests.integration.clirunner"]
+            self._runner = host.run("clirunner", argv_runner)
+        self._runner.send_line(json.dumps(list(argv)))
+        self._runner_count += 1
+        lines = self._runner.wait_lines(self._runner_count, timeout)
+        reply = json.loads(lines[self._runner_count - 1])
+        return subprocess.CompletedProcess(
+            ["membership", *argv], reply["rc"], reply["stdout"], reply["stderr"]
+        )
+
     def roles(self, via: Iterable[str]) -> dict[str, str]:
         """Arbiter id -> "voter" or "learner" as ``admin arbiters list`` gives it ({} when
-        the call failed)."""
-        r = self.admin_arbiters("list", "--json", via=via)
+        the call failed); polled, so through :meth:`query`."""
+        addresses = ",".join(self.addr(rid) for rid in via)
+        r = self.query("admin", "arbiters", "list", "--json", "--arbiters", addresses)
         if r.returncode != 0:
             return {}
         return {row["id"]: row["role"] for row in map(json.loads, r.stdout.splitlines())}

@@ -25,9 +25,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-@pytest.fixture
-def lab(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[netlab.Lab]:
-    """A fresh lab; closed after the test whatever happens."""
+def _new_lab(workdir: Path) -> netlab.Lab:
+    """A lab in ``workdir``; skips the test when this machine cannot build one."""
     global _cleaned
     reason = netlab.unavailable()
     if reason is not None:
@@ -35,7 +34,24 @@ def lab(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[netlab.Lab]:
     if not _cleaned:  # namespaces left by earlier runs that were killed
         netlab.cleanup_leftovers()
         _cleaned = True
-    lab = netlab.Lab(tmp_path)
+    return netlab.Lab(workdir)
+
+
+@pytest.fixture
+def lab(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[netlab.Lab]:
+    """A fresh lab; closed after the test whatever happens."""
+    lab = _new_lab(tmp_path)
+    try:
+        yield lab
+    finally:
+        lab.close()
+
+
+@pytest.fixture(scope="module")
+def module_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[netlab.Lab]:
+    """One lab for a module's tests that share a cluster (each must leave it as it
+    found it); closed after the module whatever happens."""
+    lab = _new_lab(tmp_path_factory.mktemp("lab"))
     try:
         yield lab
     finally:

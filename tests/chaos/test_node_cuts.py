@@ -9,6 +9,8 @@ chain, inside its namespace, so TCP sees silence (no RST), as with a pulled cabl
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -22,9 +24,10 @@ from tests.chaos.cluster import (
     D,
     assert_no_change_since,
     converge,
+    view_members,
     window,
 )
-from tests.chaos.netlab import wait_until
+from tests.chaos.netlab import Lab, wait_until
 
 pytestmark = pytest.mark.chaos
 
@@ -39,39 +42,6 @@ SUSPECT_WITHIN = ClientConfig().keepalive_timeout + D + SLACK
 # replica's wrongful suspicion would need only D of silence and one Raft round
 # to become a DEAD; five D is several times that.
 QUIET_WINDOW = 5 * D
-
-
-@pytest.mark.parametrize("direction", ["both", "out", "in"])
-def test_chaos_node_cut_from_one_replica_is_never_dead(
-    cluster: ChaosCluster, direction: str
-) -> None:
-    view0 = cluster.start(["n1", "n2"], {"s1": "a1", "s2": "a3"})
-    n1, a1 = cluster.host("n1"), cluster.host("a1")
-
-    t_cut = time.monotonic()
-    n1.cut(a1, direction)  # type: ignore[arg-type]
-    # The fault took: a1 alone suspects n1 (one opinion of three: no quorum).
-    wait_until(
-        lambda: "n1" in cluster.view("a1")["local_suspects"], SUSPECT_WITHIN, "a1 to suspect n1"
-    )
-    v = cluster.views()
-    assert all("n1" not in v[r]["local_suspects"] for r in ("a2", "a3")), v
-    # Bounded window: no view change, no node fenced, no epoch moved.
-    window(QUIET_WINDOW, lambda: assert_no_change_since(cluster, t_cut, view0["epoch"]))
-
-    n1.heal(a1)
-    wait_until(
-        lambda: "n1" not in cluster.view("a1")["local_suspects"],
-        REJOIN_WITHIN,
-        "a1 to hear n1 again",
-    )
-    assert_no_change_since(cluster, t_cut, view0["epoch"])
-    view = converge(cluster, {"n1": "ALIVE", "n2": "ALIVE"}, SETTLE_WITHIN)
-    assert view["epoch"] == view0["epoch"]
-    for nid in ("n1", "n2"):
-        log = cluster.node_log(nid)
-        assert len(set(log.alive_incarnations())) == 1, log.proc.lines()
-        assert log.fenced_at() == [], log.proc.lines()
 
 
 def test_chaos_node_cut_from_majority_is_fenced_then_dead_then_rejoins(
@@ -124,3 +94,75 @@ def test_chaos_node_cut_from_majority_is_fenced_then_dead_then_rejoins(
     assert log.incarnation() == inc1
     assert [x for x in log.since(t_heal) if x.kind == "unfenced"], cluster.nodes["n1"].lines()
     assert not log.fenced()
+
+
+# After the test above (which has a lab of its own), so that the shared cluster is
+# not running beside it: a module fixture is torn down at the module's end.
+@pytest.fixture(scope="module")
+def started(module_lab: Lab) -> tuple[ChaosCluster, dict[str, Any]]:
+    """One cluster for the three directions of a cut from one replica (each heals its
+    cut and changes nothing, which it asserts); with the view it started at."""
+    cluster = ChaosCluster(module_lab)
+    return cluster, cluster.start(["n1", "n2"], {"s1": "a1", "s2": "a3"})
+
+
+@pytest.fixture
+def shared(
+    started: tuple[ChaosCluster, dict[str, Any]], request: pytest.FixtureRequest
+) -> Iterator[tuple[ChaosCluster, dict[str, Any]]]:
+    """The shared cluster as a fresh one would be: replicas and subscribers at the
+    starting view (same epoch, both nodes ALIVE at their first incarnation), no
+    replica suspecting anyone, no node ever fenced. Healed afterwards, whatever
+    happened; on failure its processes' logs are printed."""
+    cluster, view0 = started
+    view = converge(cluster, {"n1": "ALIVE", "n2": "ALIVE"}, SETTLE_WITHIN)
+    assert view["epoch"] == view0["epoch"], ("the shared cluster moved", view)
+    assert view_members(view) == view_members(view0), ("the shared cluster moved", view)
+    wait_until(
+        lambda: all(v["local_suspects"] == [] for v in cluster.views().values()),
+        REJOIN_WITHIN,
+        "no replica suspecting anyone",
+    )
+    for nid in cluster.nodes:
+        assert cluster.node_log(nid).fenced_at() == [], cluster.nodes[nid].lines()
+    try:
+        yield cluster, view0
+    finally:
+        cluster.host("n1").heal_all()
+        rep = getattr(request.node, "rep_call", None)
+        if rep is not None and rep.failed:
+            print(f"lab workdir: {cluster.lab.workdir}")
+            print(cluster.dump())
+
+
+@pytest.mark.parametrize("direction", ["both", "out", "in"])
+def test_chaos_node_cut_from_one_replica_is_never_dead(
+    shared: tuple[ChaosCluster, dict[str, Any]], direction: str
+) -> None:
+    cluster, view0 = shared
+    n1, a1 = cluster.host("n1"), cluster.host("a1")
+
+    t_cut = time.monotonic()
+    n1.cut(a1, direction)  # type: ignore[arg-type]
+    # The fault took: a1 alone suspects n1 (one opinion of three: no quorum).
+    wait_until(
+        lambda: "n1" in cluster.view("a1")["local_suspects"], SUSPECT_WITHIN, "a1 to suspect n1"
+    )
+    v = cluster.views()
+    assert all("n1" not in v[r]["local_suspects"] for r in ("a2", "a3")), v
+    # Bounded window: no view change, no node fenced, no epoch moved.
+    window(QUIET_WINDOW, lambda: assert_no_change_since(cluster, t_cut, view0["epoch"]))
+
+    n1.heal(a1)
+    wait_until(
+        lambda: "n1" not in cluster.view("a1")["local_suspects"],
+        REJOIN_WITHIN,
+        "a1 to hear n1 again",
+    )
+    assert_no_change_since(cluster, t_cut, view0["epoch"])
+    view = converge(cluster, {"n1": "ALIVE", "n2": "ALIVE"}, SETTLE_WITHIN)
+    assert view["epoch"] == view0["epoch"]
+    for nid in ("n1", "n2"):
+        log = cluster.node_log(nid)
+        assert len(set(log.alive_incarnations())) == 1, log.proc.lines()
+        assert log.fenced_at() == [], log.proc.lines()

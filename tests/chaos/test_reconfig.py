@@ -73,7 +73,7 @@ def _promote(cluster: ChaosCluster, rid: str, via: list[str]) -> None:
         lambda: cluster.roles(via).get(rid) == "voter",
         PROMOTED_WITHIN,
         f"{rid} promoted once caught up",
-        interval=0.5,
+        interval=0.1,  # roles() is a call in the management host's CLI process, not a start
     )
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import select
 import subprocess
 import sys
 import time
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from membership.localcluster import Child, LocalCluster, free_ports
+from membership.localcluster import Child, LocalCluster, die_with_parent, free_ports
 
 __all__ = [
     "Proc",
@@ -69,6 +71,7 @@ class ProcCluster(LocalCluster):
 
     def __init__(self, workdir: Path) -> None:
         super().__init__(workdir, log_level="info")
+        self._runners: dict[bool, CliRunner] = {}
 
     @property
     def procs(self) -> dict[str, Child]:
@@ -83,10 +86,28 @@ class ProcCluster(LocalCluster):
     def view(self, arbiter: str | None = None, timeout: float = 5.0) -> dict[str, Any] | None:
         """``membership view --json`` against one arbiter (or all); None when it fails."""
         target = self.arbiters[arbiter] if arbiter else self.arbiter_list()
-        r = run_cli("view", "--json", "--timeout", str(timeout), "--arbiters", target)
+        r = self.query("view", "--json", "--timeout", str(timeout), "--arbiters", target)
         if r.returncode != 0:
             return None
         return dict(json.loads(r.stdout))
+
+    def query(
+        self, *argv: str, timeout: float = 30.0, secure: bool = False
+    ) -> subprocess.CompletedProcess[str]:
+        """``membership ARGV`` to read the cluster's state (a view, the arbiter list),
+        as :func:`run_cli` runs it (``secure``: with :func:`secure_env` instead of
+        this process's environment) but in one long-lived process
+        (:mod:`tests.integration.clirunner`), so that a poll costs no Python start
+        (0.5 to 1 s each on a loaded machine). Tests of the CLI's own behaviour
+        (exit codes, messages, signals) use :func:`run_cli`."""
+        runner = self._runners.get(secure)
+        if runner is None:
+            runner = self._runners[secure] = CliRunner(secure_env() if secure else None)
+        try:
+            return runner.run(*argv, timeout=timeout)
+        except BaseException:
+            self._runners.pop(secure).close()  # the next call starts another
+            raise
 
     def leader(self) -> str | None:
         for rid in self.arbiters:
@@ -98,6 +119,9 @@ class ProcCluster(LocalCluster):
 
     def close(self) -> None:
         """SIGKILLs every child and reaps it (the fixture calls it, also on failure)."""
+        for runner in self._runners.values():
+            runner.close()
+        self._runners.clear()
         self.kill_all()
 
     def dump(self) -> str:
@@ -117,6 +141,47 @@ def run_cli(*argv: str, timeout: float = 30.0) -> subprocess.CompletedProcess[st
         timeout=timeout,
         stdin=subprocess.DEVNULL,
     )
+
+
+class CliRunner:
+    """``membership`` commands run to completion in one long-lived process
+    (:mod:`tests.integration.clirunner`), with this process's environment, as
+    :func:`run_cli` runs them; for reading state, not for testing the CLI."""
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.clirunner"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
+            env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
+        )
+
+    def run(self, *argv: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
+        """Like :func:`run_cli`: ``subprocess.TimeoutExpired`` after ``timeout`` s (the
+        runner is then killed; the next call starts another)."""
+        assert self.popen.stdin is not None and self.popen.stdout is not None
+        self.popen.stdin.write(json.dumps(list(argv)) + "\n")
+        self.popen.stdin.flush()
+        ready, _, _ = select.select([self.popen.stdout], [], [], timeout)
+        line = self.popen.stdout.readline() if ready else ""
+        if not line:
+            self.close()
+            if ready:
+                raise RuntimeError(f"the CLI runner ended running membership {argv}")
+            raise subprocess.TimeoutExpired(["membership", *argv], timeout)
+        reply = json.loads(line)
+        return subprocess.CompletedProcess(
+            ["membership", *argv], reply["rc"], reply["stdout"], reply["stderr"]
+        )
+
+    def close(self) -> None:
+        self.popen.kill()
+        self.popen.wait()
+        for f in (self.popen.stdin, self.popen.stdout):
+            if f is not None:
+                f.close()
 
 
 def changes(proc: Proc, node_id: str | None = None) -> list[dict[str, Any]]:

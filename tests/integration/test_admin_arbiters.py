@@ -117,16 +117,10 @@ def test_admin_arbiters_join_under_mutual_tls_refused_until_added_then_restarts_
     c = tls_cluster
 
     def role(rid: str) -> object:
-        r = _cli(
-            c,
-            "admin",
-            "arbiters",
-            "list",
-            "--json",
-            "--arbiters",
-            c.arbiter_list(),
-            cert=("admin", "admin"),
-        )
+        # Polled: _cli's command line and environment, in the harness's long-lived
+        # CLI process (no Python start per poll).
+        argv = ("admin", "arbiters", "list", "--json", "--arbiters", c.arbiter_list())
+        r = c.query(*argv, *c.certs.files("admin", "admin").flags(), secure=True)
         rows = [json.loads(line) for line in r.stdout.splitlines()] if r.returncode == 0 else []
         return next((row["role"] for row in rows if row["id"] == rid and "match" in row), None)
 

@@ -11,6 +11,7 @@ import signal
 import socket
 import sqlite3
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -33,52 +34,83 @@ def _one_line_error(r: subprocess.CompletedProcess[str], command: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize(
-    ("argv", "expect"),
-    [
-        (["node", "--arbiters", "127.0.0.1:1"], "--id"),
-        (["node", "--id", "n1", "--arbiters", "nohost"], "not host:port"),
-        (["node", "--id", "n1", "--arbiters", "127.0.0.1:99999"], "valid port"),
-        (["node", "--id", "bad id", "--arbiters", "127.0.0.1:1"], "node_id"),
-        (["node", "--id", "n1", "--arbiters", "127.0.0.1:1", "--label", "novalue"], "key=value"),
-        (["node", "--id", "n1", "--arbiters", "127.0.0.1:1", "--label", "/k=v"], "label key"),
-        (["node", "--id", "n1", "--arbiters", "127.0.0.1:1,127.0.0.1:1"], "listed twice"),
-        (["watch"], "--arbiters"),
-        (["watch", "--arbiters", "127.0.0.1:1", "--since-epoch", "-1"], ">= 0"),
-        (["view", "--arbiters", "127.0.0.1:1", "--timeout", "-1"], "finite number > 0"),
-        (["arbiter", "--id", "a9", "--listen", "127.0.0.1:1", "--peers", "a1=127.0.0.1:1"], "data"),
-        (["arbiter", *ONE[:4], "--peers", "a1", "--data-dir", "/x"], "not id=host:port"),
-        (["arbiter", "--id", "a9", *ONE[2:], "--data-dir", "/x"], "not in --peers"),
-        (["arbiter", *ONE, "--data-dir", "/x", "--election-timeout", "0.1"], "election_timeout"),
-        (["arbiter", *ONE, "--data-dir", "/x", "--heartbeat-interval", "inf"], "finite number"),
-        (["arbiter", *ONE[:4], "--peers", "a1=127.0.0.1:2", "--data-dir", "/x"], "ports differ"),
-        (["arbiter", *ONE, "--listen", "127.0.0.1:x", "--data-dir", "/x"], "valid port"),
-        (["bogus"], "invalid choice"),
-        (["node", "--id", "n1", "--arbiters", "127.0.0.1:1", "--incarnation", "-1"], "incarnation"),
-        (["node", "--id", "n1", "--arbiters", "127.0.0.1:1", "--leave-timeout", "nan"], "finite"),
-        (["demo", "--timeout", "0"], "finite number > 0"),
-        (["demo", "--nodes", "3"], ">= 4"),
-        (["view", "--log-level", "loud", "--arbiters", "127.0.0.1:1"], "invalid choice"),
-    ],
-)
-def test_cli_usage_errors_exit_two_with_one_line(argv: list[str], expect: str) -> None:
-    r = run_cli(*argv)
+USAGE_ERRORS = [
+    (["node", "--arbiters", "127.0.0.1:1"], "--id"),
+    (["node", "--id", "n1", "--arbiters", "nohost"], "not host:port"),
+    (["node", "--id", "n1", "--arbiters", "127.0.0.1:99999"], "valid port"),
+    (["node", "--id", "bad id", "--arbiters", "127.0.0.1:1"], "node_id"),
+    (["node", "--id", "n1", "--arbiters", "127.0.0.1:1", "--label", "novalue"], "key=value"),
+    (["node", "--id", "n1", "--arbiters", "127.0.0.1:1", "--label", "/k=v"], "label key"),
+    (["node", "--id", "n1", "--arbiters", "127.0.0.1:1,127.0.0.1:1"], "listed twice"),
+    (["watch"], "--arbiters"),
+    (["watch", "--arbiters", "127.0.0.1:1", "--since-epoch", "-1"], ">= 0"),
+    (["view", "--arbiters", "127.0.0.1:1", "--timeout", "-1"], "finite number > 0"),
+    (["arbiter", "--id", "a9", "--listen", "127.0.0.1:1", "--peers", "a1=127.0.0.1:1"], "data"),
+    (["arbiter", *ONE[:4], "--peers", "a1", "--data-dir", "/x"], "not id=host:port"),
+    (["arbiter", "--id", "a9", *ONE[2:], "--data-dir", "/x"], "not in --peers"),
+    (["arbiter", *ONE, "--data-dir", "/x", "--election-timeout", "0.1"], "election_timeout"),
+    (["arbiter", *ONE, "--data-dir", "/x", "--heartbeat-interval", "inf"], "finite number"),
+    (["arbiter", *ONE[:4], "--peers", "a1=127.0.0.1:2", "--data-dir", "/x"], "ports differ"),
+    (["arbiter", *ONE, "--listen", "127.0.0.1:x", "--data-dir", "/x"], "valid port"),
+    (["bogus"], "invalid choice"),
+    (["node", "--id", "n1", "--arbiters", "127.0.0.1:1", "--incarnation", "-1"], "incarnation"),
+    (["node", "--id", "n1", "--arbiters", "127.0.0.1:1", "--leave-timeout", "nan"], "finite"),
+    (["demo", "--timeout", "0"], "finite number > 0"),
+    (["demo", "--nodes", "3"], ">= 4"),
+    (["view", "--log-level", "loud", "--arbiters", "127.0.0.1:1"], "invalid choice"),
+]
+
+
+@pytest.fixture(scope="module")
+def usage_runs() -> dict[tuple[str, ...], subprocess.CompletedProcess[str]]:
+    """Every USAGE_ERRORS command line run as its own ``membership`` process, four at
+    a time (each is a Python start, ~0.5 s, and they are independent): by argv."""
+    argvs = [tuple(argv) for argv, _ in USAGE_ERRORS]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(zip(argvs, pool.map(lambda a: run_cli(*a), argvs), strict=True))
+
+
+@pytest.mark.parametrize(("argv", "expect"), USAGE_ERRORS)
+def test_cli_usage_errors_exit_two_with_one_line(
+    usage_runs: dict[tuple[str, ...], subprocess.CompletedProcess[str]],
+    argv: list[str],
+    expect: str,
+) -> None:
+    r = usage_runs[tuple(argv)]
     assert r.returncode == 2, r.stderr
     line = _one_line_error(r, argv[0] if argv[0] != "bogus" else "")
     assert expect in line, line
 
 
-@pytest.mark.parametrize("command", ["view", "watch", "node"])
-def test_cli_unreachable_arbiters_exit_one_with_one_line(command: str) -> None:
-    (port,) = free_ports(1)
-    argv = [command, "--arbiters", f"127.0.0.1:{port}"]
-    if command == "node":
-        argv += ["--id", "n1", "--connect-timeout", "1"]
-    if command == "watch":
-        argv += ["--connect-timeout", "1"]
-    if command == "view":
-        argv += ["--timeout", "1"]
-    r = run_cli(*argv)
+UNREACHABLE = ("view", "watch", "node")
+
+
+@pytest.fixture(scope="module")
+def unreachable_runs() -> dict[str, tuple[int, subprocess.CompletedProcess[str]]]:
+    """Each UNREACHABLE command given an address where nothing listens (a port of its
+    own), all run at once, each its own process (a Python start and a 1 s timeout
+    apiece): by command, (port, result)."""
+
+    def run(command: str, port: int) -> tuple[int, subprocess.CompletedProcess[str]]:
+        argv = [command, "--arbiters", f"127.0.0.1:{port}"]
+        if command == "node":
+            argv += ["--id", "n1", "--connect-timeout", "1"]
+        if command == "watch":
+            argv += ["--connect-timeout", "1"]
+        if command == "view":
+            argv += ["--timeout", "1"]
+        return port, run_cli(*argv)
+
+    ports = free_ports(len(UNREACHABLE))
+    with ThreadPoolExecutor(max_workers=len(UNREACHABLE)) as pool:
+        return dict(zip(UNREACHABLE, pool.map(run, UNREACHABLE, ports), strict=True))
+
+
+@pytest.mark.parametrize("command", UNREACHABLE)
+def test_cli_unreachable_arbiters_exit_one_with_one_line(
+    unreachable_runs: dict[str, tuple[int, subprocess.CompletedProcess[str]]], command: str
+) -> None:
+    port, r = unreachable_runs[command]
     assert r.returncode == 1
     # node and watch say why they wait (a warning) before giving up with the error line.
     last = r.stderr.strip().splitlines()[-1]

@@ -38,18 +38,49 @@ def _exits_within(proc: Proc, seconds: float) -> int:
         ) from None
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-@pytest.mark.parametrize("command", ["node", "watch"])
-def test_cli_signal_while_connecting_exits_zero_within_two_seconds(
-    cluster: ProcCluster, command: str, sig: int
-) -> None:
+SIGNALS = {"SIGINT": signal.SIGINT, "SIGTERM": signal.SIGTERM}
+COMMANDS = ("node", "watch")
+
+
+@pytest.fixture(scope="module")
+def connecting(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[tuple[str, str], Proc]]:
+    """A ``node`` and a ``watch`` per signal, all started at once, connecting to a port
+    where nothing listens; by (command, signal name).
+
+    A command says it is still connecting only after 5 s (``_wait_reachable`` in
+    membership/commands.py); started together, the four wait those 5 s once
+    instead of one after the other. Each test signals its own process. They keep
+    connecting (retrying, their --connect-timeout far ahead) until signalled, so
+    a later test finds its process in the same phase as the first one.
+    """
+    cluster = ProcCluster(tmp_path_factory.mktemp("connecting"))
     (port,) = free_ports(1)  # nothing listens there
-    argv = [command, "--connect-timeout", "30", "--arbiters", f"127.0.0.1:{port}"]
-    if command == "node":
-        argv += ["--id", "x"]
-    proc = cluster.spawn(command, *argv, log_level="warning")
+    procs: dict[tuple[str, str], Proc] = {}
+    try:
+        for command in COMMANDS:
+            for name in SIGNALS:
+                argv = [command, "--connect-timeout", "300", "--arbiters", f"127.0.0.1:{port}"]
+                if command == "node":
+                    argv += ["--id", "x"]
+                procs[command, name] = cluster.spawn(
+                    f"{command}-{name}", *argv, log_level="warning"
+                )
+        yield procs
+    finally:
+        cluster.close()
+
+
+@pytest.mark.parametrize("sig", list(SIGNALS))
+@pytest.mark.parametrize("command", COMMANDS)
+def test_cli_signal_while_connecting_exits_zero_within_two_seconds(
+    connecting: dict[tuple[str, str], Proc], command: str, sig: str
+) -> None:
+    proc = connecting[command, sig]
     wait_until(lambda: WAITING in proc.stderr(), 20, f"{command} to say it is connecting")
-    proc.signal(sig)
+    assert proc.alive(), proc.stderr()
+    proc.signal(SIGNALS[sig])
     assert _exits_within(proc, PROMPT) == 0, proc.stderr()
     assert "Traceback" not in proc.stderr()
 

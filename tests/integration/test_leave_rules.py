@@ -13,6 +13,7 @@ import asyncio
 import logging
 import re
 import signal
+import time
 from typing import Any
 
 import grpc
@@ -133,7 +134,16 @@ def test_leave_of_the_incarnation_being_joined_retires_it(cluster: ProcCluster) 
     epoch = _views(cluster)["a1"]["epoch"]
 
     async def above() -> tuple[grpc.StatusCode, str]:
-        return await _leave(cluster.addresses[1], "n2", 8)
+        # a2 learns that a1 hears n2 once a1's observation is committed and applied,
+        # a Raft round after the ack; until then it rightly answers NOT_FOUND ("no
+        # arbiter heard it"), committing nothing. (The views read above used to
+        # take two seconds of CLI starts, which hid that round.)
+        deadline = time.monotonic() + 10
+        while True:
+            code, details = await _leave(cluster.addresses[1], "n2", 8)
+            if code is not grpc.StatusCode.NOT_FOUND or time.monotonic() > deadline:
+                return code, details
+            await asyncio.sleep(0.05)
 
     # Above the joining incarnation: refused, nothing committed.
     code, details = asyncio.run(above())

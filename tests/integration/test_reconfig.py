@@ -32,7 +32,9 @@ def _admin(c: ProcCluster, *argv: str, via: str = "a1") -> subprocess.CompletedP
 
 
 def _listed(c: ProcCluster, via: str = "a1") -> dict[str, dict[str, Any]]:
-    r = _admin(c, "list", "--json", via=via)
+    # Polled: the same command as _admin, run in the harness's long-lived CLI process.
+    argv = ("admin", "arbiters", "list", "--json", "--arbiters", c.arbiters[via])
+    r = c.query(*argv, *c.security_flags(["admin"]))
     if r.returncode != 0:
         return {}
     return {row["id"]: row for row in map(json.loads, r.stdout.splitlines())}
