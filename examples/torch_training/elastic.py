@@ -270,10 +270,16 @@ class EpochGroups:
     def _wait(self, work: Any, what: str) -> bool:
         """True when ``work`` completed; False when it was abandoned or failed (the group
         is dropped then: call :meth:`form`)."""
-        work.get_future().add_done_callback(lambda _: self.wake.set())
+        finished = threading.Event()  # the future's, not work.is_completed(): they may lag
+
+        def done(_: object) -> None:
+            finished.set()
+            self.wake.set()
+
+        work.get_future().add_done_callback(done)
         while True:
             self.wake.clear()
-            if work.is_completed():
+            if finished.is_set():
                 try:
                     work.wait()
                     return True

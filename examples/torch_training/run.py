@@ -42,6 +42,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# The runner forks workers while its own gRPC client runs; gRPC's fork handlers would
+# restart its poller in the child before exec and can abort it (what membership's
+# CLI does too). Before grpc is first imported.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
 import torch
 from timeline import Tail, kill_figures, median_range
 from train import TrainingConfig, reference_run
@@ -68,6 +73,7 @@ class Runner:
         self.t0 = time.monotonic()
         self.clusters: list[LocalCluster] = []
         self.viewers: list[MembershipClient] = []
+        self.finished: set[str] = set()
 
     def say(self, line: str) -> None:
         print(f"[{time.monotonic() - self.t0:6.2f}s] {line}", flush=True)
@@ -128,6 +134,10 @@ class Runner:
 
     def _show(self, e: dict[str, Any]) -> None:
         w, ev = e["w"], e["ev"]
+        if ev == "done":
+            self.finished.add(w)
+        if w in self.finished and ev == "session":
+            return  # its leave
         if ev == "formed":
             self.say(
                 f"{w}: group formed at epoch {e['epoch']}: rank {e['rank']} of {e['world_size']}"
@@ -144,8 +154,8 @@ class Runner:
                 f"{w}: checkpoint at step {e['step']}, paused {e['paused']:.2f}s holding the GIL"
                 f" (grace window covered {e['grace_covered']}s)"
             )
-        elif ev == "session":
-            self.say(f"{w}: {e['detail']}")
+        elif ev == "session" and e["what"] != "StateChanged" and "fenced=False" not in e["detail"]:
+            self.say(f"{w}: {e['detail']}")  # fenced, evicted, rejoined
         elif ev in ("done", "failed"):
             self.say(f"{w}: {ev} {e.get('step', '')} {e.get('error', '')}".rstrip())
 
@@ -342,38 +352,47 @@ def check(args: argparse.Namespace, folder: Path, m: dict[str, Any]) -> list[str
 
 
 def report(m: dict[str, Any], b: dict[str, Any] | None) -> None:
-    say = print
-    say("\ntimeline (seconds after the kill)")
-    say(f"  0.000  {m['fault'].upper()} {m['victim']} after its step {m['kill_step']}")
+    """Prints the timeline after the kill (sorted by time), the summary, the baseline."""
+    lines: list[tuple[float, str]] = [
+        (0.0, f"{m['fault'].upper()} {m['victim']} after its step {m['kill_step']}")
+    ]
     for dt, node, epoch in m["dead"]:
-        say(f"  {dt:.3f}  cluster: {node} DEAD at epoch {epoch} (the runner's watch)")
+        lines.append((dt, f"cluster: {node} DEAD at epoch {epoch} (the runner's watch)"))
     for n, f in m["survivors"].items():
         c = f["collective"]
         if c:
-            say(f"  {c['after']:.3f}  {n}: {c['op']} {c['how']}")
-        say(f"  {f['epoch_seen']}  {n}: new epoch {f['epoch']} seen")
-        say(
-            f"  {f['formed']}  {n}: group re-formed at epoch {f['formed_epoch']}: "
-            f"rank {f['rank']} of {f['world_size']}; resumed at step {f['synced_step']}"
-        )
-    say("\nsummary")
+            lines.append((c["after"], f"{n}: {c['op']} {c['how']}"))
+        if f["epoch_seen"] is not None:
+            lines.append((f["epoch_seen"], f"{n}: new epoch {f['epoch']} seen"))
+        if f["formed"] is not None:
+            lines.append(
+                (
+                    f["formed"],
+                    f"{n}: group re-formed at epoch {f['formed_epoch']}: rank {f['rank']} of "
+                    f"{f['world_size']}; resumes at step {f['synced_step']}",
+                )
+            )
+    print("\ntimeline, seconds after the kill")
+    for dt, text in sorted(lines):
+        print(f"  {dt:7.3f}  {text}")
+    print("\nsummary")
     seen = [f["epoch_seen"] for f in m["survivors"].values() if f["epoch_seen"] is not None]
     formed = [f["formed"] for f in m["survivors"].values() if f["formed"] is not None]
-    say(f"  kill -> new epoch seen:      {median_range(seen)} over {len(seen)} survivors")
-    say(f"  kill -> group re-formed:     {median_range(formed)}")
+    print(f"  kill -> new epoch seen:  {median_range(seen)} over {len(seen)} survivors")
+    print(f"  kill -> group re-formed: {median_range(formed)}")
     steps = {n: f["steps"] for n, f in m["survivors"].items()}
-    say(f"  steps done: {steps}; max |param - one process| {m['max_diff_vs_one_process']}")
+    print(f"  steps done: {steps}; max |param - one process| {m['max_diff_vs_one_process']}")
     for c in m["checkpoints"]:
-        say(
-            f"  checkpoint by {c['w']} at step {c['step']}: paused {c['paused']}s in a grace "
+        print(
+            f"  checkpoint by {c['w']} at step {c['step']}: paused {c['paused']}s, grace "
             f"window covering {c['grace_covered']}s"
         )
-    say(f"  dropped without being killed: {m['dropped'] or 'nobody'}")
+    print(f"  dropped without being killed: {', '.join(m['dropped']) or 'nobody'}")
     if b is not None:
         for n, f in b["survivors"].items():
             c = f["collective"]
             how = "never failed" if not c else f"failed {c['after']:.3f}s after: {c['error'][:80]}"
-            say(f"  baseline {n}: collective {how}; exit {b['exit'][n]}, steps {f['steps']}")
+            print(f"  baseline {n}: collective {how}; exit {b['exit'][n]}, steps {f['steps']}")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -157,10 +157,18 @@ def train(group: Any, trainer: Trainer, args: argparse.Namespace, log: Any, clie
                 checkpoint(client, trainer, group, args, log)
 
 
+# Seconds the grace window outlasts the pause: the heartbeats resume and are acked
+# meanwhile, and the window then ends by itself. Ending it with ``client.grace(0)``
+# right after a pause longer than the lease fences the node until its next ack (the
+# client stops counting a window as soon as it asks to end it); harmless, but noise.
+GRACE_MARGIN = 1.0
+
+
 def checkpoint(client: Any, trainer: Trainer, group: Any, args: argparse.Namespace, log: Any):
     """Rank 0 writes the checkpoint inside a grace window (unless ``--no-grace``), then
     holds the GIL ``--checkpoint-pause`` seconds: a slow checkpoint, longer than the
-    detection time, during which the node sends no heartbeat."""
+    detection time, during which the node sends no heartbeat. The window is the pause
+    and ``GRACE_MARGIN``."""
     if not client.is_member:  # fenced: it writes nothing for the job (elastic.py rule 6)
         log("checkpoint_skipped", step=trainer.step, reason="fenced")
         return
@@ -170,7 +178,7 @@ def checkpoint(client: Any, trainer: Trainer, group: Any, args: argparse.Namespa
     covered = None
     if not args.no_grace:
         try:
-            window = client.grace(seconds=args.checkpoint_pause + 5.0, reason="checkpoint")
+            window = client.grace(seconds=args.checkpoint_pause + GRACE_MARGIN, reason="checkpoint")
         except MembershipError as e:  # no window, no slow checkpoint: the job goes on
             log("checkpoint_skipped", step=trainer.step, reason=str(e)[:200])
             return
@@ -179,8 +187,6 @@ def checkpoint(client: Any, trainer: Trainer, group: Any, args: argparse.Namespa
     save_checkpoint(trainer, Path(args.checkpoint_dir) / f"{args.job}.pt")
     hold_gil(args.checkpoint_pause)
     paused = time.monotonic() - t0
-    if not args.no_grace:
-        client.grace(0)  # back to normal detection at once
     log(
         "checkpoint",
         step=trainer.step,
