@@ -423,6 +423,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main() -> int:
     args = parse()
+    torch.set_num_threads(1)  # the reference run: the cores are the workers'
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="torch-example-"))
     r = Runner(args, work)
