@@ -48,11 +48,11 @@ from typing import Any
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 import torch
-from timeline import Tail, kill_figures, median_range
+from timeline import Tail, kill_figures, median_range, short_error
 from train import TrainingConfig, reference_run
 
 from membership import MembershipError, MemberState, ViewChanged
-from membership.localcluster import LocalCluster, free_ports
+from membership.localcluster import Child, LocalCluster, free_ports
 from membership.sync import MembershipClient
 
 HERE = Path(__file__).resolve().parent
@@ -74,6 +74,7 @@ class Runner:
         self.clusters: list[LocalCluster] = []
         self.viewers: list[MembershipClient] = []
         self.finished: set[str] = set()
+        self.watched: dict[str, Child] = {}  # children whose failure ends the run at once
 
     def say(self, line: str) -> None:
         print(f"[{time.monotonic() - self.t0:6.2f}s] {line}", flush=True)
@@ -128,6 +129,11 @@ class Runner:
             self._poll(tails, self._show)
             if pred():
                 return
+            for name, child in self.watched.items():
+                code = child.popen.poll()
+                if code not in (None, 0):
+                    tail = child.stderr()[-1500:]
+                    raise Failed(f"{name} exited with status {code} before {what}:\n{tail}")
             if time.monotonic() > deadline:
                 raise Failed(f"{what}: not within {timeout:g}s")
             time.sleep(0.02)
@@ -145,14 +151,19 @@ class Runner:
         elif ev == "epoch_seen" and e.get("rank") is not None:
             self.say(f"{w}: sees epoch {e['epoch']}: rank {e['rank']} of {e['world_size']}")
         elif ev in ("collective_failed", "collective_abandoned"):
-            why = e.get("error", "the assignment moved on")
-            self.say(f"{w}: {e['op']} {ev.split('_')[1]} at epoch {e['epoch']}: {why[:90]}")
+            why = short_error(e["error"]) if "error" in e else "the assignment moved on"
+            self.say(f"{w}: {e['op']} {ev.split('_')[1]} at epoch {e['epoch']}: {why}")
         elif ev == "synced":
             self.say(f"{w}: resumes at step {e['step']} (state from rank {e['src']})")
         elif ev == "checkpoint":
+            window = (
+                "no grace window"
+                if e["grace_covered"] is None
+                else f"grace window covered {e['grace_covered']}s"
+            )
             self.say(
                 f"{w}: checkpoint at step {e['step']}, paused {e['paused']:.2f}s holding the GIL"
-                f" (grace window covered {e['grace_covered']}s)"
+                f" ({window})"
             )
         elif ev == "session" and e["what"] != "StateChanged" and "fenced=False" not in e["detail"]:
             self.say(f"{w}: {e['detail']}")  # fenced, evicted, rejoined
@@ -237,11 +248,17 @@ class Runner:
         raise Failed("no leader within 30s")
 
     def _kill_and_finish(
-        self, cluster: LocalCluster, tails: dict[str, Tail], names: list[str]
+        self,
+        cluster: LocalCluster,
+        tails: dict[str, Tail],
+        names: list[str],
+        survivors_may_fail: bool = False,
     ) -> dict[str, Any]:
         """Waits for the first group, kills the worker of ``--kill-rank`` once it reported
         ``--kill-after-steps``, waits for the survivors to end; returns what happened."""
         a = self.args
+        self.finished.clear()
+        self.watched = {n: cluster.children[n] for n in names}
 
         def formed_all() -> bool:
             return all(
@@ -256,6 +273,9 @@ class Runner:
             tails, lambda: tails[victim].step >= a.kill_after_steps, a.timeout, f"{victim} at step"
         )
         step = tails[victim].step
+        del self.watched[victim]
+        if survivors_may_fail:
+            self.watched = {}  # the baseline's survivors fail: that is the point
         sig = signal.SIGKILL if a.fault == "kill" else signal.SIGSTOP
         t_kill = time.monotonic()
         os.kill(cluster.children[victim].pid, sig)
@@ -312,11 +332,12 @@ class Runner:
         tails = {n: Tail(n, cluster.children[n].out) for n in names}
         saved, self.args.timeout = a.timeout, max(a.timeout, a.baseline_timeout + 60)
         try:
-            result = self._kill_and_finish(cluster, tails, names)
+            result = self._kill_and_finish(cluster, tails, names, survivors_may_fail=True)
         finally:
             self.args.timeout = saved
         survivors = [n for n in names if n != result["victim"]]
         result["survivors"] = kill_figures(tails, survivors, result["t_kill"])
+        result["timeout"] = a.baseline_timeout
         return result
 
 
@@ -361,7 +382,8 @@ def report(m: dict[str, Any], b: dict[str, Any] | None) -> None:
     for n, f in m["survivors"].items():
         c = f["collective"]
         if c:
-            lines.append((c["after"], f"{n}: {c['op']} {c['how']}"))
+            why = f" ({short_error(c['error'])})" if c["error"] else ""
+            lines.append((c["after"], f"{n}: {c['op']} {c['how']}{why}"))
         if f["epoch_seen"] is not None:
             lines.append((f["epoch_seen"], f"{n}: new epoch {f['epoch']} seen"))
         if f["formed"] is not None:
@@ -383,16 +405,28 @@ def report(m: dict[str, Any], b: dict[str, Any] | None) -> None:
     steps = {n: f["steps"] for n, f in m["survivors"].items()}
     print(f"  steps done: {steps}; max |param - one process| {m['max_diff_vs_one_process']}")
     for c in m["checkpoints"]:
-        print(
-            f"  checkpoint by {c['w']} at step {c['step']}: paused {c['paused']}s, grace "
-            f"window covering {c['grace_covered']}s"
+        window = (
+            "no grace window"
+            if c["grace_covered"] is None
+            else f"grace window covering {c['grace_covered']}s"
         )
+        print(f"  checkpoint by {c['w']} at step {c['step']}: paused {c['paused']}s, {window}")
     print(f"  dropped without being killed: {', '.join(m['dropped']) or 'nobody'}")
-    if b is not None:
-        for n, f in b["survivors"].items():
-            c = f["collective"]
-            how = "never failed" if not c else f"failed {c['after']:.3f}s after: {c['error'][:80]}"
-            print(f"  baseline {n}: collective {how}; exit {b['exit'][n]}, steps {f['steps']}")
+    if b is None:
+        return
+    print(f"\nbaseline: the same job, static ranks, gloo timeout {b['timeout']:g}s")
+    print(f"  0.000  {b['fault'].upper()} {b['victim']} after its step {b['kill_step']}")
+    for n, f in b["survivors"].items():
+        c = f["collective"]
+        if c:
+            print(f"  {c['after']:6.3f}  {n}: {c['op']} failed ({short_error(c['error'])})")
+        else:
+            print(f"          {n}: its collective never failed")
+    ended = {n: f["steps"] or f"exit {b['exit'][n]}" for n, f in b["survivors"].items()}
+    print(
+        f"  the survivors stop there ({ended}): without membership nobody tells them who is "
+        "left or their new ranks; a launcher would restart every worker from a checkpoint"
+    )
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -9,12 +9,13 @@ differences between events of different processes.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Tail", "kill_figures", "median_range"]
+__all__ = ["Tail", "kill_figures", "median_range", "short_error"]
 
 
 @dataclass
@@ -106,6 +107,13 @@ def kill_figures(tails: dict[str, Tail], survivors: list[str], t_kill: float) ->
             "formations": None if done is None else done["formations"],
         }
     return out
+
+
+def short_error(text: str) -> str:
+    """Gloo's message without its source location and advice: ``Read error ...: Connection
+    reset by peer``."""
+    text = re.sub(r"^\[[^\]]*\] ", "", text)
+    return text.split(". ")[0]
 
 
 def median_range(values: list[float]) -> str:
