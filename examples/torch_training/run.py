@@ -459,6 +459,7 @@ def main() -> int:
     args = parse()
     torch.set_num_threads(1)  # the reference run: the cores are the workers'
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in background
     work = Path(tempfile.mkdtemp(prefix="torch-example-"))
     r = Runner(args, work)
     code = 1
