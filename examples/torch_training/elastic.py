@@ -28,7 +28,10 @@ abandon the moment the assignment moves on. Rules:
    sets. When the assignment moved, the collective is abandoned at once: its
    group goes to a graveyard (gloo in torch 2.13 cannot abort an operation in
    flight: ``abort()`` and ``shutdown()`` return and leave it blocked until
-   its own timeout), and its buffers are never used again. A formation runs
+   its own timeout), and its buffers are never used again. A group in the
+   graveyard is released (its sockets and threads) once its last operation
+   ended, by failing or at gloo's timeout: released earlier, its destructor
+   would wait for that operation. A formation runs
    on a helper thread for the same reason (a peer may die while it connects).
 5. **A gloo error is a hint, not a verdict.** A collective that fails
    (``Connection closed by peer`` arrives within milliseconds when a local peer
@@ -114,7 +117,10 @@ class EpochGroups:
         self.rank = 0
         self.world_size = 0
         self.formations = 0
-        self.graveyard: list[Any] = []  # abandoned groups, never destroyed (rule 4)
+        # Abandoned groups, each with the end of its last operation (rule 4).
+        self.graveyard: list[tuple[Any, threading.Event | None]] = []
+        self.abandoned = 0  # groups dropped so far
+        self._last_op: threading.Event | None = None  # set when the group's last op ended
         self._seen = 0  # the latest assignment epoch the watcher saw
         self._watcher: threading.Thread | None = None
         self._watch: Any = None
@@ -262,8 +268,13 @@ class EpochGroups:
 
     def _drop(self) -> None:
         if self.pg is not None:
-            self.graveyard.append(self.pg)  # never destroyed: rule 4
-            self.pg = None
+            self.graveyard.append((self.pg, self._last_op))
+            self.abandoned += 1
+            self.pg, self._last_op = None, None
+        # Rule 4: release those whose last operation ended (the destructor does not wait).
+        self.graveyard = [
+            (pg, op) for pg, op in self.graveyard if op is not None and not op.is_set()
+        ]
 
     # --- collectives ---------------------------------------------------------------
 
@@ -271,6 +282,7 @@ class EpochGroups:
         """True when ``work`` completed; False when it was abandoned or failed (the group
         is dropped then: call :meth:`form`)."""
         finished = threading.Event()  # the future's, not work.is_completed(): they may lag
+        self._last_op = finished
 
         def done(_: object) -> None:
             finished.set()

@@ -236,7 +236,7 @@ def run_member(args: argparse.Namespace, log: Any) -> int:
                 checksum=trainer.checksum(),
                 epoch=groups.epoch,
                 formations=groups.formations,
-                abandoned=len(groups.graveyard),
+                abandoned=groups.abandoned,
             )
         finally:
             groups.close()
