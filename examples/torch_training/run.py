@@ -126,8 +126,9 @@ class Runner:
     def _wait(self, tails: dict[str, Tail], pred: Callable[[], bool], timeout: float, what: str):
         deadline = time.monotonic() + timeout
         while True:
+            done = pred()  # before the poll: what a worker wrote before it ended is read
             self._poll(tails, self._show)
-            if pred():
+            if done:
                 return
             for name, child in self.watched.items():
                 code = child.popen.poll()
@@ -165,6 +166,8 @@ class Runner:
                 f"{w}: checkpoint at step {e['step']}, paused {e['paused']:.2f}s holding the GIL"
                 f" ({window})"
             )
+        elif ev == "checkpoint_skipped":
+            self.say(f"{w}: checkpoint at step {e['step']} skipped: {e['reason']}")
         elif ev == "session" and e["what"] != "StateChanged" and "fenced=False" not in e["detail"]:
             self.say(f"{w}: {e['detail']}")  # fenced, evicted, rejoined
         elif ev in ("done", "failed"):
