@@ -51,9 +51,9 @@ class BareMembership(pb_grpc.MembershipServicer):
             )
 
 
-async def serve(listen: str, interval: float) -> None:
-    """Serves until SIGTERM or SIGINT."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+async def serve(listen: str, interval: float, options: list[tuple[str, str | int]]) -> None:
+    """Serves until SIGTERM or SIGINT; ``options``: more gRPC server options."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *options])
     pb_grpc.add_MembershipServicer_to_server(BareMembership(interval), server)  # type: ignore[abstract]
     if server.add_insecure_port(listen) == 0:
         raise SystemExit(f"scale_bare: cannot listen on {listen}")
@@ -72,7 +72,18 @@ def main() -> None:
     p.add_argument("--listen", required=True, help="host:port")
     p.add_argument("--interval", type=float, default=0.6, help="next_interval_seconds, seconds")
     p.add_argument("--uvloop", action="store_true", help="run on uvloop when installed")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a gRPC server option (an int when VALUE is one), e.g. grpc.http2.bdp_probe=0",
+    )
     args = p.parse_args()
+    options: list[tuple[str, str | int]] = []
+    for item in args.option:
+        name, _, value = item.partition("=")
+        options.append((name, int(value) if value.lstrip("-").isdigit() else value))
     if args.uvloop:
         try:
             import uvloop  # type: ignore[import-not-found,unused-ignore]
@@ -80,7 +91,7 @@ def main() -> None:
             uvloop.install()
         except ImportError:
             pass
-    asyncio.run(serve(args.listen, args.interval))
+    asyncio.run(serve(args.listen, args.interval, options))
 
 
 if __name__ == "__main__":

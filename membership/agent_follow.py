@@ -43,6 +43,7 @@ class FollowingAgent(LinkOwner, Protocol):
         """Hands the session's events on (callbacks, logs, the fencing state)."""
         ...
 
+
 log = logging.getLogger("membership.client")
 
 

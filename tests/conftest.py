@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.sim.background import SeedRuns
 
 # Tests fork child processes (with a preexec_fn that ties them to the test's
 # life) while gRPC is running in the test process. gRPC's fork handlers then
@@ -32,3 +39,39 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     rep = yield
     setattr(item, "rep_" + rep.when, rep)
     return rep
+
+
+# The simulator's CI seeds run ahead in a niced background process while the
+# integration tests wait on real time (tests/sim/background.py); the seed
+# tests read its results. Started only when they are collected.
+SIM_SEEDS_TEST = "tests/sim/test_sim.py::test_sim_ci_seeds_hold_every_invariant"
+sim_runs_key = pytest.StashKey["SeedRuns | None"]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    from tests.sim.background import SeedRuns
+    from tests.sim.test_sim import CI_CHUNK, CI_SECONDS
+
+    session.config.stash[sim_runs_key] = None
+    firsts = [
+        item.callspec.params["first"]
+        for item in session.items
+        if item.nodeid.startswith(SIM_SEEDS_TEST) and isinstance(item, pytest.Function)
+    ]
+    if firsts:  # the seeds of the chunks collected (-k may pick some)
+        out = Path(tempfile.mkdtemp(prefix="sim-seeds-")) / "seeds.jsonl"
+        first, last = min(firsts), max(firsts) + CI_CHUNK
+        session.config.stash[sim_runs_key] = SeedRuns.start(out, first, last - first, CI_SECONDS)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    runs = session.config.stash.get(sim_runs_key, None)
+    if runs is not None:
+        runs.stop()
+        shutil.rmtree(runs.out.parent, ignore_errors=True)
+
+
+@pytest.fixture
+def sim_seed_runs(request: pytest.FixtureRequest) -> SeedRuns | None:
+    """The background run of the simulator's CI seeds, or None (run them in the test)."""
+    return request.config.stash.get(sim_runs_key, None)

@@ -14,9 +14,9 @@ Rule 1. An :class:`Observation` is one replica's opinion of one node at one
 Rule 2. An :class:`ObserveBatch` carries observations of one replica, in the
     order it made them; the leader appends them as one log entry.
 Rule 2a. A SUSPECT observation may carry its evidence: seconds since the
-    replica last heard the node (``silence``), the detector's suspicion level
-    then (``suspicion``: phi, or missed intervals) and the detector's kind.
-    Informational: the tally never reads it, a DEAD change reports it.
+    replica last heard the node (``silence``), the detector's level then
+    (``suspicion``: phi or missed intervals) and kind; a DEAD change reports
+    it, the tally never reads it.
 Rule 3. A :class:`Leave` is a node's graceful departure at an incarnation;
     ``request_id`` lets the shell answer the RPC waiting for it. ``heard_by``
     names the proposing replica when its own failure detector hears the node
@@ -25,26 +25,26 @@ Rule 3. A :class:`Leave` is a node's graceful departure at an incarnation;
 Rule 3b. A :class:`Remove` is an administrator's removal of another node
     (the Admin service): the member becomes LEFT at its recorded incarnation,
     ``by`` says who asked (tally rule 5a).
-Rule 3a. A :class:`Bootstrap` names the cluster's *instance*: a random id
-    that a leader proposes while the applied state has none. The first one
-    applied wins; later ones change nothing. A cluster started again on fresh
-    data dirs (a reset) draws a new one, so a subscriber can tell that its
-    epochs belong to another history, even at the same name and replicas.
-    It carries the proposing leader's *rules version* too (``rules``; 1 is
-    left out of the encoding): a leader whose applied state has a lower one
-    proposes one with the state's instance (tally rule 10; ranks rule 6).
-Rule 3c. A :class:`Forget` removes DEAD and LEFT records whose retention
-    has passed; it lives in :mod:`arbiter.core.forget` (its rules there).
-Rule 3d. A :class:`Grace` asks for a node's grace window, or ends it; it
-    lives in :mod:`arbiter.core.grace` (its rules there).
+Rule 3a. A :class:`Bootstrap` names the cluster's *instance*, a random id a
+    leader proposes while the applied state has none; the first applied wins.
+    A reset cluster (fresh data dirs) draws a new one, so a subscriber tells
+    two histories apart, even at the same name and replicas. It carries the
+    leader's *rules version* (``rules``; 1 is left out of the encoding): a
+    leader whose applied state has a lower one proposes one with the state's
+    instance (tally rule 10; ranks rule 6).
+Rule 3c. :class:`Forget` (DEAD and LEFT records past retention) and
+    :class:`Grace` (a node's grace window asked for or ended) live in
+    :mod:`arbiter.core.forget` and :mod:`arbiter.core.grace`, rules there.
 Rule 4. The encoding is JSON from the standard library, compact
     (no spaces) and canonical (sorted keys, ASCII only), with a version
     field ``"v": 1``: encoding the same command gives the same bytes on
     every replica and every Python version, and ``decode(encode(c)) == c``.
 Rule 5. Decoding is strict: unknown versions, unknown or missing fields,
-    duplicate keys, wrong types (a bool is not an int, a float is not an
-    int) and values the constructors reject all raise
-    :class:`CommandDecodeError`. What decodes is a valid command.
+    duplicate keys, wrong types (a bool or a float is not an int) and values
+    the constructors reject raise :class:`CommandDecodeError`: what decodes is valid.
+Rule 6. An observation's node id and label strings decode interned
+    (``sys.intern``), as the replica's shell interns them when it hears them:
+    one string each in the process (docs/scale.md, "Memory per node").
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ import enum
 import itertools
 import json
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,10 +122,9 @@ class Observation:
         detector: SUSPECT only: ``"phi"`` or ``"missed"``; "" if not recorded.
 
     Raises:
-        ValueError: an empty node_id, a negative or non-int number, labels
-            that are not sorted (key, value) string pairs with unique keys, or
-            evidence on an ALIVE observation, or evidence that is not a finite
-            number >= 0.
+        ValueError: an empty node_id, a negative or non-int number, labels that
+            are not sorted (str, str) pairs with unique keys, or evidence on an
+            ALIVE observation or that is not a finite number >= 0.
     """
 
     node_id: str
@@ -471,7 +471,7 @@ def _decode_observation(obj: Any, i: int) -> Observation:
             and isinstance(pair[1], str)
         ):
             raise CommandDecodeError(f"{where}.labels: expected [key, value] strings, got {pair!r}")
-        labels.append((pair[0], pair[1]))
+        labels.append((sys.intern(pair[0]), sys.intern(pair[1])))  # rule 6
     silence: float | None = None
     suspicion: float | None = None
     detector = ""
@@ -489,7 +489,7 @@ def _decode_observation(obj: Any, i: int) -> Observation:
         if silence is None and suspicion is None and not detector:
             raise CommandDecodeError(f"{where}.ev: empty evidence is written as no 'ev' at all")
     return Observation(
-        node_id=_get(f, "node", str, where),
+        node_id=sys.intern(_get(f, "node", str, where)),  # rule 6
         incarnation=_get(f, "inc", int, where),
         opinion=opinion,
         seq=_get(f, "seq", int, where),

@@ -37,8 +37,9 @@ Rules:
    have exactly the initial voters): anything else is a
    :class:`RestoreError`, before anything is persisted.
 5. Compaction: ``maybe_compact`` snapshots the state machine once
-   ``settings.snapshot_every`` entries were applied since the last snapshot
-   and returns the snapshot for the caller to persist (Raft §7).
+   ``settings.snapshot_every`` entries, or as many bytes as the last
+   snapshot, were applied since it (:mod:`arbiter.core.compaction`) and
+   returns the snapshot for the caller to persist (Raft §7).
 6. Instance: a leader whose applied state has no instance id yet proposes a
    Bootstrap with a random one (drawn from the injected random source), once
    per term; the tally keeps the first applied (its rule 10). The Bootstrap
@@ -63,6 +64,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 from arbiter.core.commands import ObserveBatch, encode
+from arbiter.core.compaction import Compaction
 from arbiter.core.delivery import Delivered, must_persist
 from arbiter.core.detection import FailureDetector
 from arbiter.core.observer import HeartbeatVerdict, Observer
@@ -190,6 +192,7 @@ class Replica(Proposals):
         )
         # A leader's snapshot handed out by ready(), decoded once and checked there.
         self._restoring: tuple[Snapshot, MembershipState] | None = None
+        self._compaction = Compaction(settings.snapshot_bytes)
         self.observer = Observer(
             replica_id=replica_id,
             detector=detector,
@@ -239,13 +242,7 @@ class Replica(Proposals):
                 f"heartbeat interval must be in (0, {s.ceiling:g}] seconds, got {interval!r}"
             )
         verdict = self.observer.heartbeat(
-            node_id,
-            incarnation,
-            labels,
-            now,
-            self.state,
-            interval=interval,
-            lease=s.lease_for(interval),
+            node_id, incarnation, labels, now, self.state, interval, s.lease_for(interval)
         )
         if verdict.lease and self.replica_id not in self.raft.configuration:
             # Rule 2: a replica being removed promises nothing (a learner does).
@@ -345,7 +342,9 @@ class Replica(Proposals):
             self.state = self._restoring[1]
             self._restoring = None
             self._joining = False
+            self._compaction.reset()
         results = [self._apply(e) for e in ready.committed_entries]
+        self._compaction.applied(ready.committed_entries)
         self.raft.advance(ready)
         return results
 
@@ -394,9 +393,11 @@ class Replica(Proposals):
         every = self.settings.snapshot_every if every is None else every
         st = self.raft.status()
         wanted = self.raft.wants_snapshot() and st.applied > st.snapshot_index
-        if not wanted and (every <= 0 or st.applied - st.snapshot_index < every):
+        size = len(self.raft.snapshot().data)
+        if not (wanted or self._compaction.due(every, st.applied - st.snapshot_index, size)):
             return None
         assert self.state.applied_index == st.applied, "state machine and raft disagree"
+        self._compaction.reset()
         return self.raft.compact(st.applied, self.state.to_bytes())
 
     def next_deadline(self, lateness: float = 0.0) -> float:

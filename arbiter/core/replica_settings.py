@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from arbiter.core.compaction import MIN_COMPACT_BYTES
 from arbiter.core.detection.interval import IntervalGovernor, LoadPolicy, load_cap
 from arbiter.core.retention import RetentionPolicy
 
@@ -27,6 +28,9 @@ class ReplicaSettings:
             small cluster (H0); the detector scales its timeout with it.
         snapshot_every: applied log entries between two snapshots of the
             state machine (rule 5); 0 never snapshots.
+        snapshot_bytes: the fewest bytes of applied entries that call for a
+            snapshot before ``snapshot_every`` entries, when they are also at
+            least the last snapshot's size (:mod:`arbiter.core.compaction`).
         heartbeat_budget: heartbeats per second this replica should handle
             at most; the suggested interval grows with the number of nodes
             to stay within it (:func:`arbiter.core.detection.interval.suggest_interval`);
@@ -54,6 +58,7 @@ class ReplicaSettings:
     restart_grace: float
     heartbeat_interval: float
     snapshot_every: int = 0
+    snapshot_bytes: int = MIN_COMPACT_BYTES
     heartbeat_budget: float = math.inf
     max_heartbeat_interval: float = math.inf
     max_nodes: int = 0

@@ -228,34 +228,6 @@ class MembershipState(TallyRecords):
 
     # -- the tally -----------------------------------------------------------
 
-    def _store(self, batch: ObserveBatch) -> set[str]:
-        """Stores the batch's newer observations (rules 1, 2); returns the nodes touched."""
-        touched: set[str] = set()
-        for o in batch.observations:
-            record = self._members.get(o.node_id)
-            if record is not None and (
-                o.incarnation < record.incarnation
-                or (o.incarnation == record.incarnation and record.state.is_final)
-            ):
-                continue
-            floor = max(self._retired.get(o.node_id, 0), self._floors.incarnation(o.node_id))
-            if o.incarnation <= floor:
-                continue
-            stored = self._obs.get(o.node_id, {}).get(batch.replica_id)
-            if stored is not None and (o.incarnation, o.seq) <= (stored.incarnation, stored.seq):
-                continue
-            self._obs.setdefault(o.node_id, {})[batch.replica_id] = ObservationRecord(
-                incarnation=o.incarnation,
-                opinion=o.opinion,
-                seq=o.seq,
-                labels=o.labels,
-                silence=o.silence,
-                suspicion=o.suspicion,
-                detector=o.detector,
-            )
-            touched.add(o.node_id)
-        return touched
-
     def _tally(self, node_id: str) -> list[MemberChange]:
         """The changes the node's stored observations call for (rules 3, 4)."""
         record = self._members.get(node_id)

@@ -4,10 +4,11 @@
 records (the arbiter configuration in force, the epoch, member records, each
 voter's latest observation of each node, retired incarnations, the floors of
 forgotten records, the instance id, the rules version, the jobs' ranks, the
-grace windows) and answers read-only questions about
-them; the rules that change them are in :mod:`arbiter.core.tally`, the snapshot's layout in
+grace windows), stores observations (tally rules 1 and 2) and answers
+read-only questions about them; the rules that decide changes are in
+:mod:`arbiter.core.tally`, the snapshot's layout in
 :mod:`arbiter.core.tally_snapshot`. Split from the tally by concept: records
-and reads here, rules there.
+and reads here, decisions there.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 
 from arbiter.core import tally_snapshot
-from arbiter.core.commands import Opinion
+from arbiter.core.commands import ObserveBatch, Opinion
 from arbiter.core.floors import Floors
 from arbiter.core.grace import GraceRecord
 from arbiter.core.raft.configuration import ArbiterConfiguration
@@ -252,3 +253,38 @@ class TallyRecords:
                 self._members[node_id] = dataclasses.replace(m, rank=rank)
         self._graces.update(image.graces)
         self._view = None
+
+    def _store(self, batch: ObserveBatch) -> set[str]:
+        """Stores the batch's newer observations (tally rules 1, 2); returns the nodes
+        touched."""
+        touched: set[str] = set()
+        for o in batch.observations:
+            record = self._members.get(o.node_id)
+            if record is not None and (
+                o.incarnation < record.incarnation
+                or (o.incarnation == record.incarnation and record.state.is_final)
+            ):
+                continue
+            floor = max(self._retired.get(o.node_id, 0), self._floors.incarnation(o.node_id))
+            if o.incarnation <= floor:
+                continue
+            held = self._obs.get(o.node_id)
+            stored = held.get(batch.replica_id) if held is not None else None
+            if stored is not None and (o.incarnation, o.seq) <= (stored.incarnation, stored.seq):
+                continue
+            labels = o.labels
+            if held:  # one tuple for the labels every replica saw alike (memory per node)
+                labels = next((r.labels for r in held.values() if r.labels == labels), labels)
+            else:
+                held = self._obs[o.node_id] = {}
+            held[batch.replica_id] = ObservationRecord(
+                incarnation=o.incarnation,
+                opinion=o.opinion,
+                seq=o.seq,
+                labels=labels,
+                silence=o.silence,
+                suspicion=o.suspicion,
+                detector=o.detector,
+            )
+            touched.add(o.node_id)
+        return touched

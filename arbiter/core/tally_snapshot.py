@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,16 +224,21 @@ def _image(snap: Any) -> TallyImage:
             raise SnapshotDecodeError(f"bad member record {member!r}")
         members.append(member)
     observations = []
+    last: tuple[Any, tuple[tuple[str, str], ...]] = (None, ())
     for row in snap["obs"]:
         node, replica, inc, op, seq, labels = row[:6]
         if replica not in arbiters and replica not in conf:  # a learner's: tally rule 9
             raise SnapshotDecodeError(f"observation from unknown replica {replica!r}")
         silence, suspicion, detector = _evidence(row[6:])
+        pairs = _pairs(labels)
+        if last[0] == node and last[1] == pairs:  # rows of a node are together: share
+            pairs = last[1]
+        last = (node, pairs)
         record = ObservationRecord(
             incarnation=_int(inc),
             opinion=Opinion(op),
             seq=_int(seq),
-            labels=_pairs(labels),
+            labels=pairs,
             silence=silence,
             suspicion=suspicion,
             detector=detector,
@@ -357,9 +363,11 @@ def _int(value: Any) -> int:
 
 
 def _str(value: Any, *, empty: bool = True) -> str:
+    """``value``, a string, interned: node ids and labels are kept per node
+    (commands rule 6)."""
     if not isinstance(value, str) or not (empty or value):
         raise SnapshotDecodeError(f"expected a string, got {value!r}")
-    return value
+    return sys.intern(value)
 
 
 def _pairs(value: Any) -> tuple[tuple[str, str], ...]:

@@ -18,11 +18,19 @@ Rules:
 2. A field is validated when it differs from the same stream's previous
    heartbeat: the node id and incarnation on the first heartbeat (rule 1's
    stream rules refuse any change after it), the labels when their content
-   changed, the status when it is not equal (protobuf ``==``) to the last
-   one validated on the stream, the interval when it is another number.
-   What was checked once is not checked again while it stays the same; what
-   changed is checked by the same functions as ever
-   (:mod:`membership.validation`), with the same messages.
+   changed, the status when it is not equal (protobuf ``==``) to the
+   previous heartbeat's, the interval when it is another number. What was
+   checked once is not checked again while it stays the same; what changed
+   is checked by the same functions as ever (:mod:`membership.validation`),
+   with the same messages.
+5. Memory: a stream holds one node's heartbeats for as long as the node
+   lives, so what it keeps is kept per node. It keeps no part of an earlier
+   request (the previous status is the current request's once compared: a
+   protobuf submessage holds its whole request's memory), and the node id
+   and labels it hands on (:attr:`HeartbeatChecks.node_id`,
+   :attr:`HeartbeatChecks.labels`) are one interned copy each
+   (``sys.intern``: label keys and common values are then shared by every
+   node), which the driver's records share.
 3. The cluster a heartbeat names is compared with this replica's when it is
    not empty (the SDK sets it on the first heartbeat of a stream):
    :class:`ClusterMismatch` (FAILED_PRECONDITION) otherwise.
@@ -36,6 +44,8 @@ Rules:
 """
 
 from __future__ import annotations
+
+import sys
 
 from arbiter.config import ArbiterConfig
 from arbiter.core.observer import HeartbeatVerdict
@@ -56,6 +66,10 @@ from membership.validation import (
 )
 
 __all__ = ["AckBuilder", "ClusterMismatch", "HeartbeatChecks", "check_interval"]
+
+
+# HeartbeatChecks.labels before a stream's first heartbeat (never handed on).
+_UNCHECKED: dict[str, str] = {}
 
 
 class ClusterMismatch(Exception):
@@ -89,11 +103,12 @@ class HeartbeatChecks:
     __slots__ = (
         "_cluster",
         "_interval",
-        "_labels",
         "_max_interval",
         "_min_interval",
         "_replica_id",
         "_status",
+        "labels",
+        "node_id",
         "rules",
         "throttle",
     )
@@ -105,7 +120,10 @@ class HeartbeatChecks:
         self._max_interval = config.interval_ceiling  # interval rule 5
         self._cluster = cluster
         self._replica_id = replica_id
-        self._labels: dict[str, str] | None = None
+        # The stream's node id and the labels last validated, interned (rule 5); set
+        # by the first heartbeat (before it: "" and _UNCHECKED).
+        self.node_id = ""
+        self.labels: dict[str, str] = _UNCHECKED
         self._status: pb.NodeStatus | None = None
         self._interval: float | None = None
 
@@ -123,28 +141,31 @@ class HeartbeatChecks:
         """
         wait = self.throttle.admit(now)
         rules = self.rules
-        if req.node_id != rules.node_id or req.incarnation != rules.incarnation:
-            validate_node_id(req.node_id)
-            validate_incarnation(req.incarnation)
+        node_id, incarnation = req.node_id, req.incarnation
+        if node_id != rules.node_id or incarnation != rules.incarnation:
+            validate_node_id(node_id)
+            validate_incarnation(incarnation)
         labels = req.labels
-        known = self._labels
-        if known is None or len(labels) != len(known) or dict(labels) != known:
+        known = self.labels
+        if known is _UNCHECKED or len(labels) != len(known) or dict(labels) != known:
             validate_labels(labels)
-            self._labels = dict(labels)
+            self.labels = {sys.intern(k): sys.intern(v) for k, v in labels.items()}
         status = req.status
         if self._status is None or status != self._status:
             validate_status(status.phase, status.gauges, convert.status_numbers(status))
             validate_health_reason(status.health_reason)
             if status.gpus:
                 validate_gpus(convert.gpu_figures(status))
-            self._status = status
+        self._status = status  # this request's, never an older one's (rule 5)
         if req.interval_seconds != self._interval:
             check_interval(req.interval_seconds, self._min_interval, self._max_interval)
             self._interval = req.interval_seconds
-        first = rules.check(req.node_id, req.incarnation, req.seq)
+        first = rules.check(node_id, incarnation, req.seq)
+        if first:
+            self.node_id = rules.node_id = sys.intern(node_id)
         if req.cluster:
             refusal = cluster_mismatch(
-                self._cluster, self._replica_id, req.cluster, f"node {req.node_id}"
+                self._cluster, self._replica_id, req.cluster, f"node {node_id}"
             )
             if refusal is not None:
                 raise ClusterMismatch(refusal)

@@ -73,6 +73,9 @@ class Throttle:
         margin: seconds a stream may stay throttled without a pause.
     """
 
+    # One per heartbeat stream, i.e. per node and replica: no __dict__.
+    __slots__ = ("_last", "_throttled_since", "_tokens", "margin", "rate", "throttled")
+
     def __init__(self, rate: float, margin: float) -> None:
         self.rate = rate
         self.margin = margin

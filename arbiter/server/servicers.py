@@ -35,6 +35,7 @@ from arbiter.core.tally import ViewChange
 from arbiter.server import limits
 from arbiter.server.arbiterset import ArbiterSet
 from arbiter.server.authz import AllowAll, Authorizer, Refusal
+from arbiter.server.decoding import Undecodable, checks_requests, refuse
 from arbiter.server.degradation import DegradedMarks
 from arbiter.server.driver import Driver
 from arbiter.server.encoding import ViewEncoder
@@ -108,35 +109,26 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         """Ends the call with the authorizer's refusal, if there is one."""
         await deny(context, refusal)
 
-    async def _as_node(
-        self,
-        requests: AsyncIterator[pb.HeartbeatRequest],
-        context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[pb.HeartbeatRequest]:
-        """``requests``, once the caller may speak for the first one's node id (its
-        identity cannot change within the stream; a changed node_id is refused below)."""
-        it = aiter(requests)
-        try:
-            first = await anext(it)
-        except StopAsyncIteration:
-            return
-        await self._deny(context, self.authz.node(context, first.node_id))
-        yield first
-        async for req in it:
-            yield req
-
     def _cluster_mismatch(self, expected: str, who: str) -> str | None:
         """The refusal for a request expecting cluster ``expected`` (None when it matches)."""
         return cluster_mismatch(self.cluster, self._driver.replica_id, expected, who)
 
+    @checks_requests
     async def Heartbeat(
         self,
-        request_iterator: AsyncIterator[pb.HeartbeatRequest],
+        request_iterator: AsyncIterator[pb.HeartbeatRequest],  # or an Undecodable
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.HeartbeatAck]:
         """One node's heartbeat stream: an ack for every heartbeat (the stream's checks of
         :mod:`arbiter.server.heartbeat_path` and :mod:`arbiter.server.limits`, then the
-        driver's verdict, in one call; the ack copied from the builder's template)."""
+        driver's verdict, in one call; the ack copied from the builder's template).
+
+        A request that does not decode ends the stream (:mod:`arbiter.server.decoding`);
+        under mutual TLS the caller must be allowed to speak for the first heartbeat's
+        node id, which the stream rules then hold for the whole stream. Both are checked
+        here rather than by wrapping the request iterator: a stream lives as long as
+        its node, and a wrapper per stream costs memory per node.
+        """
         cfg = self._config
         driver = self._driver
         refusal = limits.stream_slot(
@@ -145,13 +137,17 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         if refusal is not None:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         checks = HeartbeatChecks(cfg, self.cluster, driver.replica_id)
-        if not isinstance(self.authz, AllowAll):  # --insecure: no hop per heartbeat
-            request_iterator = self._as_node(request_iterator, context)
+        vouch = not isinstance(self.authz, AllowAll)  # --insecure: nobody to ask
         self.heartbeat_streams += 1
         counters, last_at = driver.counters, None  # metrics: plain ints, no calls
         board, acks, closing, monotonic = self.board, self._acks, self._closing, time.monotonic
         try:
             async for req in request_iterator:
+                if req.__class__ is Undecodable:  # type: ignore[comparison-overlap]
+                    await refuse(context, req)
+                if vouch:  # the first heartbeat: may the caller speak for its node?
+                    vouch = False
+                    await self._deny(context, self.authz.node(context, req.node_id))
                 counters.heartbeats += 1
                 if closing.is_set():
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
@@ -176,14 +172,17 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     # Throttled (limits rule 3): handled, and acked, once its token is there.
                     await asyncio.sleep(wait)
                     now = monotonic()
+                # The stream's interned node id and labels (heartbeat_path rule 5): the
+                # records the driver and the board keep share them.
+                node_id = checks.node_id
                 verdict, standing = driver.heartbeat(
-                    req.node_id, req.incarnation, req.labels, req.interval_seconds or None, now
+                    node_id, req.incarnation, checks.labels, req.interval_seconds or None, now
                 )
                 if last_at is not None:
                     counters.interarrival.observe(now - last_at)
                 last_at = now
                 if verdict.accepted:
-                    board.update(req.node_id, req.incarnation, req.status, now)
+                    board.update(node_id, req.incarnation, req.status, now)
                     if now - self._pruned_at > 10.0:
                         self._pruned_at = now
                         board.prune(now)

@@ -29,7 +29,11 @@ Rules:
    :data:`RTT_DEADBAND` of its last version's value and 1 ms (the SDK
    already sends it only then: membership.status.rtt_to_send).
 2. Memory is bounded by the nodes the replica hears: an entry not updated for
-   ``forget_after`` seconds is dropped by :meth:`prune`.
+   ``forget_after`` seconds is dropped by :meth:`prune`. An entry holds no
+   older request's status than the latest (a protobuf submessage holds its
+   whole request's memory): the status of the last version is that latest
+   status while they are equal, and its plain values (:func:`fields_of`)
+   once a status within the deadband replaces it.
 3. Each entry keeps the node's step history (:class:`arbiter.core.degraded.
    StepHistory`, over ``step_window`` seconds) from the ``step`` of every
    status that carries one, for the DEGRADED step-rate rule; a new
@@ -52,6 +56,8 @@ __all__ = [
     "StatusBoard",
     "StatusEntry",
     "changed",
+    "differs",
+    "fields_of",
 ]
 
 # Rule 1: how far a probed figure moves before the status counts as changed.
@@ -63,6 +69,30 @@ _Probed = Literal[
 _FRACTIONS: frozenset[_Probed] = frozenset(
     ("cpu_utilization", "memory_utilization", "gpu_utilization", "gpu_memory_utilization")
 )
+
+
+def fields_of(status: pb.NodeStatus) -> dict[str, Any]:
+    """The fields set in ``status`` (``ListFields``: a field present, a map non-empty),
+    name -> value, the gauges as a plain dict: what rule 1 compares, holding nothing
+    of the message."""
+    out = {f.name: v for f, v in status.ListFields()}
+    if "gauges" in out:
+        out["gauges"] = dict(out["gauges"])
+    if "gpus" in out:
+        out["gpus"] = tuple(_gpu_fields(g) for g in out["gpus"])
+    return out
+
+
+def _gpu_fields(gpu: Any) -> tuple[Any, ...]:
+    """One GpuStatus as plain values: (index, lost, error, utilization or None,
+    memory_utilization or None)."""
+    return (
+        gpu.index,
+        gpu.lost,
+        gpu.error,
+        gpu.utilization if gpu.HasField("utilization") else None,
+        gpu.memory_utilization if gpu.HasField("memory_utilization") else None,
+    )
 
 
 def changed(
@@ -79,8 +109,16 @@ def changed(
     """
     if old == new:
         return False
-    was = {f.name: v for f, v in old.ListFields()}
-    now = {f.name: v for f, v in new.ListFields()}
+    return differs(fields_of(old), fields_of(new), load_deadband, fraction_deadband)
+
+
+def differs(
+    was: dict[str, Any],
+    now: dict[str, Any],
+    load_deadband: float = LOAD_DEADBAND,
+    fraction_deadband: float = FRACTION_DEADBAND,
+) -> bool:
+    """:func:`changed` of two statuses given as :func:`fields_of` (rule 1)."""
     if was.keys() != now.keys():
         return True  # a field (or the first gauge) appeared or disappeared
     for name, value in now.items():
@@ -91,7 +129,7 @@ def changed(
             if abs(value - was[name]) >= fraction_deadband:
                 return True
         elif name == "gauges":
-            if dict(value) != dict(was[name]):
+            if value != was[name]:
                 return True
         elif name == "gpus":
             if _gpus_changed(was[name], value, fraction_deadband):
@@ -105,17 +143,15 @@ def changed(
     return False
 
 
-def _gpus_changed(old: Any, new: Any, deadband: float) -> bool:
-    """Rule 1 for the per-GPU figures (``old`` and ``new``: repeated GpuStatus)."""
+def _gpus_changed(old: tuple[Any, ...], new: tuple[Any, ...], deadband: float) -> bool:
+    """Rule 1 for the per-GPU figures (``old`` and ``new``: :func:`_gpu_fields` of each)."""
     if len(old) != len(new):
         return True
     for a, b in zip(old, new, strict=True):
-        if (a.index, a.lost, a.error) != (b.index, b.lost, b.error):
+        if a[:3] != b[:3]:  # index, lost, error
             return True
-        for name in ("utilization", "memory_utilization"):
-            if a.HasField(name) != b.HasField(name):
-                return True
-            if a.HasField(name) and abs(getattr(a, name) - getattr(b, name)) >= deadband:
+        for x, y in zip(a[3:], b[3:], strict=True):  # the fractions
+            if (x is None) != (y is None) or (x is not None and abs(x - y) >= deadband):
                 return True
     return False
 
@@ -136,7 +172,9 @@ class StatusEntry:
     status: pb.NodeStatus
     heard: float
     version: int
-    sent: pb.NodeStatus  # the status as of ``version`` (what rule 1 compares with)
+    # the status as of ``version`` (what rule 1 compares with): ``status`` itself while
+    # they are equal, else its fields_of (rule 2)
+    sent: pb.NodeStatus | dict[str, Any]
     steps: StepHistory  # rule 3
 
 
@@ -175,12 +213,17 @@ class StatusBoard:
         entry = self._entries.get(node_id)
         if entry is not None and entry.incarnation == incarnation:
             entry.heard = now
-            if status == entry.status:  # most heartbeats: the same status again (C compare)
+            old, sent = entry.status, entry.sent
+            entry.status = status  # the latest request's, even when equal (rule 2)
+            if status == old:  # most heartbeats: the same status again (C compare)
+                if sent is old:
+                    entry.sent = status  # the same, held by the newer request (rule 2)
                 return
-            entry.status = status
             if status.HasField("step"):
                 entry.steps.observe(status.step, now)
-            if not changed(entry.sent, status, self._load_deadband, self._fraction_deadband):
+            was = sent if isinstance(sent, dict) else fields_of(sent)
+            if not differs(was, fields_of(status), self._load_deadband, self._fraction_deadband):
+                entry.sent = was  # its values, not an older request (rule 2)
                 return
             self._version += 1
             entry.version, entry.sent = self._version, status

@@ -20,7 +20,8 @@ Rules:
    out of term order ends the log: it and everything after it are deleted
    with a WARNING naming the index; they are never applied (the leader
    sends them again). A corrupt hard state or snapshot refuses to start:
-   there is nothing safe to fall back to for a vote.
+   there is nothing safe to fall back to for a vote. (SQLite's journal
+   detects torn writes; the checksums catch bit rot and partial copies.)
 4. Compaction. :meth:`Storage.compact` stores a snapshot and deletes the
    entries it covers, in one transaction.
 5. Ownership. An exclusive ``flock`` on ``LOCK`` in the data directory, held
@@ -30,26 +31,20 @@ Rules:
    count as another's.
 5a. Identity and the first configuration. The first open records the
    cluster identity (``name@digest`` of the first ``--peers``, or the one a
-   joining replica took from its group) and that first arbiter set; every
-   later open reads them back (:attr:`Storage.identity`,
-   :attr:`Storage.arbiters`) and never takes them from the caller again:
-   the stored configuration wins over ``--peers`` after the first start
-   (changes since are in the log and snapshot; see
+   joining replica took from its group) and that first arbiter set; later
+   opens read them back (:attr:`Storage.identity`, :attr:`Storage.arbiters`),
+   never from the caller: the stored configuration wins over ``--peers``
+   after the first start (changes since are in the log and snapshot:
    :mod:`arbiter.server.stored`). A directory written before the identity
-   was recorded gets the one its recorded set implies.
-   A directory restored from a backup records the restored group's
-   ``identity`` and ``restored_from`` (arbiter/server/backup.py, rule 4).
-
+   was recorded gets the one its recorded set implies; one restored from a
+   backup records the restored group's ``identity`` and ``restored_from``
+   (arbiter/server/backup.py, rule 4).
 6. Threads. The driver writes from a thread of its own
    (:mod:`arbiter.server.writer`) and reads on the event loop; every public
    method holds one lock, so the connection is used by one thread at a time.
-
 7. Entry types and snapshot configurations (Raft membership changes) are
    folded into the ``data`` blobs by :mod:`arbiter.core.raft.codec`: a blob
    written before they existed means what it meant, so no migration.
-
-SQLite's own journal already detects torn writes; the checksums catch what
-it cannot (bit rot, a file edited or copied in part).
 """
 
 from __future__ import annotations
@@ -84,6 +79,10 @@ log = logging.getLogger("arbiter.storage")
 SCHEMA_VERSION = "1"
 DB_NAME = "raft.sqlite3"
 LOCK_NAME = "LOCK"
+
+# SQLite's page cache per connection, KiB (default 2,000): the log is appended at its end
+# and read whole only at start, so a small one costs few reads (docs/scale.md, memory).
+CACHE_KIB = 512
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -187,6 +186,7 @@ class Storage:
         conn: sqlite3.Connection | None = None
         try:
             conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False)
+            conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")  # per connection, in KiB
             if data_dir is not None:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=FULL")

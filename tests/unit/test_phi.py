@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import math
 
 import pytest
@@ -205,6 +206,29 @@ def test_window_is_bounded() -> None:
     for i in range(20):
         d.heartbeat("n", float(i))
     assert d.samples("n") == (1.0,) * 5
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    gaps=st.lists(st.floats(min_value=0.01, max_value=2.0), max_size=40),
+    size=st.integers(min_value=2, max_value=7),
+)
+def test_window_keeps_the_latest_samples_oldest_first(gaps: list[float], size: int) -> None:
+    """Rule 7: the ring holds what a queue of the last ``max_sample_size`` samples would,
+    in order, and phi is fitted to them."""
+    d = make(interval=1.0, max_sample_size=size, acceptable_heartbeat_pause=100.0)
+    queue: collections.deque[float] = collections.deque((1.25, 0.75), maxlen=size)
+    t = 0.0
+    d.heartbeat("n", t)
+    for gap in gaps:
+        now = t + gap
+        d.heartbeat("n", now)  # never past its deadline (a pause of 100 s): always a sample
+        queue.append(now - t)
+        t = now
+        assert d.samples("n") == tuple(queue)
+    mean = math.fsum(queue) / len(queue)
+    std = max(math.sqrt(max(0.0, math.fsum(x * x for x in queue) / len(queue) - mean**2)), 0.25)
+    assert d.suspicion("n", t + 1.0) == pytest.approx(phi(1.0, mean + 100.0, std), rel=1e-9)
 
 
 def test_suspected_silence_is_not_recorded() -> None:

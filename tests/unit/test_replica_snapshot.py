@@ -1,4 +1,5 @@
-"""Replica snapshots: restore at start, compaction every N entries, a leader's snapshot applied."""
+"""Replica snapshots: restore at start, compaction every N entries or by bytes, a leader's
+snapshot applied."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from arbiter.core.compaction import MIN_COMPACT_BYTES, Compaction
 from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.raft import Entry, HardState, Message, RaftConfig, Role, Snapshot
 from arbiter.core.replica import Replica, ReplicaSettings, RestoreError
@@ -30,6 +32,7 @@ def _replica(
     every: int,
     ids: list[str] = IDS,
     rng: random.Random | None = None,
+    snapshot_bytes: int = MIN_COMPACT_BYTES,
 ) -> Replica:
     return Replica(
         replica_id=rid,
@@ -41,6 +44,7 @@ def _replica(
             restart_grace=0.5,
             heartbeat_interval=0.1,
             snapshot_every=every,
+            snapshot_bytes=snapshot_bytes,
         ),
         detector=MissedHeartbeatDetector(interval=0.1, missed_limit=5),
         rng=rng or random.Random(rid),
@@ -55,17 +59,23 @@ def _replica(
 class _Group:
     """Three replicas exchanging messages instantly; ``down`` ones hear nothing."""
 
-    def __init__(self, every: int) -> None:
+    def __init__(self, every: int, snapshot_bytes: int = MIN_COMPACT_BYTES) -> None:
         self.every = every
+        self.snapshot_bytes = snapshot_bytes
         self.now = 0.0
         self.disks = {r: _Disk() for r in IDS}
-        self.reps = {r: _replica(r, self.disks[r], 0.0, every) for r in IDS}
+        self.reps = {r: self._replica(r) for r in IDS}
         self.down: set[str] = set()
         self.queue: list[Message] = []
         self.restored: list[str] = []
 
+    def _replica(self, rid: str) -> Replica:
+        return _replica(
+            rid, self.disks[rid], self.now, self.every, snapshot_bytes=self.snapshot_bytes
+        )
+
     def restart(self, rid: str) -> None:
-        self.reps[rid] = _replica(rid, self.disks[rid], self.now, self.every)
+        self.reps[rid] = self._replica(rid)
         self.down.discard(rid)
 
     def _flush(self, rid: str) -> None:
@@ -144,8 +154,61 @@ def test_replica_compacts_every_n_applied_entries_and_restarts_from_snapshot() -
     assert not g.restored  # nobody needed a leader's snapshot
 
 
-def test_replica_far_behind_takes_leaders_snapshot_before_entries() -> None:
-    g = _Group(every=4)
+def test_replica_compacts_once_its_log_holds_more_bytes_than_the_snapshot() -> None:
+    """Compaction rule 2: long before snapshot_every entries, a log holding as many bytes
+    as the last snapshot (and the floor) is compacted; the view survives a restart."""
+    g = _Group(every=1000, snapshot_bytes=1500)
+    g.run(2.0)
+    nodes = g.join(12, set(IDS))
+    view = g.reps[IDS[0]].state.view()
+    assert {m.node_id for m in view.alive()} == set(nodes)
+    for r in IDS:
+        disk, st = g.disks[r], g.reps[r].status()
+        assert disk.snapshot is not None and 0 < disk.snapshot.index <= st.applied < 1000
+        # what the log still holds is less than a snapshot's worth (or the floor), give
+        # or take the entry that crossed it
+        held = [len(e.data) for e in disk.entries if e.index <= st.applied]
+        assert sum(held) < max(1500, len(disk.snapshot.data)) + max(held, default=0)
+    g.reps = {r: g._replica(r) for r in IDS}
+    for r in IDS:
+        g._flush(r)  # replays the committed entries after the snapshot
+        assert g.reps[r].state.view() == view
+
+
+@pytest.mark.parametrize(
+    ("every", "entries", "applied_bytes", "snapshot_bytes", "due"),
+    [
+        (0, 50, 10**6, 0, False),  # 0 never compacts, whatever the bytes
+        (5, 0, 10**6, 0, False),  # nothing applied since the snapshot
+        (5, 5, 0, 0, True),  # rule 1: every entries
+        (1000, 4, 99, 0, False),  # below the floor (100)
+        (1000, 4, 100, 0, True),  # rule 2: the floor, and the snapshot is smaller
+        (1000, 4, 150, 200, False),  # fewer bytes than the snapshot holds
+        (1000, 4, 200, 200, True),
+    ],
+)
+def test_compaction_due(
+    every: int, entries: int, applied_bytes: int, snapshot_bytes: int, due: bool
+) -> None:
+    c = Compaction(min_bytes=100)
+    c.applied([Entry(index=1, term=1, data=b"x" * applied_bytes)])
+    assert c.applied_bytes == applied_bytes
+    assert c.due(every, entries, snapshot_bytes) is due
+    c.reset()
+    assert c.applied_bytes == 0 and c.due(1000, entries, 0) is False
+
+
+@pytest.mark.parametrize(
+    ("every", "snapshot_bytes"),
+    [(4, MIN_COMPACT_BYTES), (1000, 1500)],
+    ids=["every-4-entries", "by-bytes"],
+)
+def test_replica_far_behind_takes_leaders_snapshot_before_entries(
+    every: int, snapshot_bytes: int
+) -> None:
+    # A log compacted by bytes (compaction rule 2) is a snapshot like any other for
+    # Raft: the laggard needs entries the leader no longer has, so it gets the snapshot.
+    g = _Group(every=every, snapshot_bytes=snapshot_bytes)
     g.run(2.0)
     lead = g.leader()
     assert lead is not None

@@ -81,6 +81,23 @@ def test_statusboard_jitter_of_cpu_use_bumps_no_version_but_keeps_the_latest() -
     assert entry.heard == 5.0
 
 
+def test_statusboard_holds_no_status_older_than_the_latest() -> None:
+    """Rule 2: a status message holds its whole request; the entry keeps the latest one
+    (also when an equal one arrives) and the last version's values, not its message."""
+    board = StatusBoard()
+    board.update("n1", 7, BASE, now=0.0)
+    for i, status in enumerate(
+        [_with(), _with(cpu_utilization=0.41), _with(cpu_utilization=0.41), _with(step=12)]
+    ):
+        board.update("n1", 7, status, now=1.0 + i)
+        entry = board.get("n1")
+        assert entry is not None and entry.status is status
+        assert entry.sent is status or not isinstance(entry.sent, pb.NodeStatus)
+    v = board.version
+    board.update("n1", 7, _with(step=12, cpu_utilization=0.42), now=9.0)
+    assert board.version == v  # compared with the values kept, the deadband holds
+
+
 def test_statusboard_drift_is_sent_once_it_adds_up_to_the_deadband() -> None:
     board = StatusBoard()
     board.update("n1", 7, BASE, now=0.0)

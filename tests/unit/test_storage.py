@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from arbiter.core.raft import Entry, HardState, Ready, Snapshot
-from arbiter.server.storage import DB_NAME, Storage, StorageError
+from arbiter.server.storage import CACHE_KIB, DB_NAME, Storage, StorageError
 
 
 def _entries(lo: int, hi: int, term: int = 1) -> tuple[Entry, ...]:
@@ -177,6 +177,16 @@ def test_storage_in_memory_needs_no_directory() -> None:
     with Storage.open(None, replica_id="a1", cluster="test", arbiters=["a1"]) as s:
         s.save(_ready(HardState(term=1, vote=None, commit=0), _entries(1, 2)))
         assert s.load().entries == _entries(1, 2)
+
+
+@pytest.mark.parametrize("where", ["created", "reopened", "in-memory"])
+def test_storage_page_cache_is_bounded_on_every_open(tmp_path: Path, where: str) -> None:
+    # SQLite's cache_size is per connection, so every open sets it, not only a new database.
+    if where == "reopened":
+        _open(tmp_path).close()
+    path = None if where == "in-memory" else tmp_path
+    with Storage.open(path, replica_id="a1", cluster="test", arbiters=["a1", "a2"]) as s:
+        assert s._conn.execute("PRAGMA cache_size").fetchone()[0] == -CACHE_KIB
 
 
 def test_storage_empty_ready_writes_nothing(tmp_path: Path) -> None:

@@ -60,6 +60,13 @@ Rule 5. :meth:`hold` promises no suspicion before ``until``; holds only
 Rule 6. Deadlines live in the hashed timing wheel of ``wheel.py``, as in
     ``base.py``: a heartbeat costs O(1), a tick O(suspected + slots
     walked), :meth:`next_deadline` is exact.
+Rule 7. A node's window is a ring of C doubles (``array('d')``: 8 bytes a
+    sample, where a deque of floats costs a 24-byte float object and an
+    8-byte slot each), grown by appending until it holds
+    ``max_sample_size`` samples, then overwritten oldest first. The sums are
+    updated in the same order as with a queue (the oldest sample out, the
+    new one in), so the window, its sums and every deadline are the same
+    floats bit for bit.
 
 Guarantee: with ``threshold > log10(2)`` (validated), a silence of at most the
 window's mean plus ``acceptable_heartbeat_pause`` is never suspected, whatever
@@ -71,7 +78,7 @@ Sans-I/O: time is the argument ``now``; nothing here reads a clock or logs.
 from __future__ import annotations
 
 import math
-from collections import deque
+from array import array
 from dataclasses import dataclass, field
 
 from arbiter.core.detection.base import DeadlineDetector, _check_positive, _Track
@@ -148,8 +155,10 @@ def threshold_sigmas(threshold: float) -> float:
 class _PhiTrack(_Track):
     """Mutable per-node bookkeeping (private; never handed out)."""
 
-    # Window of inter-arrival samples and their running sums.
-    samples: deque[float] = field(default_factory=deque)
+    # Window of inter-arrival samples (rule 7: a ring once full, samples[head] the
+    # oldest; head is 0 until then) and their running sums.
+    samples: array[float] = field(default_factory=lambda: array("d"))
+    head: int = 0
     total: float = 0.0
     squares: float = 0.0
     # Pushes since the sums were last recomputed exactly (bounds float drift).
@@ -287,23 +296,32 @@ class PhiAccrualDetector(DeadlineDetector[_PhiTrack]):
         Raises:
             KeyError: the node is not tracked.
         """
-        return tuple(self._nodes[node_id].samples)
+        track = self._nodes[node_id]
+        samples, head = track.samples, track.head
+        return tuple(samples[head:]) + tuple(samples[:head])
 
     # -- internals ---------------------------------------------------------
 
     def _seed(self, track: _PhiTrack) -> None:
         """Cold start (Akka ``firstHeartbeat``): two samples, estimate +/- estimate / 4."""
         estimate = self._estimate if track.interval == self._interval else track.interval
-        track.samples = deque((estimate + estimate / 4.0, estimate - estimate / 4.0))
+        track.samples = array("d", (estimate + estimate / 4.0, estimate - estimate / 4.0))
+        track.head = 0
         self._resum(track)
 
     def _push(self, track: _PhiTrack, sample: float) -> None:
+        """Rule 7: the oldest sample out (once the window is full), ``sample`` in."""
         samples = track.samples
         if len(samples) >= self._max_samples:
-            old = samples.popleft()
+            head = track.head
+            old = samples[head]
             track.total -= old
             track.squares -= old * old
-        samples.append(sample)
+            samples[head] = sample
+            head += 1
+            track.head = head if head < len(samples) else 0
+        else:
+            samples.append(sample)
         track.total += sample
         track.squares += sample * sample
         track.pushes += 1

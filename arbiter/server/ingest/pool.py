@@ -346,9 +346,10 @@ class IngestPool:
         now = time.monotonic()
         board = api.board
         for token, node_id, incarnation, labels, interval, first, status in entries:
-            if labels is not None:
-                labels_of[token] = dict(labels)
+            if labels is not None:  # kept per stream: interned, as the servicer's checks
+                labels_of[token] = {sys.intern(k): sys.intern(v) for k, v in labels}
             if first:
+                node_id = sys.intern(node_id)  # the one the records of the node keep
                 try:
                     limits.check_new_node(driver, max_nodes, node_id)
                     check_shedding(driver, node_id, now, cpu=on_cpu)

@@ -61,7 +61,7 @@ import grpc
 from arbiter.config import ArbiterConfig
 from arbiter.server import limits
 from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
-from arbiter.server.decoding import DecodeRefusal
+from arbiter.server.decoding import DecodeRefusal, Undecodable, checks_requests, refuse
 from arbiter.server.heartbeat_path import ClusterMismatch, HeartbeatChecks
 from arbiter.server.ingest import frames
 from arbiter.server.ingest.batcher import Batcher, ChannelClosed, ReplicaStatus
@@ -127,22 +127,13 @@ class HeartbeatService:
             config_index=st.config_index,
         ).SerializeToString()
 
-    async def _as_node(
-        self, requests: AsyncIterator[pb.HeartbeatRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.HeartbeatRequest]:
-        it = aiter(requests)
-        try:
-            first = await anext(it)
-        except StopAsyncIteration:
-            return
-        await deny(context, self.authz.node(context, first.node_id))
-        yield first
-        async for req in it:
-            yield req
-
+    @checks_requests
     async def heartbeat(
         self, requests: AsyncIterator[pb.HeartbeatRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
+        """One node's heartbeat stream (rule 2); undecodable requests and the caller's
+        right to speak for the node are checked here, as the in-process servicer does
+        (no wrapper of the requests per stream: memory per node)."""
         cfg, batcher = self.config, self.batcher
         if self.closing:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
@@ -154,8 +145,7 @@ class HeartbeatService:
                 f"{self.replica_id} (ingest worker {self.index}: {self.max_streams} of them here)",
             )
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal or "")
-        if not isinstance(self.authz, AllowAll):
-            requests = self._as_node(requests, context)
+        vouch = not isinstance(self.authz, AllowAll)  # --insecure: nobody to ask
         checks = HeartbeatChecks(cfg, self.cluster, self.replica_id)  # the servicer's (rule 4)
         self._tokens += 1
         token = self._tokens
@@ -167,13 +157,18 @@ class HeartbeatService:
                 self.index,
                 os.getpid(),
             )
-        labels_of: Any = None  # the labels last sent (a protobuf map)
+        labels_of: Any = None  # the labels last sent (the checks' interned dict)
         status_of: pb.NodeStatus | None = None  # the status last sent
         status_at = 0.0
         ack = pb.HeartbeatAck()
         last_at = None  # the stream's previous heartbeat (the inter-arrival histogram)
         try:
             async for req in requests:
+                if req.__class__ is Undecodable:  # type: ignore[comparison-overlap]
+                    await refuse(context, req)
+                if vouch:  # the first heartbeat: may the caller speak for its node?
+                    vouch = False
+                    await deny(context, self.authz.node(context, req.node_id))
                 batcher.heartbeats += 1
                 if self.closing:
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
@@ -195,8 +190,9 @@ class HeartbeatService:
                 if wait > 0:
                     await asyncio.sleep(wait)  # throttled (limits rule 3)
                 labels = None
-                if labels_of is None or req.labels != labels_of:
-                    labels, labels_of = tuple(req.labels.items()), req.labels
+                if checks.labels is not labels_of:  # a new dict: the labels changed
+                    labels_of = checks.labels
+                    labels = tuple(labels_of.items())
                 status = None
                 if (
                     status_of is None
@@ -206,7 +202,7 @@ class HeartbeatService:
                     status, status_of, status_at = req.status.SerializeToString(), req.status, now
                 try:
                     verdict, st = await batcher.ask(
-                        (token, req.node_id, req.incarnation, labels, req.interval_seconds,
+                        (token, checks.node_id, req.incarnation, labels, req.interval_seconds,
                          first, status)
                     )  # fmt: skip
                 except ChannelClosed:
