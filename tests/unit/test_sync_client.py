@@ -12,6 +12,7 @@ import _thread
 import asyncio
 import inspect
 import os
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -173,6 +174,9 @@ def test_loop_thread_interrupt_cancels_the_call_like_asyncio() -> None:
             cancelled.set()
             raise
 
+    # Python's own SIGINT handler, whatever an earlier test in this process left
+    # (interrupt_main does nothing while SIGINT is ignored or at SIG_DFL).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(0.2, _thread.interrupt_main)
     timer.start()
     try:
@@ -184,6 +188,7 @@ def test_loop_thread_interrupt_cancels_the_call_like_asyncio() -> None:
     finally:
         timer.cancel()
         lt.stop()
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_loop_thread_refuses_calls_in_a_forked_child() -> None:
