@@ -70,6 +70,21 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+def join_spread(args: Any, n: int) -> float:
+    """Seconds within which a join storm's ``n`` nodes start: ``--join-spread`` when
+    given, else ``n / --join-rate``, at least 1 s."""
+    if args.join_spread is not None:
+        return float(args.join_spread)
+    return max(1.0, n / args.join_rate)
+
+
+def spread_words(args: Any) -> str:
+    """How :func:`join_spread` chose, in words for a table's notes."""
+    if args.join_spread is not None:
+        return f"{args.join_spread:g} s"
+    return f"N / {args.join_rate:g} s (at least 1 s)"
+
+
 def pct(samples: Sequence[float], p: float) -> float | None:
     """Nearest-rank percentile ``p`` (0..100) of ``samples``; None when there are none."""
     if not samples:

@@ -16,6 +16,7 @@ from scale_common import (
     cpu_seconds,
     histogram_delta,
     histogram_quantile,
+    join_spread,
     metric,
     pct,
     rss_bytes,
@@ -85,6 +86,7 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
         "light": lightly,
         "subscribers": args.subscribers,
         "ingest_workers": args.ingest_workers,
+        "join_spread_s": join_spread(args, n),
     }
     fleet = subs = None
     try:
@@ -119,7 +121,7 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
         )  # fmt: skip
         if not subs.wait_for(lambda: subs.report.get("open", 0) >= args.subscribers, 60):
             raise RuntimeError(f"{args.subscribers} subscriptions not open within 60 s")
-        extra_hb = ["--wait-join", "--start-spread", str(args.join_spread)]
+        extra_hb = ["--wait-join", "--start-spread", str(join_spread(args, n))]
         extra_hb += ["--interval-rule", "own"] if lightly else []
         fleet = Fleet(procs, addrs, n, args.procs, workdir, *extra_hb)
         fleet.wait_ready()
@@ -276,7 +278,7 @@ def run_bare(
             raise RuntimeError("the bare server exited (see its log)")
         fleet = Fleet(
             procs, [addr], n, args.procs, workdir, "--wait-join",
-            "--start-spread", str(args.join_spread), name="bare-loadgen",
+            "--start-spread", str(join_spread(args, n)), name="bare-loadgen",
         )  # fmt: skip
         fleet.wait_ready()
         time.sleep(0.5)
