@@ -175,9 +175,10 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
         "the first election. falseD = DEAD of a node not killed. iv s: the heartbeat interval",
         "(ours: N / the rate a1's suggestions require; etcd: the renewal period, see below).",
         f"(light): above N = {args.full_load_max} a2 and a3 run at --heartbeat-interval "
-        f"{args.light_interval} s,",
-        f"--missed-heartbeats {args.light_missed} (D = {args.light_interval * args.light_missed:g}"
-        " s), so a DEAD waits for that D; a1 is fully loaded.",
+        f"max({args.light_interval:g}, N / {args.light_rate:g}) s,",
+        f"--missed-heartbeats {args.light_missed} (D = {args.light_missed:g} x that), so a DEAD "
+        "waits for that D; a1 is fully loaded.",
+        f"--heartbeat-budget: {args.budget or 'the lan preset (5000/s)'} on every replica.",
         "bare: one bare grpc.aio server (bench/scale_bare.py) given N streams at a1's interval.",
         "etcd x3: 3 members, N leases at the minimum TTL kept alive as clientv3 does; hb/s and",
         "us/hb = renewals/s and the members' CPU per renewal; kill->DEAD = kill to the watcher's",
@@ -347,6 +348,20 @@ def main() -> int:
     )
     p.add_argument("--full-load-max", type=int, default=3000, help="above it a2, a3 are light")
     p.add_argument("--light-interval", type=float, default=3.0)
+    p.add_argument(
+        "--light-rate",
+        type=float,
+        default=1000.0,
+        help="heartbeats/s a light replica is given at most: its interval is N / this when "
+        "longer than --light-interval",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="--heartbeat-budget of every replica (heartbeats/s; default the lan preset's "
+        "5000): what one replica may take on this machine",
+    )
     p.add_argument("--light-missed", type=float, default=2.0)
     p.add_argument(
         "--etcd-timing",

@@ -37,6 +37,12 @@ def light(args: argparse.Namespace, n: int) -> bool:
     return bool(n > args.full_load_max)
 
 
+def light_interval(args: argparse.Namespace, n: int) -> float:
+    """The light replicas' heartbeat interval at ``n`` nodes (seconds): ``--light-interval``,
+    longer where that would give a light replica more than ``--light-rate`` heartbeats/s."""
+    return max(args.light_interval, n / args.light_rate)
+
+
 def _window(fleet: Fleet, seconds: float) -> list[dict[str, Any]]:
     """The fleet's summed reports, one a second, for ``seconds``."""
     out = []
@@ -87,18 +93,23 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
         "subscribers": args.subscribers,
         "ingest_workers": args.ingest_workers,
         "join_spread_s": join_spread(args, n),
+        "light_interval_s": light_interval(args, n) if lightly else None,
+        "budget": args.budget,
     }
     fleet = subs = None
     try:
         for rid in cluster.arbiters:
             extra = [*limits, "--metrics-listen", maddr[rid]]
+            if args.budget is not None:
+                extra += ["--heartbeat-budget", str(args.budget)]
             if lightly and rid != "a1":
-                iv = str(args.light_interval)
+                light_s = light_interval(args, n)
+                iv = f"{light_s:g}"
                 extra += ["--heartbeat-interval", iv, "--max-heartbeat-interval", iv]
                 extra += ["--missed-heartbeats", str(args.light_missed)]
                 # a lease granted before a crash is honoured after it (config rule): the
                 # grace covers the longest lease, D at this interval
-                extra += ["--restart-grace", str(args.light_interval * args.light_missed + 1)]
+                extra += ["--restart-grace", f"{light_s * args.light_missed + 1:g}"]
             cluster.start_arbiter(rid, *extra)
         pids = {rid: c.pid for rid, c in cluster.children.items()}
 
