@@ -11,10 +11,11 @@ Rules:
    hears at an incarnation, and SUSPECT once its failure detector suspects the
    node; a later heartbeat makes it ALIVE again. Each change of opinion gets a
    new, higher sequence number and becomes an observation owed to the log.
-2. Delivery. An owed observation is proposed when it is ready (new, or
-   ``retry_after`` seconds after it was last proposed) and again every
-   ``retry_after`` seconds until the committed state holds it (the state
-   machine ignores duplicates, so retries are harmless). A ready SUSPECT
+2. Delivery. An owed observation is proposed when it is ready (new, or a
+   retry timeout after it was last proposed) and again at that timeout until
+   the committed state holds it (the state machine ignores duplicates). The
+   timeout is ``retry_after`` while commits are fast and adapts to them when
+   they are slow (:mod:`arbiter.core.retry`: RFC 6298's timer). A ready SUSPECT
    observation, and an ALIVE one that follows another voter's committed
    ALIVE observation, are proposed at once; any other ready ALIVE one is
    held until the pacer releases it (:mod:`arbiter.core.batching`, rules 1
@@ -43,16 +44,13 @@ Rules:
    Awareness for More Accurate Failure Detection", DSN Workshops 2018,
    arXiv:1707.00788: a member that is itself slow must not blame others).
    ``tick(now, state, lateness)`` is told how many seconds of the recent past
-   this replica could not hear (its event loop ran late, its ingest has a
-   backlog: heartbeats sent meanwhile are still queued). Silence is measured
-   only up to ``heard_until = now - lateness``: the detector is ticked at
-   ``heard_until``, so a node is suspected once ``heard_until`` passes its
-   deadline, never for a silence the replica could not observe. A node that
-   is really dead is still suspected, ``lateness`` later; the replica bounds
-   ``lateness`` (``ReplicaSettings.max_lateness``, the longest lease), so the
-   delay is bounded even if the replica stays late. Leases only gain: the
+   this replica could not hear (its loop ran late, its ingest has a backlog).
+   Silence is measured only up to ``heard_until = now - lateness`` (also the
+   evidence's), so a node is never suspected for a silence the replica could
+   not observe; a dead one is suspected ``lateness`` later, bounded by
+   ``ReplicaSettings.max_lateness`` (the longest lease). Leases only gain: the
    detector's clock goes slower, never faster, than the one they were
-   promised on. The evidence's silence is measured to ``heard_until`` too.
+   promised on.
 7. Grace windows (:mod:`arbiter.core.grace_windows`, its rules there): a
    committed window holds back suspicions of its node until it ends here
    (then the node counts as heard at the end), and acks that grant a lease
@@ -70,6 +68,7 @@ from arbiter.core.commands import Observation, Opinion
 from arbiter.core.detection import FailureDetector
 from arbiter.core.grace_windows import GraceWindows
 from arbiter.core.outcomes import HeartbeatVerdict
+from arbiter.core.retry import RetryTimer
 from arbiter.core.tally import MembershipState
 from membership.view import MemberState
 
@@ -94,6 +93,7 @@ class _Opinion:
     committed: bool = False
     # When it was made (monotonic seconds): ready to be proposed from then.
     since: float = 0.0
+    retried: bool = False  # proposed more than once: no commit-time sample (Karn)
 
 
 class Observer:
@@ -104,7 +104,7 @@ class Observer:
         detector: the failure detector, owned by this observer from now on.
         lease: seconds of lease granted per accepted heartbeat (<= the
             detector's suspicion time).
-        retry_after: seconds before an uncommitted observation is proposed again.
+        retry_after: seconds to a retry while commits are fast (:attr:`retry`'s floor).
         seq_base: first observation sequence number; must exceed every number
             this replica used before a restart (the shell seeds it from a
             boot-time value, e.g. wall-clock nanoseconds).
@@ -138,7 +138,7 @@ class Observer:
         self._replica_id = replica_id
         self._detector = detector
         self._lease = lease
-        self._retry_after = retry_after
+        self.retry = RetryTimer(retry_after, 8 * retry_after)  # rule 2
         self._seq = seq_base
         self._grace_until = now + restart_grace
         self._opinions: dict[str, _Opinion] = {}
@@ -146,9 +146,8 @@ class Observer:
         self._seen_epoch = -1
         self._pacer = BatchPacer(batch_interval)
         self.windows = GraceWindows(max_grace)  # rule 7
-        # The last scan of observations(): oldest held, how many, the applied index and
-        # leadership it judged under, the next due time. Until one moves or an opinion
-        # is made (_fresh) a scan finds nothing: skipped; next_deadline() is O(1).
+        # The last scan of observations() (oldest held, how many, applied index, leading,
+        # next due): until one moves or an opinion is made (_fresh), a scan is skipped.
         self._held_since: float | None = None
         self._held_count = 0
         self._scan_applied = -1
@@ -167,10 +166,8 @@ class Observer:
         return None if op is None else op.opinion
 
     def heard(self, node_id: str) -> int | None:
-        """The incarnation of ``node_id`` this replica's detector heard last (its
-        latest opinion's), or None: it never heard it, or only assumes it ALIVE
-        after a restart (rule 5). The tally counts such an incarnation as
-        joining (its rule 5)."""
+        """The incarnation of ``node_id`` heard last (its latest opinion's), or None: never
+        heard, or only assumed ALIVE after a restart (rule 5; tally rule 5: joining)."""
         op = self._opinions.get(node_id)
         return None if op is None or op.assumed else op.incarnation
 
@@ -275,7 +272,7 @@ class Observer:
                 node_id, incarnation, Opinion.ALIVE, tuple(sorted(labels.items())), now
             )
             current = self._opinions[node_id]
-        self._check_committed(node_id, current, state)
+        self._check_committed(node_id, current, state, now)
         granted, grace, grant = 0.0, 0.0, 0
         if current.committed:
             granted = self._lease if lease is None else lease
@@ -294,11 +291,15 @@ class Observer:
             grace_id=grant,
         )
 
-    def _check_committed(self, node_id: str, op: _Opinion, state: MembershipState) -> None:
+    def _check_committed(
+        self, node_id: str, op: _Opinion, state: MembershipState, now: float
+    ) -> None:
         if op.committed or op.assumed:
             return
         rec = state.observation(self._replica_id, node_id)
         if rec is not None and (rec.incarnation, rec.seq) >= (op.incarnation, op.seq):
+            if op.proposed_at is not None and not op.retried:
+                self.retry.sample(now - op.proposed_at)  # rule 2: the commit time
             op.committed = True
             op.proposed_at = None
             self._owed.discard(node_id)
@@ -387,20 +388,15 @@ class Observer:
         return True
 
     def observations(self, now: float, state: MembershipState) -> tuple[Observation, ...]:
-        """The observations to propose now: new ones and those due for a retry (rule 2).
-
-        Ready SUSPECT observations and ALIVE ones that follow another
-        voter's committed ALIVE observation are always returned; the other
-        ready ALIVE ones only once the pacer releases them, all together
-        (:mod:`arbiter.core.batching`).
+        """The observations to propose now: new ones and those due for a retry, the held
+        ones once the pacer releases them (rule 2, :mod:`arbiter.core.batching`).
 
         Args:
             now: monotonic seconds.
             state: the committed state machine, to drop what is committed.
 
         Returns:
-            Observations sorted by node id; each returned one is counted as
-            proposed at ``now``.
+            Observations sorted by node id, each counted as proposed at ``now``.
         """
         if (
             not self._fresh
@@ -413,16 +409,17 @@ class Observer:
         held: list[tuple[str, _Opinion]] = []
         voters = [r for r in state.arbiters if r != self._replica_id]
         pacing = self._pacer.interval > 0
+        retry_after = self.retry.timeout
         due = math.inf
         for node_id in sorted(self._owed):
             if self._forget_retired(node_id, state):
                 continue
             op = self._opinions[node_id]
-            self._check_committed(node_id, op, state)
+            self._check_committed(node_id, op, state, now)
             if op.committed:
                 continue
-            if op.proposed_at is not None and now < op.proposed_at + self._retry_after:
-                due = min(due, op.proposed_at + self._retry_after)
+            if op.proposed_at is not None and now < op.proposed_at + retry_after:
+                due = min(due, op.proposed_at + retry_after)
                 continue
             urgent = not pacing or op.opinion is Opinion.SUSPECT
             if urgent or follows(
@@ -435,7 +432,10 @@ class Observer:
         self._held_since, self._held_count = None, 0
         self._scan_applied, self._scan_leading = state.applied_index, self._pacer.leading
         if held:
-            oldest = min(_ready_at(op, self._retry_after) for _, op in held)
+            oldest = min(
+                op.since if op.proposed_at is None else op.proposed_at + retry_after
+                for _, op in held
+            )  # when each became ready: made, or due for a retry
             release = self._pacer.release_at(oldest)
             if now >= release:
                 self._pacer.released(now)
@@ -444,10 +444,13 @@ class Observer:
                 self._held_since, self._held_count = oldest, len(held)
                 due = min(due, release)
         if chosen:
-            due = min(due, now + self._retry_after)
+            due = min(due, now + retry_after)
         self._due_at = due
         out: list[Observation] = []
+        retries = False
         for node_id, op in chosen:
+            if op.proposed_at is not None:
+                op.retried = retries = True
             op.proposed_at = now
             ev = op.evidence if op.opinion is Opinion.SUSPECT else None
             out.append(
@@ -462,6 +465,8 @@ class Observer:
                     detector=self._detector.kind if ev is not None else "",
                 )
             )
+        if retries:
+            self.retry.retried()
         return tuple(out)
 
     def follow_due(self, state: MembershipState) -> bool:
@@ -493,8 +498,3 @@ class Observer:
         elif self._owed and math.isfinite(self._due_at):
             times.append(self._due_at)  # a retry, or the pacer's release (last scan)
         return min(times) if times else None
-
-
-def _ready_at(op: _Opinion, retry_after: float) -> float:
-    """When ``op`` is (or was) ready to be proposed: made, or due for a retry (rule 2)."""
-    return op.since if op.proposed_at is None else op.proposed_at + retry_after
