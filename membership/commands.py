@@ -155,8 +155,16 @@ class Interrupt:
 # --- shared steps -----------------------------------------------------------------------
 
 
-def _print(line: str) -> None:
-    print(line, flush=True)
+def _print(line: str, keep_going: bool = False) -> None:
+    """Prints one line; with ``keep_going`` a reader gone (``membership node | head``)
+    costs the output only: the node heartbeats on and still leaves on a signal."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        if not keep_going:
+            raise  # view and watch end quietly (cli.py)
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 async def _wait_reachable(client: Any, timeout: float, what: str) -> str:
@@ -261,7 +269,7 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
     def on_event(ev: SessionEvent) -> None:
         line = session_event_line(args.id, ev)
         if line is not None:
-            _print(line)
+            _print(line, keep_going=True)
         if isinstance(ev, Superseded):
             superseded.append(ev)
         elif isinstance(ev, StateChanged) and ev.state is MemberState.LEFT and not leaving:
@@ -324,16 +332,16 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
                     "administrator, or another process's leave); it does not rejoin"
                 )
             raise CliError(f"{args.id} {why}", EXIT_ENDED)
-        _print(f"{args.id}: leaving")
+        _print(f"{args.id}: leaving", keep_going=True)
         leaving = True
         try:
             epoch = await client.leave(timeout=args.leave_timeout)
         except MembershipError as e:
             raise CliError(f"leave failed: {e}") from None
         if client.state is MemberState.LEFT:
-            _print(f"{args.id}: LEFT at epoch {epoch}")
+            _print(f"{args.id}: LEFT at epoch {epoch}", keep_going=True)
         else:  # it never joined: nothing was recorded in the view
-            _print(f"{args.id}: left before it joined the view (no record kept)")
+            _print(f"{args.id}: left before it joined the view (no record kept)", keep_going=True)
         return EXIT_OK
     finally:
         await control.stop(ctl)
