@@ -306,13 +306,15 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
         return _config_ok(f"node {client.node_id}", settings, client.config, _NODE_SETTINGS)
     ctl: control.ControlServer | None = None
     try:
+        # membership/control.py; first, so that a path that cannot be used stops the
+        # node before it has told the cluster anything (a script reads JOINING meanwhile)
+        ctl = await control.start(client, args.control_socket)
         reached, _ = await interrupt.race(
             _wait_reachable(client, args.connect_timeout, f"node {args.id}")
         )
         if not reached:
             return EXIT_OK  # stopped while connecting: nothing to leave
         await client.start()
-        ctl = await control.start(client, args.control_socket)  # membership/control.py
         await interrupt.race(_first(client.ended.wait(), left_unasked.wait()))
         if client.ended.is_set() and client.error is not None:
             raise client.error  # e.g. arbiters of two clusters: the SDK names them

@@ -52,16 +52,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from membership.errors import InvalidArgument, MembershipError
+from membership.exits import CliError
 
 if TYPE_CHECKING:
     from membership.client import MembershipClient
 
-__all__ = ["MAX_LINE", "ControlServer", "request", "start", "status_of", "stop"]
+__all__ = ["MAX_LINE", "MAX_PATH", "ControlServer", "request", "start", "status_of", "stop"]
 
 log = logging.getLogger("membership.control")
 
 MAX_LINE = 64 * 1024
 """Bytes of one request or answer line, at most (rule 2)."""
+
+MAX_PATH = 107
+"""Bytes of the socket's path, at most (``sun_path`` on Linux, less its NUL)."""
 
 
 def status_of(client: MembershipClient) -> dict[str, Any]:
@@ -226,12 +230,30 @@ def _clear_stale(path: str) -> None:
 
 
 async def start(client: MembershipClient, path: str | None) -> ControlServer | None:
-    """Starts the control socket at ``path`` for ``client`` (None: no socket)."""
+    """Starts the control socket at ``path`` for ``client`` (None: no socket), making
+    its folder if needed.
+
+    Raises:
+        InvalidArgument: ``path`` is too long for a unix socket, or holds something
+            that is not a stale socket (rule 1).
+        CliError: the folder or the socket cannot be made there (the error names
+            ``--control-socket`` and the path).
+    """
     if not path:
         return None
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    if len(os.fsencode(path)) > MAX_PATH:
+        raise InvalidArgument(
+            f"--control-socket {path}: {len(os.fsencode(path))} bytes, over the "
+            f"{MAX_PATH} a unix socket's path may have (choose a shorter one)"
+        )
     server = ControlServer(client, path)
-    await server.start()
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        await server.start()
+    except OSError as e:
+        raise CliError(
+            f"--control-socket {path}: cannot serve it there: {e.strerror or e}"
+        ) from None
     log.info("control socket at %s", path)
     return server
 
