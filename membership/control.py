@@ -20,8 +20,9 @@ Rules:
    is refused, nothing else happens). Commands (``"cmd"``):
 
    - ``status``: :func:`status_of` (below);
-   - ``grace``, with ``"seconds"`` (>= 0; 0 ends the window) and optional
-     ``"reason"``: asks the cluster for a grace window
+   - ``grace``, with ``"seconds"`` (>= 0; 0 ends the window), optional
+     ``"reason"`` and ``"timeout"`` (seconds the ask may take, default the
+     client's ``leave_timeout``, 5 s): asks the cluster for a grace window
      (:meth:`membership.MembershipClient.grace`), answers ``{"ok", "seconds",
      "grant", "covered"}`` once committed and covered (``covered``: seconds
      the node may pause for without being fenced);
@@ -163,7 +164,8 @@ class ControlServer:
                 seconds, reason = req.get("seconds"), req.get("reason", "")
                 if not isinstance(reason, str):
                     raise InvalidArgument("reason must be a string")
-                window = await self.client.grace(seconds, reason)  # type: ignore[arg-type]
+                timeout = _timeout(req, None)
+                window = await self.client.grace(seconds, reason, timeout)  # type: ignore[arg-type]
                 return {
                     "ok": True,
                     "seconds": window.seconds,
@@ -178,13 +180,11 @@ class ControlServer:
 
     async def _wait(self, req: dict[str, Any]) -> dict[str, Any]:
         client = self.client
-        after, timeout = req.get("after", _rank_epoch(client)), req.get("timeout", 30.0)
+        after, timeout = req.get("after", _rank_epoch(client)), _timeout(req, 30.0)
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise InvalidArgument(f"after must be an epoch (an int >= 0), got {after!r}")
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
-            raise InvalidArgument(f"timeout must be a number >= 0, got {timeout!r}")
         loop = asyncio.get_running_loop()
-        end = loop.time() + min(float(timeout), 3600.0)
+        end = loop.time() + min(timeout or 0.0, 3600.0)
         events = [client._view_changed]
         if client._agent is not None:  # the node's fence timer and acks set it
             events.append(client._agent.fence_changed)
@@ -201,6 +201,16 @@ class ControlServer:
                 for w in waits:
                     w.cancel()
         return status_of(client)
+
+
+def _timeout(req: dict[str, Any], default: float | None) -> float | None:
+    """A request's ``"timeout"`` (seconds >= 0), or ``default`` without one."""
+    timeout = req.get("timeout", default)
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+        raise InvalidArgument(f"timeout must be a number >= 0, got {timeout!r}")
+    return float(timeout)
 
 
 def _rank_epoch(client: MembershipClient) -> int:
