@@ -145,6 +145,13 @@ def positive(value: str) -> float:
     return f
 
 
+def _path(value: str) -> str:
+    """argparse type: a path that is not empty (an unset shell variable, say)."""
+    if not value:
+        raise argparse.ArgumentTypeError("an empty path")
+    return value
+
+
 def _whole(minimum: int) -> Callable[[str], int]:
     def parse(value: str) -> int:
         try:
@@ -267,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--control-socket",
-        default="",
+        type=_path,
         metavar="PATH",
         help="serve a local control socket (mode 0600) for a script: its rank, world size, "
         "fencing state and grace windows (`membership node-ctl`)",

@@ -27,10 +27,14 @@ from typing import Any
 
 from membership.control import request
 from membership.exits import EXIT_FAILURE, EXIT_OK, CliError
+from membership.graces import MAX_REASON
 
 __all__ = ["ENV_SOCKET", "node_ctl", "register"]
 
 ENV_SOCKET = "MEMBERSHIP_CONTROL_SOCKET"
+# Seconds node-ctl waits beyond a timeout it gave the sidecar (grace, wait), for the
+# sidecar's answer at its end (a timed-out status, why the window was not committed).
+ANSWER_SLACK = 1.0
 
 
 def register(sub: Any, *, positive: Callable[[str], float]) -> None:
@@ -47,30 +51,37 @@ def register(sub: Any, *, positive: Callable[[str], float]) -> None:
         "only, mode 0600): read the node's rank, world size, epoch and fencing state, ask "
         "for a grace window. The socket defaults to $" + ENV_SOCKET + ".",
     )
+    socket_help = f"the sidecar's --control-socket (default ${ENV_SOCKET})"
+    timeout_help = "seconds to wait for the answer, or wait's change (30)"
     ctl.add_argument(
-        "--socket",
-        default=os.environ.get(ENV_SOCKET, ""),
-        metavar="PATH",
-        help=f"the sidecar's --control-socket (default ${ENV_SOCKET})",
+        "--socket", default=os.environ.get(ENV_SOCKET, ""), metavar="PATH", help=socket_help
     )
-    ctl.add_argument(
-        "--timeout", type=positive, default=30.0, help="seconds to wait for the answer (30)"
-    )
+    ctl.add_argument("--timeout", type=positive, default=30.0, help=timeout_help)
+    # The same two after the action too (`node-ctl wait --timeout 60`); given there, they win.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--socket", default=argparse.SUPPRESS, metavar="PATH", help=socket_help)
+    common.add_argument("--timeout", type=positive, default=argparse.SUPPRESS, help=timeout_help)
     actions = ctl.add_subparsers(dest="ctl_command", required=True, metavar="ACTION")
-    p = actions.add_parser("status", help="the node's state, fencing, rank and world size")
+    p = actions.add_parser(
+        "status", parents=[common], help="the node's state, fencing, rank and world size"
+    )
     p.add_argument("--json", action="store_true", help="one JSON object")
     p = actions.add_parser(
         "grace",
+        parents=[common],
         help="ask the cluster not to suspect the node for SECONDS (0: end the window)",
         description="Ask for a grace window: committed through the arbiters' log, capped by "
         "their --max-grace (300 s by default); answers once a quorum of arbiters holds it "
         "(the seconds printed as covered: the node may pause that long). 0 ends it early.",
     )
     p.add_argument("seconds", type=_seconds, help="the window, seconds (0: end it)")
-    p.add_argument("--reason", default="", help="why, in words (shown in view and watch)")
+    p.add_argument(
+        "--reason", default="", type=_reason, help="why, in words (shown in view and watch)"
+    )
     p.add_argument("--json", action="store_true", help="one JSON object")
     p = actions.add_parser(
         "wait",
+        parents=[common],
         help="wait until the rank assignment changes (its epoch grows) or the node is fenced",
     )
     p.add_argument(
@@ -93,6 +104,12 @@ def _seconds(value: str) -> float:
     return f
 
 
+def _reason(value: str) -> str:
+    if len(value) > MAX_REASON or not value.isprintable():
+        raise argparse.ArgumentTypeError(f"at most {MAX_REASON} printable characters")
+    return value
+
+
 def _epoch(value: str) -> int:
     try:
         n = int(value)
@@ -112,14 +129,17 @@ async def node_ctl(args: argparse.Namespace, interrupt: object) -> int:
     if not args.socket:
         raise CliError(f"no control socket: give --socket PATH or set ${ENV_SOCKET}", 2)
     req: dict[str, Any] = {"cmd": args.ctl_command}
+    wait = args.timeout  # status: the answer comes at once, or the sidecar is stuck
     if args.ctl_command == "grace":
-        req.update(seconds=args.seconds, reason=args.reason)
+        req.update(seconds=args.seconds, reason=args.reason, timeout=args.timeout)
     elif args.ctl_command == "wait":
         req["timeout"] = args.timeout
         if args.after is not None:
             req["after"] = args.after
+    if "timeout" in req:  # the sidecar's own answer when its time is up, not ours
+        wait += ANSWER_SLACK
     try:
-        answer = await asyncio.to_thread(request, args.socket, req, args.timeout + 5.0)
+        answer = await asyncio.to_thread(request, args.socket, req, wait)
     except (OSError, TimeoutError, ValueError) as e:
         raise CliError(f"control socket {args.socket}: {e}") from None
     if not answer.get("ok"):

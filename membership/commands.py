@@ -9,7 +9,8 @@ Each command is a coroutine ``command(args, interrupt) -> exit code``, run by
    not rejoin); a command cut short by a signal raises :class:`Interrupted`.
 2. SIGINT and SIGTERM are honoured in every phase (connecting, running,
    leaving, starting up): the first one ends the command as its normal end
-   does (:class:`Interrupt`, :meth:`Interrupt.race`); a second one exits at once.
+   does (:class:`membership.interrupt.Interrupt` and its ``race``); a second
+   one exits at once.
 3. ``--check-config`` validates every flag and value, connects to nothing,
    and prints only the settings the command depends on.
 """
@@ -22,18 +23,17 @@ import contextlib
 import dataclasses
 import logging
 import os
-import signal
 import stat
 import sys
-import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from collections.abc import Awaitable, Sequence
+from typing import Any
 
 from membership import tls
 from membership.errors import InvalidArgument, MembershipError, UnavailableError
 from membership.exits import EXIT_ENDED, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CliError
 from membership.filters import MemberFilter, WatchFilter
+from membership.interrupt import Interrupt, Interrupted
 from membership.output import event_lines, session_event_line, view_json, view_text
 from membership.session import SessionEvent, StateChanged, Superseded
 from membership.view import MemberState
@@ -53,110 +53,20 @@ __all__ = [
 ]
 
 log = logging.getLogger("membership.cli")
-T = TypeVar("T")
-
-# SIGHUP too: a node whose terminal closes, or that an operator signals as
-# replicas are signalled to reload their certificates, stops gracefully (it
-# leaves) instead of dying at once and being declared DEAD. ``arbiter``
-# replaces the SIGHUP handler with its reload of the TLS files.
-_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-class Interrupted(Exception):
-    """The command was cut short by signal :attr:`signum`."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-class Interrupt:
-    """SIGINT, SIGTERM and SIGHUP while a command runs (rule 3).
-
-    The first signal sets :attr:`stop` once the event loop is attached (before
-    that, the handler raises :class:`Interrupted` where the program is). A
-    second one calls the ``on_force`` callbacks (the demo kills its children
-    there) and exits at once with 128 + its number. Handlers are plain
-    ``signal.signal`` ones, so they also run while the loop is busy in
-    blocking code.
-    """
-
-    def __init__(self) -> None:
-        self.stop = asyncio.Event()
-        self.signum: int | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._force: list[Callable[[], None]] = []
-        self._saved: dict[int, Any] = {}
-
-    def install(self) -> None:
-        """Installs the handlers (main thread only; elsewhere it does nothing)."""
-        if threading.current_thread() is threading.main_thread():
-            for sig in _SIGNALS:
-                self._saved[sig] = signal.signal(sig, self._handle)
-
-    def uninstall(self) -> None:
-        """Restores the handlers found by :meth:`install`."""
-        for sig, handler in self._saved.items():
-            signal.signal(sig, handler)
-        self._saved.clear()
-
-    def on_force(self, fn: Callable[[], None]) -> None:
-        """Registers ``fn`` to run before a second signal exits the process."""
-        self._force.append(fn)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.signum is not None:
-            self._exit_now(signum)
-        self.signum = signum
-        if self._loop is None:
-            raise Interrupted(signum)
-        self._loop.call_soon_threadsafe(self.stop.set)
-
-    def _exit_now(self, signum: int) -> NoReturn:
-        for fn in reversed(self._force):
-            with contextlib.suppress(Exception):
-                fn()
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os._exit(128 + signum)
-
-    async def run(self, coro: Awaitable[T]) -> T:
-        """Runs ``coro`` with this interrupt attached to the running loop."""
-        self._loop = asyncio.get_running_loop()
-        if self.signum is not None:
-            self.stop.set()
-        try:
-            return await coro
-        finally:
-            self._loop = None
-
-    async def race(self, aw: Awaitable[T]) -> tuple[bool, T | None]:
-        """Awaits ``aw`` unless :attr:`stop` is set first (then ``aw`` is cancelled).
-
-        Returns:
-            ``(True, result)``, or ``(False, None)`` when stopped.
-        """
-        task = asyncio.ensure_future(aw)
-        stopper = asyncio.ensure_future(self.stop.wait())
-        try:
-            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopper.cancel()
-            if not task.done():
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-        if task.cancelled():
-            return False, None
-        return True, task.result()
-
 
 # --- shared steps -----------------------------------------------------------------------
 
 
-def _print(line: str) -> None:
-    print(line, flush=True)
+def _print(line: str, keep_going: bool = False) -> None:
+    """Prints one line; with ``keep_going`` a reader gone (``membership node | head``)
+    costs the output only: the node heartbeats on and still leaves on a signal."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        if not keep_going:
+            raise  # view and watch end quietly (cli.py)
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 async def _wait_reachable(client: Any, timeout: float, what: str) -> str:
@@ -261,7 +171,7 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
     def on_event(ev: SessionEvent) -> None:
         line = session_event_line(args.id, ev)
         if line is not None:
-            _print(line)
+            _print(line, keep_going=True)
         if isinstance(ev, Superseded):
             superseded.append(ev)
         elif isinstance(ev, StateChanged) and ev.state is MemberState.LEFT and not leaving:
@@ -298,13 +208,15 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
         return _config_ok(f"node {client.node_id}", settings, client.config, _NODE_SETTINGS)
     ctl: control.ControlServer | None = None
     try:
+        # membership/control.py; first, so that a path that cannot be used stops the
+        # node before it has told the cluster anything (a script reads JOINING meanwhile)
+        ctl = await control.start(client, args.control_socket)
         reached, _ = await interrupt.race(
             _wait_reachable(client, args.connect_timeout, f"node {args.id}")
         )
         if not reached:
             return EXIT_OK  # stopped while connecting: nothing to leave
         await client.start()
-        ctl = await control.start(client, args.control_socket)  # membership/control.py
         await interrupt.race(_first(client.ended.wait(), left_unasked.wait()))
         if client.ended.is_set() and client.error is not None:
             raise client.error  # e.g. arbiters of two clusters: the SDK names them
@@ -324,16 +236,16 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
                     "administrator, or another process's leave); it does not rejoin"
                 )
             raise CliError(f"{args.id} {why}", EXIT_ENDED)
-        _print(f"{args.id}: leaving")
+        _print(f"{args.id}: leaving", keep_going=True)
         leaving = True
         try:
             epoch = await client.leave(timeout=args.leave_timeout)
         except MembershipError as e:
             raise CliError(f"leave failed: {e}") from None
         if client.state is MemberState.LEFT:
-            _print(f"{args.id}: LEFT at epoch {epoch}")
+            _print(f"{args.id}: LEFT at epoch {epoch}", keep_going=True)
         else:  # it never joined: nothing was recorded in the view
-            _print(f"{args.id}: left before it joined the view (no record kept)")
+            _print(f"{args.id}: left before it joined the view (no record kept)", keep_going=True)
         return EXIT_OK
     finally:
         await control.stop(ctl)

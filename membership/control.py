@@ -20,8 +20,9 @@ Rules:
    is refused, nothing else happens). Commands (``"cmd"``):
 
    - ``status``: :func:`status_of` (below);
-   - ``grace``, with ``"seconds"`` (>= 0; 0 ends the window) and optional
-     ``"reason"``: asks the cluster for a grace window
+   - ``grace``, with ``"seconds"`` (>= 0; 0 ends the window), optional
+     ``"reason"`` and ``"timeout"`` (seconds the ask may take, default the
+     client's ``leave_timeout``, 5 s): asks the cluster for a grace window
      (:meth:`membership.MembershipClient.grace`), answers ``{"ok", "seconds",
      "grant", "covered"}`` once committed and covered (``covered``: seconds
      the node may pause for without being fenced);
@@ -52,16 +53,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from membership.errors import InvalidArgument, MembershipError
+from membership.exits import CliError
 
 if TYPE_CHECKING:
     from membership.client import MembershipClient
 
-__all__ = ["MAX_LINE", "ControlServer", "request", "start", "status_of", "stop"]
+__all__ = ["MAX_LINE", "MAX_PATH", "ControlServer", "request", "start", "status_of", "stop"]
 
 log = logging.getLogger("membership.control")
 
 MAX_LINE = 64 * 1024
 """Bytes of one request or answer line, at most (rule 2)."""
+
+MAX_PATH = 107
+"""Bytes of the socket's path, at most (``sun_path`` on Linux, less its NUL)."""
 
 
 def status_of(client: MembershipClient) -> dict[str, Any]:
@@ -159,7 +164,8 @@ class ControlServer:
                 seconds, reason = req.get("seconds"), req.get("reason", "")
                 if not isinstance(reason, str):
                     raise InvalidArgument("reason must be a string")
-                window = await self.client.grace(seconds, reason)  # type: ignore[arg-type]
+                timeout = _timeout(req, None)
+                window = await self.client.grace(seconds, reason, timeout)  # type: ignore[arg-type]
                 return {
                     "ok": True,
                     "seconds": window.seconds,
@@ -174,13 +180,11 @@ class ControlServer:
 
     async def _wait(self, req: dict[str, Any]) -> dict[str, Any]:
         client = self.client
-        after, timeout = req.get("after", _rank_epoch(client)), req.get("timeout", 30.0)
+        after, timeout = req.get("after", _rank_epoch(client)), _timeout(req, 30.0)
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
             raise InvalidArgument(f"after must be an epoch (an int >= 0), got {after!r}")
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
-            raise InvalidArgument(f"timeout must be a number >= 0, got {timeout!r}")
         loop = asyncio.get_running_loop()
-        end = loop.time() + min(float(timeout), 3600.0)
+        end = loop.time() + min(timeout or 0.0, 3600.0)
         events = [client._view_changed]
         if client._agent is not None:  # the node's fence timer and acks set it
             events.append(client._agent.fence_changed)
@@ -197,6 +201,16 @@ class ControlServer:
                 for w in waits:
                     w.cancel()
         return status_of(client)
+
+
+def _timeout(req: dict[str, Any], default: float | None) -> float | None:
+    """A request's ``"timeout"`` (seconds >= 0), or ``default`` without one."""
+    timeout = req.get("timeout", default)
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+        raise InvalidArgument(f"timeout must be a number >= 0, got {timeout!r}")
+    return float(timeout)
 
 
 def _rank_epoch(client: MembershipClient) -> int:
@@ -226,12 +240,30 @@ def _clear_stale(path: str) -> None:
 
 
 async def start(client: MembershipClient, path: str | None) -> ControlServer | None:
-    """Starts the control socket at ``path`` for ``client`` (None: no socket)."""
+    """Starts the control socket at ``path`` for ``client`` (None: no socket), making
+    its folder if needed.
+
+    Raises:
+        InvalidArgument: ``path`` is too long for a unix socket, or holds something
+            that is not a stale socket (rule 1).
+        CliError: the folder or the socket cannot be made there (the error names
+            ``--control-socket`` and the path).
+    """
     if not path:
         return None
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    if len(os.fsencode(path)) > MAX_PATH:
+        raise InvalidArgument(
+            f"--control-socket {path}: {len(os.fsencode(path))} bytes, over the "
+            f"{MAX_PATH} a unix socket's path may have (choose a shorter one)"
+        )
     server = ControlServer(client, path)
-    await server.start()
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        await server.start()
+    except OSError as e:
+        raise CliError(
+            f"--control-socket {path}: cannot serve it there: {e.strerror or e}"
+        ) from None
     log.info("control socket at %s", path)
     return server
 

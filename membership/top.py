@@ -13,7 +13,9 @@ Rules:
    each committed change with its evidence, and each node that becomes or
    stops being DEGRADED or SUSPECT (the last ``--changes`` of them). It
    resumes from ``--history`` epochs before the current one, so the recent
-   past is there at once, as far as the arbiter still holds it.
+   past is there at once, as far as the arbiter still holds it; those
+   changes show the time ``earlier`` (a change carries no time: top knows only
+   when it saw one, and it saw these all at its start).
 3. On a terminal the frame is redrawn in place on the alternate screen
    (rich's Live display; ``q`` or Ctrl-C quits, exit 0), the node rows cut
    to the terminal's height, problem nodes first. When stdout is not a

@@ -44,8 +44,14 @@ class _Recent:
     def __init__(self, keep: int) -> None:
         self.items: collections.deque[RecentChange] = collections.deque(maxlen=keep)
         self.epoch = 0  # the highest epoch seen on the stream
+        self.started = 0  # the view's epoch when top started: changes up to it are history
         self.snapshot = False
         self._marks: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+    def _seen(self, epoch: int, now: float) -> float | None:
+        """When a change of ``epoch`` was seen: None for history, committed before top
+        started (replayed at its start, all at one moment that is not theirs)."""
+        return None if epoch <= self.started else now
 
     def take(self, ev: object) -> None:
         now = time.time()
@@ -54,13 +60,16 @@ class _Recent:
             # A snapshot instead of changes: the arbiter holds none older (or top
             # started at epoch 0 or 1, which no resume reaches).
             text = f"snapshot of the view at epoch {ev.view.epoch} from {ev.arbiter_id}"
-            self.items.append(RecentChange(seen=now, epoch=ev.view.epoch, text=text))
+            self.items.append(
+                RecentChange(seen=self._seen(ev.view.epoch, now), epoch=ev.view.epoch, text=text)
+            )
         elif isinstance(ev, ViewChanged):
             self.epoch = max(self.epoch, ev.epoch)
             # Member changes only: a job's re-ranking follows every one of them (the RANK
             # column shows the ranks), and would push the deaths off the list.
+            seen = self._seen(ev.epoch, now)
             for line in event_lines(dataclasses.replace(ev, ranks=()), as_json=False):
-                self.items.append(RecentChange(seen=now, epoch=ev.epoch, text=_change_text(line)))
+                self.items.append(RecentChange(seen=seen, epoch=ev.epoch, text=_change_text(line)))
         elif isinstance(ev, StatusUpdated):
             for r in ev.reports:
                 marks = (tuple(d.cause for d in r.degraded), r.suspected_by)
@@ -154,7 +163,7 @@ async def run(args: argparse.Namespace, interrupt: Interrupt) -> int:
     try:
         first = await _frame(client, channels, args, recent)
         if first.info is not None:
-            epoch = first.info.view.epoch
+            epoch = recent.started = first.info.view.epoch
             since = max(1, epoch - args.history) if epoch > 1 else 0
             feed = asyncio.create_task(_feed(client, since, first.info.instance, recent))
         if args.once:

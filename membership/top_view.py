@@ -57,12 +57,13 @@ class RecentChange:
     """One line of the recent changes.
 
     Attributes:
-        seen: wall-clock seconds when top received it.
+        seen: wall-clock seconds when top received it; None for a change committed
+            before top started (the history it replays: when is not known).
         epoch: the view epoch it belongs to (0 for a status transition).
         text: the change in words, with its evidence.
     """
 
-    seen: float
+    seen: float | None
     epoch: int
     text: str
 
@@ -260,7 +261,8 @@ def _changes(frame: Frame, plain: bool) -> Table:
     t.add_column("EPOCH", no_wrap=True, justify="right")
     t.add_column("CHANGE", overflow="fold", min_width=40)
     for c in reversed(frame.changes):
-        t.add_row(time.strftime("%H:%M:%S", time.localtime(c.seen)), str(c.epoch or "-"), c.text)
+        at = "earlier" if c.seen is None else time.strftime("%H:%M:%S", time.localtime(c.seen))
+        t.add_row(at, str(c.epoch or "-"), c.text)
     if not frame.changes:
         t.add_row("-", "-", "none seen yet")
     return t

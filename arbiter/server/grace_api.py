@@ -48,7 +48,8 @@ async def grace_call(
         context: the call's context (ended with a status on a refusal).
 
     Returns:
-        The window committed (``granted_seconds``, ``grace_id``), or zeros for an end.
+        The window committed (``granted_seconds``, ``grace_id``: its log index), or for
+        an end 0 seconds and the end's log index.
     """
     by = ""  # the node itself
     refusal = authz.node(context, request.node_id)
@@ -98,6 +99,8 @@ async def grace_call(
     )
     return pb.GraceResponse(
         granted_seconds=record.seconds if record else 0.0,
-        grace_id=record.grant if record else 0,
+        # The entry's log index, a window's grant or its end (docs/protocol.md): the
+        # node counts no grant up to an end's index (membership/session.py rule 10).
+        grace_id=outcome.index,
         epoch=driver.state.epoch,
     )

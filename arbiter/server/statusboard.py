@@ -38,6 +38,12 @@ Rules:
    StepHistory`, over ``step_window`` seconds) from the ``step`` of every
    status that carries one, for the DEGRADED step-rate rule; a new
    incarnation starts a new history.
+4. ``heard`` is the last heartbeat of the entry's incarnation, whether or not
+   it carried a status: ingest workers send a node's status along only when it
+   changed or every 5 s (``arbiter/server/ingest/worker.py`` rule 2), and call
+   :meth:`StatusBoard.heard` for the others, so the silence ``view`` and
+   status watchers show is the time since the node was heard, not since its
+   status last changed.
 """
 
 from __future__ import annotations
@@ -240,6 +246,13 @@ class StatusBoard:
             sent=status,
             steps=steps,
         )
+
+    def heard(self, node_id: str, incarnation: int, now: float) -> None:
+        """Records a heartbeat that came without its status at ``now`` (rule 4): an
+        ingest worker sends a status along only when it changed."""
+        entry = self._entries.get(node_id)
+        if entry is not None and entry.incarnation == incarnation:
+            entry.heard = now
 
     def get(self, node_id: str) -> StatusEntry | None:
         """The node's entry, or None."""

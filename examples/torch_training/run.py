@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -455,6 +456,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--workers must be >= 2 and --kill-rank in 0..workers-1")
     if args.kill_after_steps >= args.steps:
         p.error("--kill-after-steps must be below --steps")
+    above = ("gloo_timeout", "baseline_timeout", "timeout")  # the others: >= 0
+    for name in ("step_time", "kill_after_steps", "checkpoint_every", "checkpoint_pause", *above):
+        x, sign = getattr(args, name), ">" if name in above else ">="
+        if not (math.isfinite(x) and (x > 0 if name in above else x >= 0)):
+            p.error(f"--{name.replace('_', '-')} must be a finite number {sign} 0, not {x}")
     return args
 
 

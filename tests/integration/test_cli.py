@@ -58,6 +58,12 @@ USAGE_ERRORS = [
     (["demo", "--timeout", "0"], "finite number > 0"),
     (["demo", "--nodes", "3"], ">= 4"),
     (["view", "--log-level", "loud", "--arbiters", "127.0.0.1:1"], "invalid choice"),
+    (["node", "--id", "n1", "--arbiters", "127.0.0.1:1", "--control-socket", ""], "empty path"),
+    # checked before connecting (nothing listens at 127.0.0.1:1: that would be exit 1)
+    (
+        ["node", "--id", "n1", "--arbiters", "127.0.0.1:1", "--control-socket", "/" + "s" * 120],
+        "unix socket",
+    ),
 ]
 
 

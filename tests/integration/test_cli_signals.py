@@ -8,6 +8,7 @@ also when a test fails.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from membership.localcluster import free_ports
+from membership.localcluster import die_with_parent, free_ports, membership_command, node_args
 from tests.integration.harness import Proc, ProcCluster, wait_until
 
 pytestmark = pytest.mark.integration
@@ -96,6 +97,43 @@ def test_cli_node_second_sigint_while_leaving_exits_at_once(cluster: ProcCluster
     node.signal(signal.SIGINT)
     assert _exits_within(node, PROMPT) == 130
     assert "Traceback" not in node.stderr(), node.stderr()
+
+
+def test_cli_node_whose_output_reader_went_away_still_leaves_on_sigterm(
+    cluster: ProcCluster, tmp_path: Path
+) -> None:
+    """``membership node | head -1``: once the reader is gone the node heartbeats on and
+    SIGTERM still makes it LEFT (its 'leaving' line once raised BrokenPipeError, the
+    leave was skipped and the cluster declared it DEAD)."""
+    cluster.start_arbiters(1)
+    wait_until(cluster.leader, 15, "the arbiter to lead")
+    args = node_args("n1", cluster.addresses, "--no-status-probes")
+    with open(tmp_path / "n1.err", "wb") as err:
+        node = subprocess.Popen(
+            membership_command(*args, *cluster.security_flags(args)),
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
+        )
+    try:
+        assert node.stdout is not None
+        ready, _, _ = select.select([node.stdout], [], [], 30)
+        assert ready and b"is ALIVE" in node.stdout.readline()
+        node.stdout.close()  # the reader goes away, as head's does
+        wait_until(lambda: _state(cluster, "n1") == "ALIVE", 15, "n1 ALIVE in the view")
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(15) == 0
+        assert _state(cluster, "n1") == "LEFT"
+        assert "Traceback" not in (tmp_path / "n1.err").read_text()
+    finally:
+        node.kill()
+        node.wait()
+
+
+def _state(cluster: ProcCluster, node_id: str) -> str | None:
+    view = cluster.view() or {"members": []}
+    return next((m["state"] for m in view["members"] if m["node_id"] == node_id), None)
 
 
 def test_cli_view_interrupted_exits_130(cluster: ProcCluster) -> None:

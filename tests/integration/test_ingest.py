@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -76,7 +77,8 @@ def test_ingest_workers_serve_nodes_views_and_deaths_and_restart(cluster: ProcCl
     workers = {r: _workers(cluster, r) for r in cluster.arbiters}
     wait_until(cluster.leader, 60, "a leader among the replicas")
     for n in NODES:
-        cluster.start_node(n, "--label", f"rack=r{n[-1]}")
+        quiet = ("--no-status-probes",) if n == "n4" else ()  # a status that rarely changes
+        cluster.start_node(n, "--label", f"rack=r{n[-1]}", *quiet)
     w = cluster.start_watch("w", first="a1")
     wait_until(lambda: alive_set(w) == set(NODES), 60, "every node ALIVE through the workers")
     # 4 nodes x 2 connections per link (the SDK hedges) spread over 2 workers: both
@@ -94,6 +96,7 @@ def test_ingest_workers_serve_nodes_views_and_deaths_and_restart(cluster: ProcCl
         assert view["members"][0]["labels"]["rack"].startswith("r")
     status = run_cli("admin", "status", "--json", "--arbiters", cluster.arbiter_list())
     assert status.returncode == 0, status.stderr
+    _silence_is_since_heard(cluster, "n4")
 
     # A worker with streams SIGKILLed on two replicas at once: each is restarted, and
     # its nodes, which lost two of their three links, stay ALIVE: they reconnect to
@@ -126,6 +129,24 @@ def test_ingest_workers_serve_nodes_views_and_deaths_and_restart(cluster: ProcCl
         assert cluster.procs[rid].popen.returncode == 0, cluster.procs[rid].stderr()[-2000:]
     wait_until(lambda: not any(_alive(p) for p in everyone), 10, "every worker gone")
     assert "stopped (stopping)" in cluster.procs["a3"].stderr()
+
+
+def _silence_is_since_heard(cluster: ProcCluster, node: str) -> None:
+    """``silence_seconds`` in the view is the time since the replica heard ``node``,
+    not since a worker last forwarded its status (only when it changed, or every 5 s):
+    over a refresh period it never exceeds the detector's missed intervals times the
+    longest interval (0.6 s), the silence the detector itself measures."""
+    samples = []
+    deadline = time.monotonic() + 6.0  # more than the workers' 5 s status refresh
+    while time.monotonic() < deadline:
+        view = cluster.view("a2")
+        member = next((m for m in (view or {}).get("members", []) if m["node_id"] == node), None)
+        if member is not None and "silence_seconds" in member and "suspicion" in member:
+            samples.append((member["silence_seconds"], member["suspicion"]))
+        time.sleep(0.1)  # pacing the samples, not waiting for anything
+    assert len(samples) >= 3, samples
+    wrong = [(s, level) for s, level in samples if s > level * 0.6 + 0.05]
+    assert not wrong, f"silence beyond the detector's: {len(wrong)} of {len(samples)}, {wrong[:5]}"
 
 
 @pytest.fixture

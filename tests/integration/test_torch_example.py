@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,28 @@ def test_torch_example_regroups_after_a_kill_and_keeps_the_checkpointing_worker(
     for c in m["checkpoints"]:
         assert c["paused"] > D and c["grace_covered"] > c["paused"], c
     assert m["dropped"] == []
+
+
+BAD_FLAGS = [
+    (["--checkpoint-pause", "-1"], "--checkpoint-pause must be a finite number >= 0"),
+    (["--checkpoint-every", "-5"], "--checkpoint-every must be a finite number >= 0"),
+    (["--gloo-timeout", "0"], "--gloo-timeout must be a finite number > 0"),
+    (["--kill-after-steps", "-1"], "--kill-after-steps must be a finite number >= 0"),
+]
+
+
+def test_torch_example_bad_flags_exit_two_with_one_line_before_starting_anything() -> None:
+    """Each once started the run: a negative pause crashed two workers and the runner
+    waited out its stage timeout; a negative interval checkpointed every 5 steps; a
+    zero gloo timeout ended in a traceback."""
+
+    def run(flags: list[str]) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-W", "ignore", str(RUN), "--insecure", *flags]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:  # each imports torch: seconds apiece
+        results = list(pool.map(run, [flags for flags, _ in BAD_FLAGS]))
+    for (flags, expect), r in zip(BAD_FLAGS, results, strict=True):
+        assert r.returncode == 2, (flags, r.stdout[-2000:], r.stderr[-2000:])
+        assert r.stderr.strip().splitlines()[-1].startswith(f"run.py: error: {expect}"), r.stderr
+        assert "starting" not in r.stdout and "Traceback" not in r.stderr, (flags, r)

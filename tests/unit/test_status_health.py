@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import time
 from typing import Any
 
 import pytest
@@ -23,10 +24,12 @@ from membership.v1 import membership_pb2 as pb
 from membership.view import (
     Degradation,
     JobRanks,
+    MemberChange,
     MemberState,
     StatusReport,
     StatusUpdated,
     View,
+    ViewChanged,
 )
 
 # --- the health flag ---------------------------------------------------------------------
@@ -263,3 +266,21 @@ def test_top_frame_cuts_rows_to_the_terminal_and_reads_rank_and_grace_when_prese
     assert " 1/2 " in row and "GRACE 42s checkpoint" in row
     assert "... 1 more" in text and not any(ln.startswith("n3 ") for ln in text.splitlines())
     assert "─" in text  # a terminal gets the tables' rules
+
+
+def test_top_recent_changes_from_before_top_started_show_earlier_not_its_start() -> None:
+    """The history top replays at its start came all at one moment, not when it was
+    committed: it once showed every replayed death at top's start time."""
+    from membership.top_live import _Recent
+
+    recent = _Recent(keep=10)
+    recent.started = 9  # the view's epoch when top started
+    for epoch, node in ((8, "n3"), (10, "n4")):
+        change = MemberChange(node_id=node, incarnation=5, state=MemberState.DEAD)
+        recent.take(ViewChanged(epoch=epoch, changes=(change,), arbiter_id="a1"))
+    old, new = recent.items
+    assert (old.epoch, old.seen) == (8, None) and new.epoch == 10 and new.seen is not None
+    text = _draw(Frame(at=0.0, replicas=REPLICAS, info=_info(), changes=[old, new]), plain=True)
+    rows = [ln for ln in text.splitlines() if "(incarnation 5) DEAD" in ln]
+    clock = time.strftime("%H:%M:%S", time.localtime(new.seen))
+    assert rows[0].split()[:2] == [clock, "10"] and rows[1].split()[:2] == ["earlier", "8"]

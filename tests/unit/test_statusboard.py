@@ -235,3 +235,20 @@ def test_statusboard_keeps_each_incarnations_step_history() -> None:
     board.update("n1", 8, _with(step=0), now=12.0)  # a new life: a new history
     entry = board.get("n1")
     assert entry is not None and entry.steps.rate(13.0) is None
+
+
+def test_statusboard_heard_without_status_moves_heard_of_that_incarnation_only() -> None:
+    # An ingest worker sends a status only when it changed: a heartbeat without one
+    # still counts as heard (rule 4), else view's silence_seconds grew up to 5 s.
+    board = StatusBoard(forget_after=60.0)
+    board.update("n1", 7, BASE, now=0.0)
+    v = board.version
+    board.heard("n1", 7, now=4.0)
+    entry = board.get("n1")
+    assert entry is not None and entry.heard == 4.0 and entry.status == BASE
+    assert board.version == v  # heard is no change for status watchers
+    board.heard("n1", 6, now=9.0)  # an older incarnation's late heartbeat
+    board.heard("n2", 1, now=9.0)  # no entry: nothing to refresh, nothing made
+    entry = board.get("n1")
+    assert entry is not None and entry.heard == 4.0 and board.get("n2") is None
+    assert board.prune(now=63.0) == 0  # heard at 4.0: not forgotten yet

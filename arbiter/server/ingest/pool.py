@@ -362,8 +362,11 @@ class IngestPool:
             v = driver.on_heartbeat(
                 node_id, incarnation, labels_of.get(token, {}), interval or None
             )
-            if v.accepted and status is not None:
-                board.update(node_id, incarnation, pb.NodeStatus.FromString(status), now)
+            if v.accepted:
+                if status is not None:
+                    board.update(node_id, incarnation, pb.NodeStatus.FromString(status), now)
+                else:  # heard all the same (statusboard rule 4)
+                    board.heard(node_id, incarnation, now)
             verdicts.append(
                 (v.accepted, _STATE[v.state], v.incarnation, v.lease, v.grace, v.grace_id)
             )
