@@ -102,7 +102,9 @@ class ArbiterConfig:
     # nodes' reconnect after an outage (backoff <= 1 s by default). Trade-off: a
     # node that died during the outage is declared DEAD up to this much later.
     restart_grace: float = 3.0
-    # Observations not committed after this long are proposed again (seconds).
+    # Observations not committed after this long are proposed again (seconds),
+    # while commits are fast; slow commits lengthen it, up to 8x (RFC 6298's
+    # timer: arbiter/core/retry.py), so retries never outrun the log.
     observation_retry: float = 0.5
     # Seconds between the leader's batches of joins (core/batching.py); 0: all at once.
     observation_batch_interval: float = 0.2

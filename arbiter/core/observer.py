@@ -84,16 +84,13 @@ class _Opinion:
     opinion: Opinion
     seq: int
     labels: tuple[tuple[str, str], ...]
-    # SUSPECT only: (silence seconds, suspicion level) when it was suspected.
-    evidence: tuple[float, float] | None = None
-    # Assumed ALIVE after a restart without hearing the node: never proposed.
-    assumed: bool = False
-    # When it was last proposed (None: never); None once committed.
-    proposed_at: float | None = None
+    evidence: tuple[float, float] | None = None  # SUSPECT: (silence s, suspicion level)
+    assumed: bool = False  # ALIVE after a restart without hearing the node: never proposed
+    proposed_at: float | None = None  # last proposed (None: never, or committed)
     committed: bool = False
-    # When it was made (monotonic seconds): ready to be proposed from then.
-    since: float = 0.0
+    since: float = 0.0  # when it was made (monotonic s): ready to be proposed from then
     retried: bool = False  # proposed more than once: no commit-time sample (Karn)
+    era: int = 0  # the leader era it was last proposed in (retry rule 4)
 
 
 class Observer:
@@ -139,6 +136,7 @@ class Observer:
         self._detector = detector
         self._lease = lease
         self.retry = RetryTimer(retry_after, 8 * retry_after)  # rule 2
+        self._era = 0  # new_leader() calls so far
         self._seq = seq_base
         self._grace_until = now + restart_grace
         self._opinions: dict[str, _Opinion] = {}
@@ -307,19 +305,15 @@ class Observer:
     def tick(
         self, now: float, state: MembershipState, lateness: float = 0.0, wall: float | None = None
     ) -> None:
-        """Turns the detector's suspicions into SUSPECT opinions (rules 1, 5, 6, 7).
-
-        Also starts tracking members ALIVE in the committed view that this
-        replica has never heard (rule 5) and forgets nodes whose tracked
-        incarnation is final.
+        """Turns the detector's suspicions into SUSPECT opinions (rules 1, 5, 6, 7); tracks
+        members ALIVE in the view but never heard here (rule 5), forgets final ones.
 
         Args:
             now: monotonic seconds.
             state: the committed state machine.
             lateness: seconds of the recent past this replica could not hear
                 (rule 6; >= 0, bounded by the caller).
-            wall: Unix seconds now, for the grace windows (rule 7); None: none
-                (``arbiter/core/grace_windows.py`` rule 1).
+            wall: Unix seconds now, for the grace windows (rule 7); None: none.
 
         Raises:
             ValueError: ``lateness`` is negative or NaN.
@@ -353,8 +347,7 @@ class Observer:
         last = self.windows.last_heard(node_id, self._detector)
         silence = 0.0 if last is None else max(0.0, now - last)
         level = self._detector.suspicion(node_id, now)
-        if not math.isfinite(level):
-            level = _MAX_LEVEL
+        level = level if math.isfinite(level) else _MAX_LEVEL
         return round(silence, 3), round(min(max(level, 0.0), _MAX_LEVEL), 3)
 
     def _sync_view(self, now: float, state: MembershipState) -> None:
@@ -450,8 +443,9 @@ class Observer:
         retries = False
         for node_id, op in chosen:
             if op.proposed_at is not None:
-                op.retried = retries = True
-            op.proposed_at = now
+                op.retried = True
+                retries = retries or op.era == self._era  # not re-sent to a new leader
+            op.proposed_at, op.era = now, self._era
             ev = op.evidence if op.opinion is Opinion.SUSPECT else None
             out.append(
                 Observation(
@@ -468,6 +462,12 @@ class Observer:
         if retries:
             self.retry.retried()
         return tuple(out)
+
+    def new_leader(self) -> None:
+        """A leader was elected, or a proposal found none (retry rule 4)."""
+        self.retry.reset()
+        self._era += 1
+        self._fresh = True  # rescan: retries may be due sooner
 
     def follow_due(self, state: MembershipState) -> bool:
         """True when observations are held and entries were applied since they were

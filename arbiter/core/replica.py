@@ -179,6 +179,7 @@ class Replica(Proposals):
         self._joining = join  # until the leader's snapshot replaces the placeholder state
         self._rng = rng
         self._bootstrap_term = -1
+        self._leader_seen: str | None = None  # the leader at the last tick
         self.raft = RaftNode(
             node_id=replica_id,
             config=raft_config,
@@ -274,7 +275,11 @@ class Replica(Proposals):
         now, for the grace windows (observer rule 7; None: no wall clock)."""
         self.raft.tick(now)
         self._bootstrap(now)
-        self.observer.pacer.leading = leader = self.raft.status().role is Role.LEADER
+        raft = self.raft.status()
+        self.observer.pacer.leading = leader = raft.role is Role.LEADER
+        if raft.leader != self._leader_seen:
+            self._leader_seen = raft.leader
+            self.observer.new_leader()  # retry rule 4
         forget = self.retention.due(self.state, now, leader=leader)
         if forget is not None:
             try:
@@ -291,6 +296,7 @@ class Replica(Proposals):
                 )
             except ProposalDropped:
                 self.proposals_dropped += 1
+                self.observer.new_leader()  # nothing was sent: no backoff (retry rule 4)
 
     @property
     def configuration(self) -> ArbiterConfiguration:

@@ -30,7 +30,12 @@ Round-Trip Time Estimates in Reliable Transport Protocols", SIGCOMM 1987):
    commit in tens of milliseconds leaves the floor in force), longer while
    they are slow.
 4. Backoff. Each time retries go out, the backoff doubles (RFC 6298 section
-   5.5), up to ``ceiling``; the next sample resets it to 1.
+   5.5), up to ``ceiling``; the next sample resets it to 1, and so does a
+   new leader or a proposal dropped for want of one (the replica calls
+   :meth:`RetryTimer.reset`): those say nothing of how slow commits are, and
+   what went to a deposed leader must go again soon. A retry of what was
+   last proposed before the newest leader (the observer counts leader eras)
+   is such a re-send: it does not double the backoff.
 
 Cost: an observation whose proposal really was lost is proposed again up to
 ``ceiling`` seconds later instead of ``floor``. A SUSPECT of a node whose
@@ -96,3 +101,7 @@ class RetryTimer:
         """Retries went out: the backoff doubles (rule 4), up to what reaches ``ceiling``."""
         if self.timeout < self.ceiling:
             self._backoff *= 2
+
+    def reset(self) -> None:
+        """Ends the backoff (rule 4: a new leader, or no leader to propose to)."""
+        self._backoff = 1.0

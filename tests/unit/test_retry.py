@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
+from arbiter.core.commands import Observation, ObserveBatch, encode
 from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.observer import Observer
 from arbiter.core.retry import RetryTimer
@@ -95,3 +95,27 @@ def test_observer_does_not_repropose_faster_than_its_commits() -> None:
     srtt, _ = obs.retry.estimate or (0.0, 0.0)
     assert srtt == pytest.approx(2.0, abs=0.01)
     assert obs.retry.timeout >= 2.0
+
+
+def test_observer_resends_to_a_new_leader_without_backing_off() -> None:
+    state = MembershipState(("a1", "a2", "a3"))
+    obs = Observer(
+        replica_id="a1",
+        detector=MissedHeartbeatDetector(interval=1.0, missed_limit=100),
+        lease=1.0,
+        retry_after=0.5,
+        seq_base=1,
+        now=0.0,
+        restart_grace=0.0,
+    )
+    obs.heartbeat("n1", 1, {}, 0.0, state)
+    assert len(obs.observations(0.0, state)) == 1  # lost: never committed
+    assert len(obs.observations(0.5, state)) == 1  # a retry to the same leader
+    assert obs.retry.timeout == 1.0  # backs off
+    obs.new_leader()  # the replica saw a new leader: the timer starts over
+    assert obs.retry.timeout == 0.5
+    assert obs.observations(0.9, state) == ()
+    assert len(obs.observations(1.0, state)) == 1  # re-sent to the new leader ...
+    assert obs.retry.timeout == 0.5  # ... which is no sign of slow commits
+    assert len(obs.observations(1.5, state)) == 1  # a real retry again
+    assert obs.retry.timeout == 1.0
