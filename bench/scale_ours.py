@@ -103,7 +103,7 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
             if args.budget is not None:
                 extra += ["--heartbeat-budget", str(args.budget)]
             if lightly and rid != "a1":
-                light_s = light_interval(args, n)
+                light_s = res["light_interval_s"]
                 iv = f"{light_s:g}"
                 extra += ["--heartbeat-interval", iv, "--max-heartbeat-interval", iv]
                 extra += ["--missed-heartbeats", str(args.light_missed)]
@@ -132,7 +132,7 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
         )  # fmt: skip
         if not subs.wait_for(lambda: subs.report.get("open", 0) >= args.subscribers, 60):
             raise RuntimeError(f"{args.subscribers} subscriptions not open within 60 s")
-        extra_hb = ["--wait-join", "--start-spread", str(join_spread(args, n))]
+        extra_hb = ["--wait-join", "--start-spread", str(res["join_spread_s"])]
         extra_hb += ["--interval-rule", "own"] if lightly else []
         fleet = Fleet(procs, addrs, n, args.procs, workdir, *extra_hb)
         fleet.wait_ready()

@@ -58,15 +58,9 @@ def test_retry_timer_ignores_impossible_samples() -> None:
     assert t.estimate is None
 
 
-def _commit(state: MembershipState, index: int, owed: tuple[Observation, ...]) -> None:
-    state.apply(index, encode(ObserveBatch(replica_id="a1", observations=owed)))
-
-
-def test_observer_does_not_repropose_faster_than_its_commits() -> None:
-    """The feedback loop seen at 3,000 nodes: commits taking 2 s, retries every 0.5 s
-    proposed every pending observation again before the first could commit."""
-    state = MembershipState(("a1", "a2", "a3"))
-    obs = Observer(
+def _observer() -> Observer:
+    """a1's observer with a 0.5 s retry floor, a detector that suspects nobody here."""
+    return Observer(
         replica_id="a1",
         detector=MissedHeartbeatDetector(interval=1.0, missed_limit=100),
         lease=1.0,
@@ -75,6 +69,17 @@ def test_observer_does_not_repropose_faster_than_its_commits() -> None:
         now=0.0,
         restart_grace=0.0,
     )
+
+
+def _commit(state: MembershipState, index: int, owed: tuple[Observation, ...]) -> None:
+    state.apply(index, encode(ObserveBatch(replica_id="a1", observations=owed)))
+
+
+def test_observer_does_not_repropose_faster_than_its_commits() -> None:
+    """The feedback loop seen at 3,000 nodes: commits taking 2 s, retries every 0.5 s
+    proposed every pending observation again before the first could commit."""
+    state = MembershipState(("a1", "a2", "a3"))
+    obs = _observer()
     index, now = 0, 0.0
     proposals = 0
     pending: list[tuple[float, tuple[Observation, ...]]] = []  # commit time, batch
@@ -99,15 +104,7 @@ def test_observer_does_not_repropose_faster_than_its_commits() -> None:
 
 def test_observer_resends_to_a_new_leader_without_backing_off() -> None:
     state = MembershipState(("a1", "a2", "a3"))
-    obs = Observer(
-        replica_id="a1",
-        detector=MissedHeartbeatDetector(interval=1.0, missed_limit=100),
-        lease=1.0,
-        retry_after=0.5,
-        seq_base=1,
-        now=0.0,
-        restart_grace=0.0,
-    )
+    obs = _observer()
     obs.heartbeat("n1", 1, {}, 0.0, state)
     assert len(obs.observations(0.0, state)) == 1  # lost: never committed
     assert len(obs.observations(0.5, state)) == 1  # a retry to the same leader
