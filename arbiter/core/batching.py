@@ -46,6 +46,17 @@ Rules:
 5. Retries (observer rule 2) are owed observations like new ones: a whole
    batch that was not committed becomes ready again at one moment and goes
    out again as one batch, never one entry per node.
+6. One batch in flight. While an ALIVE observation of this replica is
+   proposed and neither committed nor due for a retry, no other ALIVE
+   observation goes out (following or held): they wait for that commit and
+   then go out together, as Nagle's algorithm (RFC 896) holds small segments
+   while one is unacknowledged. A replica behind on its heartbeats (a loaded
+   one reads a storm's first heartbeats one driver turn at a time) otherwise
+   proposed one entry per turn, each with one observation, each one more to
+   replicate, fsync and apply while commits were already slow; with the rule
+   its entries come no faster than its commits, however late it is. SUSPECT
+   observations, and an ALIVE one that refutes this replica's committed
+   suspicion (:func:`refutes`), are never held.
 
 Costs: the followers propose a join only once the leader's observation is
 committed, so a join is ALIVE one Raft round later than if every replica
@@ -68,7 +79,7 @@ from arbiter.core.commands import Opinion
 from arbiter.core.tally import MembershipState
 from membership.view import MemberState
 
-__all__ = ["BatchPacer", "follows"]
+__all__ = ["BatchPacer", "follows", "refutes"]
 
 
 class BatchPacer:
@@ -154,3 +165,17 @@ def follows(
         if rec is not None and rec.opinion is Opinion.ALIVE and rec.incarnation == incarnation:
             return True
     return False
+
+
+def refutes(node_id: str, incarnation: int, me: str, state: MembershipState) -> bool:
+    """True when an owed ALIVE observation of ``node_id`` at ``incarnation`` refutes
+    replica ``me``'s committed SUSPECT observation of that life (rule 6: never held).
+
+    Args:
+        node_id: the node observed.
+        incarnation: the owed observation's incarnation.
+        me: the observing replica.
+        state: the committed state machine.
+    """
+    rec = state.observation(me, node_id)
+    return rec is not None and rec.opinion is Opinion.SUSPECT and rec.incarnation == incarnation

@@ -61,12 +61,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-from arbiter.core.batching import BatchPacer, follows
+from arbiter.core.batching import BatchPacer, follows, refutes
 from arbiter.core.commands import Observation, Opinion
 from arbiter.core.detection import FailureDetector
 from arbiter.core.grace_windows import GraceWindows
+from arbiter.core.opinions import OpinionRecord, to_observation
 from arbiter.core.outcomes import HeartbeatVerdict
 from arbiter.core.retry import RetryTimer
 from arbiter.core.tally import MembershipState
@@ -76,21 +76,6 @@ __all__ = ["HeartbeatVerdict", "Observer"]
 
 # Cap of a suspicion level written to the log (phi can reach infinity).
 _MAX_LEVEL = 1e6
-
-
-@dataclass(slots=True)
-class _Opinion:
-    incarnation: int
-    opinion: Opinion
-    seq: int
-    labels: tuple[tuple[str, str], ...]
-    evidence: tuple[float, float] | None = None  # SUSPECT: (silence s, suspicion level)
-    assumed: bool = False  # ALIVE after a restart without hearing the node: never proposed
-    proposed_at: float | None = None  # last proposed (None: never, or committed)
-    committed: bool = False
-    since: float = 0.0  # when it was made (monotonic s): ready to be proposed from then
-    retried: bool = False  # proposed more than once: no commit-time sample (Karn)
-    era: int = 0  # the leader era it was last proposed in (retry rule 4)
 
 
 class Observer:
@@ -139,7 +124,7 @@ class Observer:
         self._era = 0  # new_leader() calls so far
         self._seq = seq_base
         self._grace_until = now + restart_grace
-        self._opinions: dict[str, _Opinion] = {}
+        self._opinions: dict[str, OpinionRecord] = {}
         self._owed: set[str] = set()
         self._seen_epoch = -1
         self._pacer = BatchPacer(batch_interval)
@@ -200,7 +185,7 @@ class Observer:
         evidence: tuple[float, float] | None = None,
     ) -> None:
         self._seq += 1
-        self._opinions[node_id] = _Opinion(
+        self._opinions[node_id] = OpinionRecord(
             incarnation, opinion, self._seq, labels, evidence, since=now
         )
         self._owed.add(node_id)
@@ -290,7 +275,7 @@ class Observer:
         )
 
     def _check_committed(
-        self, node_id: str, op: _Opinion, state: MembershipState, now: float
+        self, node_id: str, op: OpinionRecord, state: MembershipState, now: float
     ) -> None:
         if op.committed or op.assumed:
             return
@@ -358,7 +343,7 @@ class Observer:
                 if op is None or op.incarnation < member.incarnation:
                     self._detector.remove(member.node_id)
                     self._detector.heartbeat(member.node_id, now)
-                    self._opinions[member.node_id] = _Opinion(
+                    self._opinions[member.node_id] = OpinionRecord(
                         member.incarnation, Opinion.ALIVE, 0, (), assumed=True
                     )
                     self._owed.discard(member.node_id)
@@ -398,12 +383,14 @@ class Observer:
             and self._pacer.leading == self._scan_leading
         ):
             return ()  # nothing new, committed, due or released since the last scan
-        chosen: list[tuple[str, _Opinion]] = []
-        held: list[tuple[str, _Opinion]] = []
+        chosen: list[tuple[str, OpinionRecord]] = []
+        following: list[tuple[str, OpinionRecord]] = []
+        held: list[tuple[str, OpinionRecord]] = []
         voters = [r for r in state.arbiters if r != self._replica_id]
         pacing = self._pacer.interval > 0
         retry_after = self.retry.timeout
         due = math.inf
+        in_flight = False  # an ALIVE observation of ours proposed, not committed, not due
         for node_id in sorted(self._owed):
             if self._forget_retired(node_id, state):
                 continue
@@ -413,17 +400,27 @@ class Observer:
                 continue
             if op.proposed_at is not None and now < op.proposed_at + retry_after:
                 due = min(due, op.proposed_at + retry_after)
+                in_flight = in_flight or op.opinion is Opinion.ALIVE
                 continue
-            urgent = not pacing or op.opinion is Opinion.SUSPECT
-            if urgent or follows(
-                op.opinion, op.incarnation, node_id, self._replica_id, voters, state
-            ):
+            if not pacing or op.opinion is Opinion.SUSPECT:
                 chosen.append((node_id, op))
+            elif follows(op.opinion, op.incarnation, node_id, self._replica_id, voters, state):
+                following.append((node_id, op))
             else:
                 held.append((node_id, op))
         self._fresh = False
         self._held_since, self._held_count = None, 0
         self._scan_applied, self._scan_leading = state.applied_index, self._pacer.leading
+        if in_flight and (following or held):
+            # batching rule 6: one ALIVE batch in flight; the rest waits for its commit
+            me = self._replica_id
+            refuting = [p for p in following if refutes(p[0], p[1].incarnation, me, state)]
+            chosen += refuting
+            waiting = len(following) + len(held) - len(refuting)
+            if waiting:
+                self._held_since, self._held_count = now, waiting
+            following, held = [], []
+        chosen += following
         if held:
             oldest = min(
                 op.since if op.proposed_at is None else op.proposed_at + retry_after
@@ -432,10 +429,11 @@ class Observer:
             release = self._pacer.release_at(oldest)
             if now >= release:
                 self._pacer.released(now)
-                chosen = sorted(chosen + held, key=lambda pair: pair[0])
+                chosen += held
             else:
                 self._held_since, self._held_count = oldest, len(held)
                 due = min(due, release)
+        chosen.sort(key=lambda pair: pair[0])
         if chosen:
             due = min(due, now + retry_after)
         self._due_at = due
@@ -446,19 +444,7 @@ class Observer:
                 op.retried = True
                 retries = retries or op.era == self._era  # not re-sent to a new leader
             op.proposed_at, op.era = now, self._era
-            ev = op.evidence if op.opinion is Opinion.SUSPECT else None
-            out.append(
-                Observation(
-                    node_id=node_id,
-                    incarnation=op.incarnation,
-                    opinion=op.opinion,
-                    seq=op.seq,
-                    labels=op.labels if op.opinion is Opinion.ALIVE else (),
-                    silence=None if ev is None else ev[0],
-                    suspicion=None if ev is None else ev[1],
-                    detector=self._detector.kind if ev is not None else "",
-                )
-            )
+            out.append(to_observation(node_id, op, self._detector.kind))
         if retries:
             self.retry.retried()
         return tuple(out)

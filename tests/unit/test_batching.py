@@ -96,7 +96,9 @@ def test_batching_leader_lone_join_goes_out_at_once() -> None:
 def test_batching_leader_storm_is_cut_into_one_batch_per_interval() -> None:
     log, obs = Log(), _observer(leading=True)
     obs.heartbeat("n0", 1, {}, 10.0, log.state)
-    assert _ids(obs.observations(10.0, log.state)) == ["n0"]  # leading edge
+    first = obs.observations(10.0, log.state)
+    assert _ids(first) == ["n0"]  # leading edge
+    log.commit("a1", first)
     proposed: list[list[str]] = []
     now = 10.0
     for i in range(1, 40):  # one join every 10 ms for 0.39 s, a tick after each
@@ -105,6 +107,7 @@ def test_batching_leader_storm_is_cut_into_one_batch_per_interval() -> None:
         out = obs.observations(now, log.state)
         if out:
             proposed.append(_ids(out))
+            log.commit("a1", out)
         due = obs.next_deadline()
         assert due is not None and (out or due > now)  # held: no busy tick
     # One trailing batch at 10.2 with every join since the leading edge.
@@ -141,6 +144,7 @@ def test_batching_follower_holds_a_join_until_another_voter_commits_it() -> None
     out = obs.observations(10.01, log.state)
     assert _ids(out) == ["n1"]  # follows the leader's; n2 still held
     assert not obs.follow_due(log.state)
+    log.commit("a2", out)
     assert _ids(obs.observations(10.0 + 2 * BATCH, log.state)) == ["n2"]  # never followed
 
 
@@ -161,12 +165,13 @@ def test_batching_a_suspicion_refuted_follows_at_once() -> None:
 
 
 def test_batching_retries_of_a_lost_batch_go_out_as_one_batch() -> None:
-    # The leader's batches are lost (no commit): each comes back whole after
-    # the retry timeout, as one batch, never one entry per node; the timeout
+    # The leader's batch is lost (no commit): it comes back whole after the
+    # retry timeout, as one batch, never one entry per node; the timeout
     # doubles with each retry (arbiter/core/retry.py rule 4: 0.5, 1, 2 s).
     log, obs = Log(), _observer(leading=True)
     obs.heartbeat("n0", 1, {}, 10.0, log.state)
-    obs.observations(10.0, log.state)
+    log.commit("a1", obs.observations(10.0, log.state))
+    obs.heartbeat("n0", 1, {}, 10.0, log.state)
     for i in range(1, 11):
         obs.heartbeat(f"n{i:02d}", 1, {}, 10.0 + i * 0.01, log.state)
     assert len(obs.observations(10.2, log.state)) == 10  # trailing edge; lost
@@ -178,7 +183,7 @@ def test_batching_retries_of_a_lost_batch_go_out_as_one_batch() -> None:
         if out:
             batches.append((now, _ids(out)))
     ten = [f"n{i:02d}" for i in range(1, 11)]
-    assert batches == [(10.5, ["n0"]), (11.2, ten), (12.5, ["n0"])]
+    assert batches == [(10.7, ten), (11.7, ten)]
 
 
 def test_batching_committed_observations_are_not_proposed_again() -> None:
@@ -214,3 +219,49 @@ def test_batching_a_late_echo_is_held_not_proposed_per_turn() -> None:
     assert obs.observations(5.05, log.state) == ()
     assert obs.held() == 2
     assert _ids(obs.observations(5.0 + 2 * BATCH, log.state)) == ["n1", "n2"]
+
+
+def test_batching_one_alive_batch_in_flight_the_rest_waits_for_its_commit() -> None:
+    # A follower behind on its heartbeats reads a storm's nodes one driver turn
+    # at a time after the leader's batch committed: one entry, then the rest
+    # together once it commits (rule 6), not one entry per turn.
+    log, obs = Log(), _observer(leading=False, replica="a2")
+    ids = [f"n{i}" for i in range(1, 6)]
+    log.commit("a1", tuple(
+        Observation(node_id=n, incarnation=1, opinion=Opinion.ALIVE, seq=1) for n in ids
+    ))  # fmt: skip
+    obs.heartbeat("n1", 1, {}, 1.0, log.state)
+    first = obs.observations(1.0, log.state)
+    assert _ids(first) == ["n1"]  # follows, nothing in flight: at once
+    for k, n in enumerate(ids[1:], start=1):
+        now = 1.0 + k * 0.01
+        obs.heartbeat(n, 1, {}, now, log.state)
+        assert obs.observations(now, log.state) == ()  # n1 in flight
+        assert obs.held() == k
+    assert obs.next_deadline() == pytest.approx(1.0 + RETRY)  # n1's retry at the latest
+    log.commit("a2", first)
+    assert obs.follow_due(log.state)
+    assert _ids(obs.observations(1.05, log.state)) == ids[1:]  # one batch
+
+
+def test_batching_a_batch_in_flight_never_holds_a_suspect_or_a_refutation() -> None:
+    log, obs = Log(), _observer(leading=False, replica="a2")
+    log.commit("a1", tuple(
+        Observation(node_id=n, incarnation=1, opinion=Opinion.ALIVE, seq=1)
+        for n in ("n1", "n2", "n3")
+    ))  # fmt: skip
+    obs.heartbeat("n1", 1, {}, 0.0, log.state)
+    obs.heartbeat("n2", 1, {}, 0.0, log.state)
+    log.commit("a2", obs.observations(0.0, log.state))  # follow: n1, n2 ALIVE
+    obs.heartbeat("n2", 1, {}, 0.3, log.state)
+    obs.tick(0.6, log.state)  # n1 silent since 0.0: SUSPECT
+    log.commit("a2", obs.observations(0.6, log.state))
+    obs.heartbeat("n3", 1, {}, 0.61, log.state)
+    assert _ids(obs.observations(0.61, log.state)) == ["n3"]  # follows a1's
+    obs.heartbeat("n1", 1, {}, 0.62, log.state)  # n1 back while n3 is in flight
+    obs.tick(0.9, log.state)  # n2 silent since 0.3: SUSPECT, in flight too
+    out = obs.observations(0.9, log.state)
+    assert [(o.node_id, o.opinion) for o in out] == [
+        ("n1", Opinion.ALIVE),  # refutes a2's committed SUSPECT
+        ("n2", Opinion.SUSPECT),
+    ]
