@@ -287,6 +287,7 @@ class ArbiterServer:
         except RestoreError as e:
             raise StorageError(f"data dir {self.data_dir}: {e}") from None
         self.api = MembershipServicer(self.driver, self.hub, cluster=identity, authz=self.authz)
+        self.driver.add_lateness_source(self.api.read_lag.lateness, backlog=False)  # readlag 3
         self.health = health.aio.HealthServicer()
         interceptors: list[grpc.aio.ServerInterceptor] = [
             DecodeRefusal(cfg.max_message_bytes, exempt=PEER_SERVICE)

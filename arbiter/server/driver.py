@@ -294,10 +294,11 @@ class Driver(Proposing):
         a change is logged: arbiter/server/standing.py)."""
         return self.standings.interval()
 
-    def add_lateness_source(self, fn: Callable[[float], float]) -> None:
+    def add_lateness_source(self, fn: Callable[[float], float], backlog: bool = True) -> None:
         """Adds ``fn(now) -> seconds`` this replica is late (an ingest backlog): no
-        node is suspected for that silence (observer rule 6; load.py rule 3)."""
-        self.health.add_source(fn)
+        node is suspected for that silence (observer rule 6; load.py rule 3).
+        ``backlog=False``: not read by shedding (load.py rule 4)."""
+        self.health.add_source(fn, backlog)
 
     def lateness(self, now: float) -> float:
         """Seconds of the recent past this replica could not hear (load.py rule 3)."""

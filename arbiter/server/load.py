@@ -38,6 +38,11 @@ Rules:
    whether the loop had more work than it got through or waited for a CPU),
    and every lateness source (``fn(now) -> seconds``: an ingest backlog).
    Shedding reads it, with the utilisation: :mod:`arbiter.server.shedding`.
+   A source added with ``backlog=False`` (the read lag of
+   :mod:`arbiter.server.readlag`) counts for rule 3 only: a join storm puts
+   every heartbeat a fraction of a second behind for a moment, and shedding
+   the storm's joins for that would only move them later; shedding acts on
+   the replica's time on a CPU and on the loop's lasting lateness.
 """
 
 from __future__ import annotations
@@ -193,12 +198,15 @@ class LocalHealth:
         self._monitor = monitor
         self._listen_after = listen_after
         self._sources: list[Callable[[float], float]] = []
+        self._hearing: list[Callable[[float], float]] = []
 
-    def add_source(self, fn: Callable[[float], float]) -> None:
+    def add_source(self, fn: Callable[[float], float], backlog: bool = True) -> None:
         """Adds a lateness source: ``fn(now)`` -> seconds of the recent past the
         replica could not hear (>= 0; e.g. the age of the oldest heartbeat not yet
-        handed to the detector)."""
-        self._sources.append(fn)
+        handed to the detector). ``backlog=False``: counted by :meth:`lateness`
+        only, not by :meth:`backlog` (shedding does not read it: the read lag of
+        ``arbiter/server/readlag.py``, which every join storm raises for a moment)."""
+        (self._sources if backlog else self._hearing).append(fn)
 
     def lateness(self, now: float, own_lag: float = 0.0) -> float:
         """Seconds of the recent past this replica could not hear, at ``now`` (rule 3).
@@ -211,6 +219,8 @@ class LocalHealth:
         lag, at = self._monitor.latest_late
         if now - at < max(self._listen_after, lag):
             late = max(late, lag)
+        for fn in self._hearing:
+            late = max(late, _safe(fn, now))
         return max(late, self.backlog(now))
 
     def backlog(self, now: float) -> float:
@@ -221,8 +231,14 @@ class LocalHealth:
         lasts: it is what shedding reads."""
         late = self._monitor.mean_lateness(now)
         for fn in self._sources:
-            try:
-                late = max(late, float(fn(now)))
-            except Exception:  # a broken source must not stop detection
-                log.exception("lateness source failed")
+            late = max(late, _safe(fn, now))
         return late if late >= 0 else 0.0
+
+
+def _safe(fn: Callable[[float], float], now: float) -> float:
+    """``fn(now)``, or 0 when it fails: a broken source must not stop detection."""
+    try:
+        return float(fn(now))
+    except Exception:
+        log.exception("lateness source failed")
+        return 0.0

@@ -44,6 +44,7 @@ from arbiter.server.grace_api import grace_call
 from arbiter.server.heartbeat_path import AckBuilder, ClusterMismatch, HeartbeatChecks
 from arbiter.server.hub import Hub, HubStatus, Marker
 from arbiter.server.limits import LimitExceeded
+from arbiter.server.readlag import ReadLag, StreamBase
 from arbiter.server.replies import cluster_mismatch, committed, deny, refusal_status
 from arbiter.server.shedding import Shed, check_shedding
 from arbiter.server.statusboard import StatusBoard
@@ -93,6 +94,8 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         self._views = ViewEncoder(driver, self.board, self.degraded)
         self._acks = AckBuilder(driver.replica_id, cluster)
         self._pruned_at = time.monotonic()
+        # Queueing delay of the heartbeats read (arbiter/server/readlag.py): a lateness source.
+        self.read_lag = ReadLag()
         # The configuration in force (set by the server: arbiter/server/arbiterset.py).
         self.arbiters: Callable[[], ArbiterSet] = lambda: ArbiterSet(voters={})
         self._frames = EventFrames(
@@ -141,6 +144,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         self.heartbeat_streams += 1
         counters, last_at = driver.counters, None  # metrics: plain ints, no calls
         board, acks, closing, monotonic = self.board, self._acks, self._closing, time.monotonic
+        read_lag, base, wall = self.read_lag, StreamBase(), time.time
         try:
             async for req in request_iterator:
                 if req.__class__ is Undecodable:  # type: ignore[comparison-overlap]
@@ -149,9 +153,11 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     vouch = False
                     await self._deny(context, self.authz.node(context, req.node_id))
                 counters.heartbeats += 1
+                now = monotonic()
+                if 0.0 < req.send_time_unix < math.inf:  # readlag rule 1 (NaN: no)
+                    read_lag.add(base.queued(wall() - req.send_time_unix, now), now)
                 if closing.is_set():
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
-                now = monotonic()
                 try:
                     wait, first = checks.check(req, now)
                     if first:
