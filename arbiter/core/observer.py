@@ -38,8 +38,13 @@ Rules:
 5. Restart grace. For ``restart_grace`` seconds after start (one maximum lease)
    no suspicion is cast: a lease granted before a crash is still honoured.
    Nodes ALIVE in the committed view that this replica has not heard since
-   its start are tracked as if heard at start, so a node that died while the
-   replica was down is still suspected (after the grace).
+   its start are tracked as if heard when the view showed them, so a node that
+   died while the replica was down is still suspected (after the grace); not
+   before ``unheard_hold`` from then: the lease at the interval this replica
+   suggests now, the pace the node was most likely told (a replica behind in
+   a 3,000-node join storm learned of thousands of members from the others'
+   commits before it read their first heartbeat, and suspected each at D of
+   the configured 0.15 s while they heartbeat every 0.7 s).
 6. Local health (Dadgar, Phillips, Currey, "Lifeguard: Local Health
    Awareness for More Accurate Failure Detection", DSN Workshops 2018,
    arXiv:1707.00788: a member that is itself slow must not blame others).
@@ -97,6 +102,9 @@ class Observer:
             everything at once.
         max_grace: the longest grace window this replica holds a node, seconds
             (rule 7).
+        unheard_hold: seconds a member this replica learned of from the log,
+            without hearing it, is not suspected (rule 5; :attr:`unheard_hold`,
+            which the replica keeps at the lease of the interval it suggests).
 
     Raises:
         ValueError: a negative lease, grace or batch interval, or retry_after <= 0.
@@ -114,6 +122,7 @@ class Observer:
         restart_grace: float,
         batch_interval: float = 0.0,
         max_grace: float = 300.0,
+        unheard_hold: float = 0.0,
     ) -> None:
         if lease < 0 or retry_after <= 0 or restart_grace < 0:
             raise ValueError("lease and restart_grace must be >= 0, retry_after > 0")
@@ -124,6 +133,7 @@ class Observer:
         self._era = 0  # new_leader() calls so far
         self._seq = seq_base
         self._grace_until = now + restart_grace
+        self.unheard_hold = unheard_hold
         self._opinions: dict[str, OpinionRecord] = {}
         self._owed: set[str] = set()
         self._seen_epoch = -1
@@ -343,6 +353,7 @@ class Observer:
                 if op is None or op.incarnation < member.incarnation:
                     self._detector.remove(member.node_id)
                     self._detector.heartbeat(member.node_id, now)
+                    self._detector.hold(member.node_id, now + self.unheard_hold)
                     self._opinions[member.node_id] = OpinionRecord(
                         member.incarnation, Opinion.ALIVE, 0, (), assumed=True
                     )

@@ -63,10 +63,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
-from arbiter.core.commands import ObserveBatch, encode
+from arbiter.core.commands import ObserveBatch, Opinion, encode
 from arbiter.core.compaction import Compaction
 from arbiter.core.delivery import Delivered, must_persist
-from arbiter.core.detection import FailureDetector
+from arbiter.core.detection import DetectorState, FailureDetector
 from arbiter.core.observer import HeartbeatVerdict, Observer
 from arbiter.core.proposals import Proposals
 from arbiter.core.raft import (
@@ -245,10 +245,45 @@ class Replica(Proposals):
         verdict = self.observer.heartbeat(
             node_id, incarnation, labels, now, self.state, interval, s.lease_for(interval)
         )
+        suggested = self.suggested_interval()
+        if suggested > interval and verdict.accepted:
+            # The ack tells the node to heartbeat every `suggested` s from now on: its
+            # next heartbeat may come that late, so no suspicion before D at that pace
+            # (a first ack suggesting 0.94 s to a node at 0.15 s made it SUSPECT).
+            self._hold(node_id, now + s.lease_for(suggested))
         if verdict.lease and self.replica_id not in self.raft.configuration:
             # Rule 2: a replica being removed promises nothing (a learner does).
             return dataclasses.replace(verdict, lease=0.0)
         return verdict
+
+    def acked(self, node_id: str, incarnation: int, sent_at: float, interval: float | None) -> None:
+        """Slow start (``membership/linkrules.py`` rule 1): a node this replica has not
+        granted a lease keeps one heartbeat in flight and sends the next only once the
+        ack of the last reaches it. Its ack went out at ``sent_at`` (monotonic seconds),
+        late if this replica was behind; the node's silence is counted from then: it is
+        not suspected before ``sent_at`` plus the lease at ``interval`` (observer rule 6,
+        Lifeguard's local health: a replica late in answering must not blame the node
+        it kept waiting). Nothing for a node not ALIVE here at ``incarnation``, or
+        already suspected.
+
+        Args:
+            node_id: the node acked.
+            incarnation: the incarnation of the heartbeat acked.
+            sent_at: monotonic seconds when the ack was handed to the transport.
+            interval: the interval the node declared (None: the configured one).
+        """
+        obs = self.observer
+        if obs.opinion(node_id) is not Opinion.ALIVE or obs.heard(node_id) != incarnation:
+            return
+        s = self.settings
+        self._hold(node_id, sent_at + s.lease_for(interval or s.heartbeat_interval))
+
+    def _hold(self, node_id: str, until: float) -> None:
+        """No suspicion of ``node_id`` before ``until`` (monotonic seconds), unless it is
+        suspected already (or not tracked)."""
+        det = self.observer.detector
+        if det.state(node_id) is DetectorState.HEALTHY:
+            det.hold(node_id, until)
 
     def suggested_interval(self) -> float:
         """The heartbeat interval to suggest in acks now, seconds (``detection/interval.py``)."""
@@ -286,7 +321,9 @@ class Replica(Proposals):
                 self.raft.propose(encode(forget), now)
             except ProposalDropped:
                 self.proposals_dropped += 1
-        self.observer.tick(now, self.state, min(lateness, self.settings.max_lateness), wall)
+        s = self.settings
+        self.observer.unheard_hold = s.lease_for(self.suggested_interval())  # observer rule 5
+        self.observer.tick(now, self.state, min(lateness, s.max_lateness), wall)
         owed = self.observer.observations(now, self.state)
         if owed and not self._joining and self.replica_id in self.state.configuration:
             self.observations_proposed += len(owed)

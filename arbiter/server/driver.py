@@ -230,6 +230,11 @@ class Driver(Proposing):
             self._wake.set()
         return verdict, self.standings.now(now)
 
+    def acked(self, node_id: str, incarnation: int, interval: Interval, now: float) -> None:
+        """The ack of a heartbeat that earned no lease went out at ``now`` (monotonic
+        seconds): the node, in slow start, was waiting for it (``Replica.acked``)."""
+        self.replica.acked(node_id, incarnation, now, interval)
+
     def on_heartbeat(
         self, node_id: str, incarnation: int, labels: Mapping[str, str], interval: Interval = None
     ) -> HeartbeatVerdict:

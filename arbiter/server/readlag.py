@@ -23,6 +23,13 @@ Rules:
    ``d - base`` is the heartbeat's queueing delay: the offset cancels, so no
    clock synchronisation is assumed. Heartbeats without a send time (0) are
    not measured.
+1a. A stream born while the replica is behind (a join storm) has no
+   uncongested heartbeat to take its base from: its first heartbeat already
+   waited about as long as the others read now. So its base starts at its
+   first ``d`` minus the replica's read lag at that moment (rule 2, from the
+   streams already measured), and falls to any smaller ``d`` later. Without
+   this a storm's streams, all born late, each took their own delay for a base
+   and the replica read no lag while it was 10 s behind (3,000 nodes).
 2. The replica's read lag is the median queueing delay of the last
    :data:`WINDOW` heartbeats read, when the latest was read less than
    :data:`STALE` seconds ago (else 0: a loop that reads nothing is the loop
@@ -63,14 +70,18 @@ class StreamBase:
         self._previous = math.inf
         self._rotate_at = -math.inf
 
-    def queued(self, delay: float, now: float) -> float:
+    def queued(self, delay: float, now: float, lag: ReadLag | None = None) -> float:
         """The queueing delay of one heartbeat, seconds (>= 0).
 
         Args:
             delay: receive wall time minus the heartbeat's send time, seconds
                 (any sign: the clocks' offset is in it).
             now: monotonic seconds, for the buckets.
+            lag: the replica's read lag, read at the stream's first heartbeat
+                only (rule 1a); None: the first heartbeat is the base.
         """
+        if self._rotate_at == -math.inf and lag is not None:  # rule 1a
+            self._current = delay - lag.lateness(now)
         if now >= self._rotate_at:
             self._previous, self._current = self._current, math.inf
             self._rotate_at = now + BASE_BUCKET

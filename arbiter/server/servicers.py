@@ -155,7 +155,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 counters.heartbeats += 1
                 now = monotonic()
                 if 0.0 < req.send_time_unix < math.inf:  # readlag rule 1 (NaN: no)
-                    read_lag.add(base.queued(wall() - req.send_time_unix, now), now)
+                    read_lag.add(base.queued(wall() - req.send_time_unix, now, read_lag), now)
                 if closing.is_set():
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
                 try:
@@ -194,6 +194,10 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                         board.prune(now)
                 counters.acks += 1
                 yield acks.ack(req.seq, verdict, standing, self.arbiters())
+                if verdict.accepted and not verdict.lease:  # resumed once the ack is sent
+                    driver.acked(
+                        node_id, req.incarnation, req.interval_seconds or None, monotonic()
+                    )
         finally:
             self.heartbeat_streams -= 1
 

@@ -1,13 +1,22 @@
-"""The read lag (arbiter/server/readlag.py): queueing delay from send times, no clock sync."""
+"""A replica behind suspects nobody for it: the read lag (arbiter/server/readlag.py:
+queueing delay from send times, no clock sync) and the late ack of slow start
+(Replica.acked)."""
 
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
+from arbiter.core.commands import Observation, Opinion
+from arbiter.core.detection import MissedHeartbeatDetector
+from arbiter.core.raft import RaftConfig
+from arbiter.core.replica import Replica
+from arbiter.core.replica_settings import ReplicaSettings
 from arbiter.server.load import LocalHealth
 from arbiter.server.readlag import BASE_BUCKET, ReadLag, StreamBase
+from tests.unit.test_batching import Log
 
 
 def test_readlag_queueing_delay_cancels_the_clock_offset() -> None:
@@ -61,3 +70,89 @@ def test_readlag_counts_as_lateness_not_as_a_backlog_to_shed_on() -> None:
     h.add_source(lambda now: 1.2, backlog=False)
     assert h.lateness(5.0) == pytest.approx(1.2)
     assert h.backlog(5.0) == 0.0
+
+
+def test_readlag_a_stream_born_behind_starts_from_the_replicas_lag() -> None:
+    # Rule 1a: in a storm every stream's first heartbeat already waited; its
+    # base starts at that delay minus the lag the older streams show.
+    lag = ReadLag(window=4, stale=1.0)
+    old = StreamBase()
+    old.queued(0.001, 0.0, lag)  # born on time: lag 0
+    for _ in range(4):
+        lag.add(old.queued(2.001, 1.0, lag), 1.0)  # now read 2 s late
+    assert lag.lateness(1.0) == pytest.approx(2.0)
+    born = StreamBase()
+    offset = 40.0  # its clock is 40 s behind: delays read 40 s more
+    assert born.queued(offset + 2.001, 1.0, lag) == pytest.approx(2.0)
+    assert born.queued(offset + 2.501, 1.2, lag) == pytest.approx(2.5)
+    assert born.queued(offset + 0.001, 2.0, lag) == 0.0  # caught up: its true base
+    assert born.queued(offset + 0.101, 2.1, lag) == pytest.approx(0.1)
+
+
+def _replica() -> Replica:
+    return Replica(
+        replica_id="a1",
+        replica_ids=["a1", "a2", "a3"],
+        raft_config=RaftConfig(),
+        settings=ReplicaSettings(
+            lease=0.5, observation_retry=0.2, restart_grace=0.0, heartbeat_interval=0.1
+        ),
+        detector=MissedHeartbeatDetector(interval=0.1, missed_limit=5),
+        rng=random.Random(1),
+        now=0.0,
+        seq_base=1,
+    )
+
+
+@pytest.mark.parametrize("ack_late", [False, True])
+def test_readlag_slow_start_silence_counts_from_the_ack_that_kept_the_node_waiting(
+    ack_late: bool,
+) -> None:
+    # Replica.acked: a node granted no lease here (its join not committed: slow
+    # start) sends again only once the ack of its last heartbeat reaches it. D =
+    # 0.5 s. Heard at 1.0, its ack handed to gRPC only at 1.8 (the replica was
+    # behind): silent until 2.3 at most through no fault of its own.
+    rep = _replica()
+    verdict = rep.heartbeat("n1", 1, {}, 1.0)
+    assert verdict.accepted and verdict.lease == 0.0  # slow start
+    if ack_late:
+        rep.acked("n1", 1, 1.8, None)
+    rep.tick(2.0)
+    assert rep.observer.suspects() == ([] if ack_late else ["n1"])
+    rep.tick(2.31)
+    assert rep.observer.suspects() == ["n1"]  # then a silence is a silence
+    rep.acked("n1", 1, 2.4, None)  # suspected already: nothing to hold
+    assert rep.observer.suspects() == ["n1"]
+
+
+def test_readlag_an_ack_suggesting_a_longer_interval_moves_the_suspicion_with_it() -> None:
+    # The node heartbeats every 0.05 s (D = 0.25 s); the replica's ack suggests
+    # its configured 0.1 s: the node may now wait 0.1 s, so D at that pace (0.5 s)
+    # from the ack, not 0.25 s from the heartbeat.
+    rep = _replica()
+    assert rep.suggested_interval() == pytest.approx(0.1)
+    assert rep.heartbeat("n1", 1, {}, 1.0, interval=0.05).accepted
+    rep.tick(1.3)
+    assert rep.observer.suspects() == []
+    rep.tick(1.51)
+    assert rep.observer.suspects() == ["n1"]
+
+
+def test_readlag_a_member_known_only_from_the_log_gets_the_lease_of_the_suggested_pace() -> None:
+    # Observer rule 5: a1 learns from the others' commits that n1 is ALIVE before
+    # it reads n1's first heartbeat (a join storm's backlog). The replica keeps
+    # unheard_hold at the lease of the interval it suggests; n1 is not suspected
+    # before that, and then is (it may be dead: a2 and a3 decide with a1).
+    log = Log()
+    for r in ("a2", "a3"):
+        log.commit(r, (Observation(node_id="n1", incarnation=1, opinion=Opinion.ALIVE, seq=1),))
+    rep = _replica()
+    assert rep.settings.lease_for(rep.suggested_interval()) == pytest.approx(0.5)
+    rep.observer.unheard_hold = 2.0  # as if it suggested a pace four times slower
+    rep.observer.tick(10.0, log.state)  # syncs the view: n1 tracked, unheard
+    rep.observer.tick(11.5, log.state)
+    assert rep.observer.suspects() == []  # D = 0.5 s at the configured pace
+    rep.observer.tick(12.01, log.state)
+    assert rep.observer.suspects() == ["n1"]
+    rep.tick(12.02)
+    assert rep.observer.unheard_hold == pytest.approx(0.5)  # the replica's own suggestion
