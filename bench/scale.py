@@ -178,7 +178,8 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
         f"max({args.light_interval:g}, N / {args.light_rate:g}) s,",
         f"--missed-heartbeats {args.light_missed} (D = {args.light_missed:g} x that), so a DEAD "
         "waits for that D; a1 is fully loaded.",
-        f"--heartbeat-budget: {args.budget or 'the lan preset (5000/s)'} on every replica.",
+        f"--heartbeat-budget: {args.budget or 'the lan preset (5000/s)'} on every replica"
+        f"; --election-timeout {args.election_timeout or 'the lan preset (1 s)'}.",
         "bare: one bare grpc.aio server (bench/scale_bare.py) given N streams at a1's interval.",
         "etcd x3: 3 members, N leases at the minimum TTL kept alive as clientv3 does; hb/s and",
         "us/hb = renewals/s and the members' CPU per renewal; kill->DEAD = kill to the watcher's",
@@ -361,6 +362,12 @@ def main() -> int:
         default=None,
         help="--heartbeat-budget of every replica (heartbeats/s; default the lan preset's "
         "5000): what one replica may take on this machine",
+    )
+    p.add_argument(
+        "--election-timeout",
+        type=float,
+        default=None,
+        help="--election-timeout of every replica (seconds; default the lan preset's 1.0)",
     )
     p.add_argument("--light-missed", type=float, default=2.0)
     p.add_argument(

@@ -95,6 +95,7 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
         "join_spread_s": join_spread(args, n),
         "light_interval_s": light_interval(args, n) if lightly else None,
         "budget": args.budget,
+        "election_timeout": args.election_timeout,
     }
     fleet = subs = None
     try:
@@ -102,6 +103,8 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
             extra = [*limits, "--metrics-listen", maddr[rid]]
             if args.budget is not None:
                 extra += ["--heartbeat-budget", str(args.budget)]
+            if args.election_timeout is not None:
+                extra += ["--election-timeout", str(args.election_timeout)]
             if lightly and rid != "a1":
                 light_s = res["light_interval_s"]
                 iv = f"{light_s:g}"
