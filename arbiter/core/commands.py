@@ -336,7 +336,7 @@ def _encode_observation(o: Observation) -> dict[str, Any]:
         "inc": o.incarnation,
         "op": o.opinion.value,
         "seq": o.seq,
-        "labels": [list(p) for p in o.labels],
+        "labels": o.labels,  # tuples encode as JSON arrays, byte for byte as lists
     }
     if o.has_evidence:
         obj["ev"] = [o.silence, o.suspicion, o.detector]
