@@ -56,7 +56,9 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -109,7 +111,7 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
             if o["join_s"] is None:
                 js = f"no:{o.get('join_alive')}/{o['join_epochs']}"
             lines.append(
-                f"{n:>6} {'ours a1' + (' (light)' if o['light'] else ''):<15} "
+                f"{n:>6} {'ours a1' + (' (loaded)' if o['light'] else ''):<15} "
                 f"{_f(o.get('interval_s'), '.2f'):>5} "
                 f"{a1['hb_per_s']:>6.0f} {a1['cores']:>5.2f} {_f(a1['cpu_us_per_hb']):>6} "
                 f"{_f(ratio, '.2f'):>5} {_f(a1['hb_per_s_per_core']):>9} "
@@ -174,7 +176,8 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
         "kill->DEAD: p50 at the first subscriber, p99 at the last. elect = Raft term changes after",
         "the first election. falseD = DEAD of a node not killed. iv s: the heartbeat interval",
         "(ours: N / the rate a1's suggestions require; etcd: the renewal period, see below).",
-        f"(light): above N = {args.full_load_max} a2 and a3 run at --heartbeat-interval "
+        f"(loaded): above N = {args.full_load_max} a1 alone is fully loaded; a2 and a3 run "
+        "light, at --heartbeat-interval "
         f"max({args.light_interval:g}, N / {args.light_rate:g}) s,",
         f"--missed-heartbeats {args.light_missed} (D = {args.light_missed:g} x that), so a DEAD "
         "waits for that D; a1 is fully loaded.",
@@ -279,7 +282,8 @@ def _one(
 
 
 def run(args: argparse.Namespace) -> int:
-    """Every N, ours then bare then etcd; writes the results."""
+    """Every N, ours then bare then etcd; writes the results. Returns 1 when a system
+    failed at some N (its row says why), else 0."""
     binary()  # build (and install Go) before anything is timed
     work = Path(args.keep_logs) if args.keep_logs else Path(tempfile.mkdtemp(prefix="scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -310,20 +314,92 @@ def run(args: argparse.Namespace) -> int:
     (out / "scale.json").write_text(json.dumps({"args": meta, "rows": rows}, indent=1, default=str))
     write_png(rows, out / "scale.png")
     say(f"wrote {out}/scale.txt, scale.json, scale.png in {time.monotonic() - T0:.0f} s")
+    failed = [f"{k} N={r['n']}" for r in rows for k in ("ours", "bare", "etcd") if _failed(r, k)]
+    if failed:
+        say(f"failed: {', '.join(failed)} (see the rows)")
+        return 1
     return 0
 
 
+def _failed(row: dict[str, Any], key: str) -> bool:
+    """True when system ``key`` ran at this row's N and failed."""
+    return key in row and (not row[key] or "error" in row[key])
+
+
+def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuses what cannot make a run (exit 2 through ``p.error``), before anything starts."""
+    try:
+        args.sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--sizes must be a comma list of node counts, got {args.sizes!r}")
+    if not args.sizes or min(args.sizes) < 1:
+        p.error(f"--sizes needs node counts >= 1, got {args.sizes}")
+    args.skip = {x.strip() for x in args.skip.split(",") if x.strip()}
+    if args.skip - SYSTEMS:
+        p.error(
+            f"--skip takes {', '.join(sorted(SYSTEMS))}; unknown: {sorted(args.skip - SYSTEMS)}"
+        )
+    if args.skip == SYSTEMS:
+        p.error("--skip leaves no system to run")
+    try:
+        args.etcd_timing = tuple(int(x) for x in args.etcd_timing.split(","))
+    except ValueError:
+        p.error(
+            f"--etcd-timing must be two integers HEARTBEAT,ELECTION (ms), got {args.etcd_timing!r}"
+        )
+    if len(args.etcd_timing) != 2 or not 0 < args.etcd_timing[0] < args.etcd_timing[1]:
+        p.error(
+            f"--etcd-timing needs 0 < heartbeat < election timeout (ms), got {args.etcd_timing}"
+        )
+    at_least = {
+        "procs": 1, "subscribers": 0, "kills": 0, "hogs": 0,
+        "full_load_max": 0, "etcd_grant_concurrency": 1, "etcd_leases_per_client": 0,
+    }  # fmt: skip
+    for name, low in at_least.items():
+        if getattr(args, name) < low:
+            p.error(f"--{name.replace('_', '-')} must be >= {low}, got {getattr(args, name)}")
+    positive = [
+        "window", "kill_timeout", "join_timeout", "join_rate", "light_interval", "light_rate",
+        "light_missed", "etcd_grant_timeout", "budget", "election_timeout", "join_spread",
+    ]  # fmt: skip
+    for name in positive:
+        value = getattr(args, name)
+        if value is not None and not (value > 0 and math.isfinite(value)):
+            p.error(f"--{name.replace('_', '-')} must be a finite number > 0, got {value}")
+    if not (args.ingest_workers == "auto" or args.ingest_workers.isdigit()):
+        p.error(f"--ingest-workers must be 'auto' or a count >= 0, got {args.ingest_workers!r}")
+    if not (args.settle >= 0 and math.isfinite(args.settle)):
+        p.error(f"--settle must be a finite number >= 0, got {args.settle}")
+    for flag, path in (("--out", args.out), ("--keep-logs", args.keep_logs)):
+        if path is None:
+            continue
+        try:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            probe = Path(path) / f".scale-write-test-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as e:
+            p.error(f"{flag} {path}: not a writable directory ({e.strerror or e})")
+
+
+SYSTEMS = frozenset({"ours", "bare", "etcd"})
+
+
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("--sizes", default="100,1000,3000,10000", help="comma list of N")
     p.add_argument(
         "--quick", action="store_true", help="short windows and 3 kills (~3 min for 100,1000)"
     )
     p.add_argument("--subscribers", type=int, default=1000)
     p.add_argument("--procs", type=int, default=2, help="load generator processes")
-    p.add_argument("--window", type=float, default=10.0, help="steady window, seconds")
-    p.add_argument("--settle", type=float, default=3.0, help="seconds after the join before it")
-    p.add_argument("--kills", type=int, default=5)
+    p.add_argument("--window", type=float, help="steady window, seconds (10; --quick: 5)")
+    p.add_argument(
+        "--settle", type=float, help="seconds after the join before the window (3; --quick: 2)"
+    )
+    p.add_argument("--kills", type=int, help="nodes killed one at a time (5; --quick: 3)")
     p.add_argument("--kill-timeout", type=float, default=20.0)
     p.add_argument("--join-timeout", type=float, default=60.0)
     p.add_argument(
@@ -402,12 +478,21 @@ def main() -> int:
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--keep-logs", metavar="DIR", help="keep every process's log in DIR")
     args = p.parse_args()
-    args.sizes = [int(x) for x in args.sizes.split(",") if x]
-    args.skip = {x for x in args.skip.split(",") if x}
-    args.etcd_timing = tuple(int(x) for x in args.etcd_timing.split(","))
-    if args.quick:
-        args.window, args.settle, args.kills = 5.0, 2.0, 3
-    return run(args)
+    if args.quick:  # shorter defaults; a flag given explicitly is kept
+        for name, value in (("window", 5.0), ("settle", 2.0), ("kills", 3)):
+            if getattr(args, name) is None:
+                setattr(args, name, value)
+    for name, value in (("window", 10.0), ("settle", 3.0), ("kills", 5)):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    _check(p, args)
+    # SIGTERM ends the run as Ctrl-C does: processes killed, the work dir removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        say("interrupted: every process stopped")
+        return 130
 
 
 if __name__ == "__main__":
