@@ -160,7 +160,8 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
             res["join_s"] = None
             res["join_alive"] = max((e["alive"] for e in ep), default=0)
             res["join_epochs"] = int(max((e["epoch"] for e in ep), default=epoch0) - epoch0)
-        say(f"ours N={n}: join storm {res.get('join_s')} s, {res['join_epochs']} epochs")
+        took = "not done" if res["join_s"] is None else f"{res['join_s']:.2f} s"
+        say(f"ours N={n}: join storm {took}, {res['join_epochs']} epochs")
         time.sleep(args.settle)
         # The steady window: CPU from /proc, heartbeats from the replicas' own counters.
         c0 = {r: tree_cpu_seconds(p) for r, p in pids.items()}
