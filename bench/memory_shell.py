@@ -8,10 +8,10 @@ replica adds: one replica (a group of one, lan settings, in this process),
 ``--nodes`` (1,000) heartbeat streams, each the servicer's own ``Heartbeat``
 async generator fed decoded requests and read for its ack. ``--like sdk``
 (default) sends the SDK's fields: two labels, one of them the same for
-every node, a status that changes every other heartbeat, the declared
-interval; ``--like loadgen`` what ``bench/loadgen`` sends, which
-``bench/memory.py`` and ``bench/scale.py`` measure: two labels every node
-has alike, no status. tracemalloc starts after the
+every node, a status without a step that changes every other heartbeat,
+the declared interval; ``--like loadgen`` what ``bench/loadgen`` sends,
+which ``bench/memory.py`` and ``bench/scale.py`` measure: two labels every
+node has alike, a status whose step and load move every heartbeat. tracemalloc starts after the
 server is up; every node then heartbeats until it is ALIVE, then
 ``--rounds`` (20) more rounds, 0.1 s apart, so that the driver, Raft and the
 status board settle. Printed per node: the bytes traced (what Python code
@@ -128,6 +128,12 @@ async def _child(
             ]
             pending: list[list[Any]] = []
 
+            def loadgen_status(seq: int) -> Any:
+                # bench/loadgen/hb.go's: a step a heartbeat, a load that moves with it
+                return pb.NodeStatus(
+                    load=3.5 + (seq % 7) * 0.1, gpu_utilization=0.9, phase="allreduce", step=seq
+                )
+
             def labels(i: int) -> dict[str, str]:
                 if like == "sdk":  # a job's label, and one of the node's own
                     return {"job": "bench", "rank": str(i)}
@@ -142,7 +148,7 @@ async def _child(
                     seq=seq,
                     send_time_unix=time.time(),
                     labels=labels(i),
-                    status=statuses[(seq // 2) % 2] if like == "sdk" else None,
+                    status=statuses[(seq // 2) % 2] if like == "sdk" else loadgen_status(seq),
                     interval_seconds=INTERVAL,
                     cluster=server.api.cluster if seq == 1 else "",
                 )
@@ -278,8 +284,8 @@ def main() -> int:
         "--like",
         choices=("sdk", "loadgen"),
         default="sdk",
-        help="sdk: labels job=bench and rank=i, a status; loadgen: bench/loadgen's heartbeats "
-        "(two labels every node has alike, no status)",
+        help="sdk: labels job=bench and rank=i, a status without a step; loadgen: "
+        "bench/loadgen's heartbeats (two labels every node has alike, a step each)",
     )
     p.add_argument("--before", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
