@@ -73,7 +73,7 @@ class LabelSets:
     def pairs(self, pairs: Iterable[tuple[str, str]]) -> LabelPairs:
         """The shared tuple of ``(key, value)`` pairs equal to ``pairs``, in their order
         (a tally observation's labels; rules 1 and 3)."""
-        key = pairs if type(pairs) is tuple else tuple(pairs)
+        key = pairs if type(pairs) is tuple else tuple(_interned(pairs))
         table = self._pairs
         shared = table.get(key)
         if shared is not None:
@@ -89,7 +89,8 @@ class LabelSets:
         """The shared read-only mapping of these labels, its items sorted by key (a
         member record's labels, a heartbeat stream's; rules 1 and 3)."""
         items = labels.items() if isinstance(labels, Mapping) else labels
-        key = items if type(items) is tuple else tuple(items)
+        # A key of interned strings: the table's copy of a set costs its tuples only.
+        key = items if type(items) is tuple else tuple(_interned(items))
         table = self._mappings
         shared = table.get(key)
         if shared is not None:
@@ -107,3 +108,7 @@ class LabelSets:
     def __len__(self) -> int:
         """Label sets remembered now, over both forms."""
         return len(self._pairs) + len(self._mappings)
+
+
+def _interned(pairs: Iterable[tuple[str, str]]) -> Iterable[tuple[str, str]]:
+    return ((sys.intern(k), sys.intern(v)) for k, v in pairs)
