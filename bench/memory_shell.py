@@ -6,9 +6,12 @@ where gRPC's own per-stream state is most of it and tracing slows the
 replica past what a loaded machine lets it serve. This isolates what the
 replica adds: one replica (a group of one, lan settings, in this process),
 ``--nodes`` (1,000) heartbeat streams, each the servicer's own ``Heartbeat``
-async generator fed decoded requests (the SDK's fields: two labels, one of
-them the same for every node, a status that changes every other heartbeat,
-the declared interval) and read for its ack. tracemalloc starts after the
+async generator fed decoded requests and read for its ack. ``--like sdk``
+(default) sends the SDK's fields: two labels, one of them the same for
+every node, a status without a step that changes every other heartbeat,
+the declared interval; ``--like loadgen`` what ``bench/loadgen`` sends,
+which ``bench/memory.py`` and ``bench/scale.py`` measure: two labels every
+node has alike, a status whose step and load move every heartbeat. tracemalloc starts after the
 server is up; every node then heartbeats until it is ALIVE, then
 ``--rounds`` (20) more rounds, 0.1 s apart, so that the driver, Raft and the
 status board settle. Printed per node: the bytes traced (what Python code
@@ -22,7 +25,8 @@ reader does) are counted too, as the replica's generator holds the last one.
 source tree (``git archive COMMIT arbiter membership | tar -x -C DIR``) and
 prints both.
 
-Usage: python bench/memory_shell.py [--nodes 1000] [--rounds 20] [--top 30] [--before DIR]
+Usage: python bench/memory_shell.py [--nodes 1000] [--rounds 20] [--top 30] [--like sdk|loadgen]
+       [--replicas 1|3] [--before DIR]
 """
 
 from __future__ import annotations
@@ -72,7 +76,9 @@ def _short(frame: tracemalloc.Frame) -> str:
     return "/".join(parts[-2:]) + f":{frame.lineno}"
 
 
-async def _child(nodes: int, rounds: int, top: int, replicas: int) -> dict[str, Any]:
+async def _child(
+    nodes: int, rounds: int, top: int, replicas: int, like: str = "sdk"
+) -> dict[str, Any]:
     from arbiter.config import ArbiterConfig
     from arbiter.server.app import ArbiterServer
     from membership.localcluster import free_ports
@@ -90,6 +96,13 @@ async def _child(nodes: int, rounds: int, top: int, replicas: int) -> dict[str, 
             heartbeat_interval=INTERVAL,
             max_heartbeat_interval=INTERVAL,
             missed_heartbeats=10.0,
+            # the harness feeds a round of every node at once: a loop that is
+            # late for it is the harness, not load to shed (shedding.py)
+            shed_utilisation=1.0,
+            shed_lateness=1e9,
+            # three replicas share this loop with the harness and tracing: a round
+            # stalls it for about a second, which must not be an election
+            election_timeout=5.0,
         )
         servers = [
             ArbiterServer(
@@ -114,6 +127,18 @@ async def _child(nodes: int, rounds: int, top: int, replicas: int) -> dict[str, 
                 pb.NodeStatus(load=1.5, cpu_utilization=0.3, memory_utilization=0.4),
             ]
             pending: list[list[Any]] = []
+
+            def loadgen_status(seq: int) -> Any:
+                # bench/loadgen/hb.go's: a step a heartbeat, a load that moves with it
+                return pb.NodeStatus(
+                    load=3.5 + (seq % 7) * 0.1, gpu_utilization=0.9, phase="allreduce", step=seq
+                )
+
+            def labels(i: int) -> dict[str, str]:
+                if like == "sdk":  # a job's label, and one of the node's own
+                    return {"job": "bench", "rank": str(i)}
+                return {"role": "worker", "pool": "bench"}  # bench/loadgen: every node's
+
             incarnation = 1_733_000_000_000
 
             def request(i: int, seq: int) -> Any:
@@ -122,8 +147,8 @@ async def _child(nodes: int, rounds: int, top: int, replicas: int) -> dict[str, 
                     incarnation=incarnation + i,
                     seq=seq,
                     send_time_unix=time.time(),
-                    labels={"job": "bench", "rank": str(i)},
-                    status=statuses[(seq // 2) % 2],
+                    labels=labels(i),
+                    status=statuses[(seq // 2) % 2] if like == "sdk" else loadgen_status(seq),
                     interval_seconds=INTERVAL,
                     cluster=server.api.cluster if seq == 1 else "",
                 )
@@ -154,8 +179,12 @@ async def _child(nodes: int, rounds: int, top: int, replicas: int) -> dict[str, 
                 for k in range(replicas):
                     for i in range(nodes):
                         pending[k * nodes + i].append(request(i, seq))
-                for s in streams:
+                for k, s in enumerate(streams):
                     await anext(s)
+                    if k % 50 == 49:
+                        # the replicas' Raft runs in this loop too: a round of 3,000
+                        # streams without a pause would starve it into elections
+                        await asyncio.sleep(0)
 
             await one_round()
             print(f"first round done in {time.monotonic() - t0:.1f} s", file=sys.stderr)
@@ -212,7 +241,7 @@ def _run_child(args: argparse.Namespace, before: Path | None) -> dict[str, Any]:
         env["PYTHONPATH"] = str(before)
     argv = [sys.executable, str(HERE), "--child", "--nodes", str(args.nodes)]
     argv += ["--rounds", str(args.rounds), "--top", str(args.top)]
-    argv += ["--replicas", str(args.replicas)]
+    argv += ["--replicas", str(args.replicas), "--like", args.like]
     # Outside any source tree, so that PYTHONPATH (--before) decides what is imported.
     out = subprocess.run(
         argv, env=env, cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=900
@@ -251,6 +280,13 @@ def main() -> int:
         default=1,
         help="a group of 1 or 3 in this process (figures per replica)",
     )
+    p.add_argument(
+        "--like",
+        choices=("sdk", "loadgen"),
+        default="sdk",
+        help="sdk: labels job=bench and rank=i, a status without a step; loadgen: "
+        "bench/loadgen's heartbeats (two labels every node has alike, a step each)",
+    )
     p.add_argument("--before", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -259,7 +295,8 @@ def main() -> int:
         import logging
 
         logging.basicConfig(level=logging.WARNING)
-        print(json.dumps(asyncio.run(_child(args.nodes, args.rounds, args.top, args.replicas))))
+        out = _child(args.nodes, args.rounds, args.top, args.replicas, args.like)
+        print(json.dumps(asyncio.run(out)))
         return 0
     results = {}
     if args.before is not None:

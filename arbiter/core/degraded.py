@@ -47,8 +47,8 @@ Rules:
 from __future__ import annotations
 
 import bisect
-import collections
 import math
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -123,15 +123,22 @@ class StepHistory:
     least ``window / 16`` seconds apart, back to the newest one at least a
     window old: bounded memory whatever the step rate.
 
+    Memory (one per node on every replica): the anchors are two flat arrays
+    (doubles and 64-bit steps, 16 bytes an anchor, about 0.5 KiB for the 17
+    or so a window holds), allocated at the first step, so a node that
+    reports no step costs only this object. A deque of tuples cost about
+    0.6 KiB empty and 2.4 KiB full.
+
     Args:
         window: seconds the rate is taken over (> 0).
     """
 
-    __slots__ = ("_anchors", "_last", "_window")
+    __slots__ = ("_last", "_steps", "_times", "_window")
 
     def __init__(self, window: float) -> None:
         self._window = window
-        self._anchors: collections.deque[tuple[float, int]] = collections.deque()
+        self._times: array[float] | None = None  # when each anchor was first seen, seconds
+        self._steps: array[int] | None = None  # its step (status ``step``: int64, >= 0)
         self._last: int | None = None
 
     def observe(self, step: int, now: float) -> None:
@@ -141,31 +148,41 @@ class StepHistory:
         history again: the node is not judged for a window.
         """
         last = self._last
+        times, steps = self._times, self._steps
+        if times is None or steps is None:
+            times, steps = self._times, self._steps = array("d"), array("q")
         if last is not None and step < last:
-            self._anchors.clear()
+            del times[:], steps[:]
         elif step == last:
             return
         self._last = step
-        anchors = self._anchors
-        if not anchors or now - anchors[-1][0] >= self._window / _ANCHORS_PER_WINDOW:
-            anchors.append((now, step))
-        # Keep the newest anchor at least a window old, and none older.
-        while len(anchors) >= 2 and anchors[1][0] <= now - self._window:
-            anchors.popleft()
+        if not times or now - times[-1] >= self._window / _ANCHORS_PER_WINDOW:
+            times.append(now)
+            steps.append(step)
+        self._drop(now)
 
     def rate(self, now: float) -> tuple[float, int] | None:
         """``(steps per second, steps advanced)`` over the window ending at ``now``,
         or None while the history covers less than a window (rule 3)."""
-        anchors = self._anchors
-        while len(anchors) >= 2 and anchors[1][0] <= now - self._window:
-            anchors.popleft()
-        if not anchors or self._last is None:
+        self._drop(now)
+        times, steps = self._times, self._steps
+        if not times or not steps or self._last is None:
             return None
-        start, step = anchors[0]
-        span = now - start
+        span = now - times[0]
         if span < self._window:
             return None
-        return (self._last - step) / span, self._last - step
+        return (self._last - steps[0]) / span, self._last - steps[0]
+
+    def _drop(self, now: float) -> None:
+        """Keeps the newest anchor at least a window old, and none older."""
+        times, steps = self._times, self._steps
+        if times is None or steps is None:
+            return
+        k = 0
+        while len(times) - k >= 2 and times[k + 1] <= now - self._window:
+            k += 1
+        if k:
+            del times[:k], steps[:k]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

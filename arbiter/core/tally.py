@@ -247,7 +247,8 @@ class MembershipState(TallyRecords):
                 changes = []
                 if record is not None and record.state is MemberState.ALIVE:
                     changes.append(_change(node_id, record.incarnation, MemberState.DEAD, record))
-                labels = dict(obs[alive[i][0]].labels)  # lowest replica id among them
+                # lowest replica id among them; one mapping for equal labels (labelsets.py)
+                labels = self._labelsets.mapping(obs[alive[i][0]].labels)
                 changes.append(_change(node_id, i, MemberState.ALIVE, labels))
                 return changes
         if record is not None and record.state is MemberState.ALIVE:

@@ -21,6 +21,7 @@ from arbiter.core import tally_snapshot
 from arbiter.core.commands import ObserveBatch, Opinion
 from arbiter.core.floors import Floors
 from arbiter.core.grace import GraceRecord
+from arbiter.core.labelsets import LabelSets
 from arbiter.core.raft.configuration import ArbiterConfiguration
 from arbiter.core.tally_snapshot import ObservationRecord, TallyImage
 from membership.view import JobRanks, Member, View
@@ -66,6 +67,9 @@ class TallyRecords:
         self._graces: dict[str, GraceRecord] = {}  # node -> its grace window (rule 13)
         self._grace_version = 0  # bumped whenever a window is granted, ended or dropped
         self._view: View | None = View()
+        # One copy of each distinct label set in the records (labelsets.py): the
+        # observations' pairs and the member records' mappings.
+        self._labelsets = LabelSets()
 
     def _set_configuration(self, configuration: ArbiterConfiguration) -> None:
         self._configuration = configuration
@@ -234,9 +238,14 @@ class TallyRecords:
         """Fills this empty state with ``image``'s records (a later duplicate wins;
         :meth:`from_bytes` then refuses the snapshot as not canonical)."""
         self._epoch, self._applied = image.epoch, image.applied_index
+        shared = self._labelsets
         for m in image.members:
-            self._members[m.node_id] = m
+            self._members[m.node_id] = (
+                dataclasses.replace(m, labels=shared.mapping(m.labels)) if m.labels else m
+            )
         for node, replica, record in image.observations:
+            if record.labels:
+                record = dataclasses.replace(record, labels=shared.pairs(record.labels))
             self._obs.setdefault(node, {})[replica] = record
         for node, incarnation in image.retired:
             self._retired[node] = incarnation
@@ -272,16 +281,25 @@ class TallyRecords:
             stored = held.get(batch.replica_id) if held is not None else None
             if stored is not None and (o.incarnation, o.seq) <= (stored.incarnation, stored.seq):
                 continue
-            labels = o.labels
-            if held:  # one tuple for the labels every replica saw alike (memory per node)
-                labels = next((r.labels for r in held.values() if r.labels == labels), labels)
+            # What the node's records repeat is kept once (memory per node): the labels
+            # one tuple for the node's records and every node with the same ones
+            # (labelsets.py), the incarnation one int for the node's records at it.
+            labels, incarnation = None, o.incarnation
+            if held:
+                for r in held.values():
+                    if r.labels == o.labels:
+                        labels = r.labels
+                    if r.incarnation == incarnation:
+                        incarnation = r.incarnation
             else:
                 held = self._obs[o.node_id] = {}
+            if record is not None and record.incarnation == incarnation:
+                incarnation = record.incarnation
             held[batch.replica_id] = ObservationRecord(
-                incarnation=o.incarnation,
+                incarnation=incarnation,
                 opinion=o.opinion,
                 seq=o.seq,
-                labels=labels,
+                labels=self._labelsets.pairs(o.labels) if labels is None else labels,
                 silence=o.silence,
                 suspicion=o.suspicion,
                 detector=o.detector,

@@ -88,7 +88,11 @@ class DegradedMarks:
                         if heard(m.node_id) == m.incarnation
                         else None
                     ),
-                    step_rate=entry.steps.rate(now) if entry is not None else None,
+                    step_rate=(
+                        entry.steps.rate(now)
+                        if entry is not None and entry.steps is not None
+                        else None
+                    ),
                     healthy=(
                         status.healthy
                         if status is not None and status.HasField("healthy")

@@ -158,8 +158,10 @@ class EventFrames:
 
 def add_membership_service(servicer: Any, server: grpc.aio.Server) -> None:
     """Registers the Membership service as the generated ``add_MembershipServicer_to_server``
-    does, except that ``Subscribe`` writes bytes (its events, serialised once per
-    replica by :class:`EventFrames`) that gRPC sends as they are.
+    does, except that ``Subscribe`` and ``Heartbeat`` write bytes that gRPC sends as
+    they are: Subscribe its events, serialised once per replica by
+    :class:`EventFrames`; Heartbeat its acks (:class:`arbiter.server.heartbeat_path.
+    AckBuilder`: bytes cost less memory per stream than the message grpc.aio keeps).
 
     The handlers are built from the service's descriptor, so every RPC the proto
     declares is registered (a method added to the proto needs no change here).
@@ -172,12 +174,15 @@ def add_membership_service(servicer: Any, server: grpc.aio.Server) -> None:
         handlers[method.name] = make(
             getattr(servicer, method.name),
             request_deserializer=request.FromString,
-            # Subscribe: bytes that gRPC sends as they are
-            response_serializer=None if method.name == "Subscribe" else response.SerializeToString,
+            # bytes that gRPC sends as they are
+            response_serializer=None if method.name in _BYTES else response.SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
     server.add_registered_method_handlers(SERVICE, handlers)
 
+
+# The methods whose handlers write serialised responses.
+_BYTES = frozenset({"Subscribe", "Heartbeat"})
 
 # (client streaming, server streaming) -> gRPC's handler constructor.
 _HANDLER_KINDS: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {

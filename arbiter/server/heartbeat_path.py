@@ -26,28 +26,43 @@ Rules:
 5. Memory: a stream holds one node's heartbeats for as long as the node
    lives, so what it keeps is kept per node. It keeps no part of an earlier
    request (the previous status is the current request's once compared: a
-   protobuf submessage holds its whole request's memory), and the node id
-   and labels it hands on (:attr:`HeartbeatChecks.node_id`,
-   :attr:`HeartbeatChecks.labels`) are one interned copy each
-   (``sys.intern``: label keys and common values are then shared by every
-   node), which the driver's records share.
+   protobuf submessage holds its whole request's memory), and the node id,
+   incarnation and labels it hands on (:attr:`HeartbeatChecks.node_id`,
+   :attr:`HeartbeatChecks.incarnation`, :attr:`HeartbeatChecks.labels`) are
+   one copy each, which the driver's records share: the node id interned
+   (``sys.intern``), the incarnation the int of the stream's first
+   heartbeat (protobuf makes a new int at every read of a field: 32 bytes
+   per record for a millisecond timestamp), and the labels one dict shared
+   by every stream with the same labels (:class:`arbiter.core.labelsets.
+   LabelSets`), whose keys and values are interned.
 3. The cluster a heartbeat names is compared with this replica's when it is
    not empty (the SDK sets it on the first heartbeat of a stream):
    :class:`ClusterMismatch` (FAILED_PRECONDITION) otherwise.
-4. An ack is a copy of a template holding what every ack of the replica
+4. An ack is bytes: a template holding what every ack of the replica
    shares at the time (its id, cluster, instance, epoch, quorum, leader,
-   interval, the arbiter set and its index); the template is rebuilt when
-   the :class:`Standing` or the arbiter set is another object. Only ``seq``,
-   ``lease_seconds``, ``state`` and ``incarnation`` are set per heartbeat.
-   Copying a template costs a quarter of constructing the 14-field message
-   (docs/heartbeat-path.md).
+   interval, the arbiter set and its index), serialised once, followed by
+   the heartbeat's own fields (``seq``, ``lease_seconds``, ``state``,
+   ``incarnation``, the grace window's) serialised from one message the
+   builder reuses; protobuf's wire format merges concatenated messages, so
+   the bytes decode to the ack built in full (as an ingest worker's do).
+   The template is rebuilt when the :class:`Standing` or the arbiter set is
+   another object. Bytes, not a message, because grpc.aio keeps the last
+   response of every stream until the next one (its handler's loop
+   variable): a message copied from the template holds a protobuf arena of
+   about 1.2 KiB per node with three arbiters, the bytes about 0.2 KiB
+   (docs/scale.md, "Memory per node"). ``Heartbeat`` is registered with a
+   pass-through response serializer (:func:`arbiter.server.frames.
+   add_membership_service`).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
+from types import MappingProxyType
 
 from arbiter.config import ArbiterConfig
+from arbiter.core.labelsets import LabelSets
 from arbiter.core.observer import HeartbeatVerdict
 from arbiter.server.arbiterset import ArbiterSet, to_protos
 from arbiter.server.limits import HeartbeatStreamRules, Throttle
@@ -69,7 +84,7 @@ __all__ = ["AckBuilder", "ClusterMismatch", "HeartbeatChecks", "check_interval"]
 
 
 # HeartbeatChecks.labels before a stream's first heartbeat (never handed on).
-_UNCHECKED: dict[str, str] = {}
+_UNCHECKED: Mapping[str, str] = MappingProxyType({})
 
 
 class ClusterMismatch(Exception):
@@ -98,11 +113,14 @@ class HeartbeatChecks:
         config: the replica's configuration (rate, interval bounds).
         cluster: this replica's cluster identity ("" checks nothing).
         replica_id: this replica's id, for messages.
+        labelsets: the label sets every stream of the replica shares (rule 5);
+            None: this stream's own.
     """
 
     __slots__ = (
         "_cluster",
         "_interval",
+        "_labelsets",
         "_max_interval",
         "_min_interval",
         "_replica_id",
@@ -113,19 +131,31 @@ class HeartbeatChecks:
         "throttle",
     )
 
-    def __init__(self, config: ArbiterConfig, cluster: str, replica_id: str) -> None:
+    def __init__(
+        self,
+        config: ArbiterConfig,
+        cluster: str,
+        replica_id: str,
+        labelsets: LabelSets | None = None,
+    ) -> None:
+        self._labelsets = LabelSets() if labelsets is None else labelsets
         self.rules = HeartbeatStreamRules()
         self.throttle = Throttle(config.max_heartbeat_rate, config.heartbeat_rate_margin)
         self._min_interval = config.heartbeat_interval
         self._max_interval = config.interval_ceiling  # interval rule 5
         self._cluster = cluster
         self._replica_id = replica_id
-        # The stream's node id and the labels last validated, interned (rule 5); set
+        # The stream's node id and the labels last validated, shared (rule 5); set
         # by the first heartbeat (before it: "" and _UNCHECKED).
         self.node_id = ""
-        self.labels: dict[str, str] = _UNCHECKED
+        self.labels: Mapping[str, str] = _UNCHECKED
         self._status: pb.NodeStatus | None = None
         self._interval: float | None = None
+
+    @property
+    def incarnation(self) -> int:
+        """The stream's incarnation, as the int of its first heartbeat (rule 5; 0 before)."""
+        return self.rules.incarnation
 
     def check(self, req: pb.HeartbeatRequest, now: float) -> tuple[float, bool]:
         """Checks one heartbeat read at ``now`` (monotonic seconds).
@@ -149,7 +179,7 @@ class HeartbeatChecks:
         known = self.labels
         if known is _UNCHECKED or len(labels) != len(known) or dict(labels) != known:
             validate_labels(labels)
-            self.labels = {sys.intern(k): sys.intern(v) for k, v in labels.items()}
+            self.labels = self._labelsets.mapping(labels)
         status = req.status
         if self._status is None or status != self._status:
             validate_status(status.phase, status.gauges, convert.status_numbers(status))
@@ -173,14 +203,17 @@ class HeartbeatChecks:
 
 
 class AckBuilder:
-    """Heartbeat acks of one replica, built from cached parts (module rule 4).
+    """Heartbeat acks of one replica, as bytes built from cached parts (module rule 4).
+
+    Not thread-safe: one builder serves the streams of one event loop (it
+    reuses one message for the per-heartbeat fields).
 
     Args:
         arbiter_id: this replica's id.
         cluster: this replica's cluster identity.
     """
 
-    __slots__ = ("_arbiter_id", "_arbiters", "_cluster", "_standing", "_template")
+    __slots__ = ("_arbiter_id", "_arbiters", "_cluster", "_own", "_standing", "_template", "_wire")
 
     def __init__(self, arbiter_id: str, cluster: str) -> None:
         self._arbiter_id = arbiter_id
@@ -188,6 +221,8 @@ class AckBuilder:
         self._standing: Standing | None = None
         self._arbiters: ArbiterSet | None = None
         self._template = pb.HeartbeatAck()
+        self._wire = b""  # the template, serialised
+        self._own = pb.HeartbeatAck()  # the per-heartbeat fields, reused
 
     def template(self, standing: Standing, arbiters: ArbiterSet) -> pb.HeartbeatAck:
         """The shared part of every ack now (rebuilt when either argument is another object)."""
@@ -205,21 +240,23 @@ class AckBuilder:
                 arbiters=wire,
                 config_index=arbiters.index,
             )
+            self._wire = self._template.SerializeToString()
             self._standing, self._arbiters = standing, arbiters
         return self._template
 
     def ack(
         self, seq: int, verdict: HeartbeatVerdict, standing: Standing, arbiters: ArbiterSet
-    ) -> pb.HeartbeatAck:
-        """The ack of heartbeat ``seq`` given its verdict, the replica's standing and
-        the arbiter set in force."""
-        ack = pb.HeartbeatAck()
-        ack.CopyFrom(self.template(standing, arbiters))
-        ack.seq = seq
-        ack.lease_seconds = verdict.lease
-        ack.state = convert.state_to_pb(verdict.state)
-        ack.incarnation = verdict.incarnation
-        if verdict.grace_id:  # a grace window (arbiter/core/grace_windows.py rule 3)
-            ack.grace_seconds = verdict.grace
-            ack.grace_id = verdict.grace_id
-        return ack
+    ) -> bytes:
+        """The ack of heartbeat ``seq`` given its verdict, the replica's standing and the
+        arbiter set in force: a serialised ``HeartbeatAck`` (module rule 4)."""
+        if standing is not self._standing or arbiters is not self._arbiters:
+            self.template(standing, arbiters)
+        own = self._own
+        own.seq = seq
+        own.lease_seconds = verdict.lease
+        own.state = convert.state_to_pb(verdict.state)
+        own.incarnation = verdict.incarnation
+        # a grace window (arbiter/core/grace_windows.py rule 3); 0 is not on the wire
+        own.grace_seconds = verdict.grace if verdict.grace_id else 0.0
+        own.grace_id = verdict.grace_id
+        return self._wire + own.SerializeToString()

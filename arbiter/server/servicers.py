@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from arbiter.core.labelsets import LabelSets
 from arbiter.core.tally import ViewChange
 from arbiter.server import limits
 from arbiter.server.arbiterset import ArbiterSet
@@ -93,6 +94,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         self.degraded = DegradedMarks(driver, self.board, driver.config.degraded_policy())
         self._views = ViewEncoder(driver, self.board, self.degraded)
         self._acks = AckBuilder(driver.replica_id, cluster)
+        self._labelsets = LabelSets()  # one copy of each label set for every stream
         self._pruned_at = time.monotonic()
         # Queueing delay of the heartbeats read (arbiter/server/readlag.py): a lateness source.
         self.read_lag = ReadLag()
@@ -117,14 +119,15 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         return cluster_mismatch(self.cluster, self._driver.replica_id, expected, who)
 
     @checks_requests
-    async def Heartbeat(
+    async def Heartbeat(  # type: ignore[override]  # writes bytes (frames.add_membership_service)
         self,
         request_iterator: AsyncIterator[pb.HeartbeatRequest],  # or an Undecodable
         context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[pb.HeartbeatAck]:
+    ) -> AsyncIterator[bytes]:
         """One node's heartbeat stream: an ack for every heartbeat (the stream's checks of
         :mod:`arbiter.server.heartbeat_path` and :mod:`arbiter.server.limits`, then the
-        driver's verdict, in one call; the ack copied from the builder's template).
+        driver's verdict, in one call; the ack serialised from the builder's template,
+        sent as it is: :func:`arbiter.server.frames.add_membership_service`).
 
         A request that does not decode ends the stream (:mod:`arbiter.server.decoding`);
         under mutual TLS the caller must be allowed to speak for the first heartbeat's
@@ -139,7 +142,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         )
         if refusal is not None:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
-        checks = HeartbeatChecks(cfg, self.cluster, driver.replica_id)
+        checks = HeartbeatChecks(cfg, self.cluster, driver.replica_id, self._labelsets)
         vouch = not isinstance(self.authz, AllowAll)  # --insecure: nobody to ask
         self.heartbeat_streams += 1
         counters, last_at = driver.counters, None  # metrics: plain ints, no calls
@@ -178,26 +181,30 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                     # Throttled (limits rule 3): handled, and acked, once its token is there.
                     await asyncio.sleep(wait)
                     now = monotonic()
-                # The stream's interned node id and labels (heartbeat_path rule 5): the
-                # records the driver and the board keep share them.
-                node_id = checks.node_id
+                # The stream's interned node id, its one incarnation int and its labels
+                # (heartbeat_path rule 5): the records the driver and the board keep
+                # share them.
+                node_id, incarnation = checks.node_id, checks.incarnation
                 verdict, standing = driver.heartbeat(
-                    node_id, req.incarnation, checks.labels, req.interval_seconds or None, now
+                    node_id, incarnation, checks.labels, req.interval_seconds or None, now
                 )
                 if last_at is not None:
                     counters.interarrival.observe(now - last_at)
                 last_at = now
                 if verdict.accepted:
-                    board.update(node_id, req.incarnation, req.status, now)
+                    board.update(node_id, incarnation, req.status, now)
                     if now - self._pruned_at > 10.0:
                         self._pruned_at = now
                         board.prune(now)
                 counters.acks += 1
-                yield acks.ack(req.seq, verdict, standing, self.arbiters())
-                if verdict.accepted and not verdict.lease:  # resumed once the ack is sent
-                    driver.acked(
-                        node_id, req.incarnation, req.interval_seconds or None, monotonic()
-                    )
+                ack = acks.ack(req.seq, verdict, standing, self.arbiters())
+                slow_start = verdict.accepted and not verdict.lease
+                # The frame waits at the yield for as long as the node lives: what it
+                # holds there is held per node, and the next heartbeat needs no verdict.
+                del verdict, standing
+                yield ack
+                if slow_start:  # resumed once the ack is sent: the node waited for it
+                    driver.acked(node_id, incarnation, req.interval_seconds or None, monotonic())
         finally:
             self.heartbeat_streams -= 1
 

@@ -37,7 +37,8 @@ Rules:
 3. Each entry keeps the node's step history (:class:`arbiter.core.degraded.
    StepHistory`, over ``step_window`` seconds) from the ``step`` of every
    status that carries one, for the DEGRADED step-rate rule; a new
-   incarnation starts a new history.
+   incarnation starts a new history. An entry whose statuses never carried a
+   step has none (None: memory per node).
 4. ``heard`` is the last heartbeat of the entry's incarnation, whether or not
    it carried a status: ingest workers send a node's status along only when it
    changed or every 5 s (``arbiter/server/ingest/worker.py`` rule 2), and call
@@ -171,7 +172,7 @@ class StatusEntry:
         status: the reported status (a protobuf message, never mutated).
         heard: monotonic seconds of the last heartbeat carrying it.
         version: board version of the last change (rule 1).
-        steps: the node's step history (rule 3).
+        steps: the node's step history (rule 3); None until a status carries a step.
     """
 
     incarnation: int
@@ -181,7 +182,7 @@ class StatusEntry:
     # the status as of ``version`` (what rule 1 compares with): ``status`` itself while
     # they are equal, else its fields_of (rule 2)
     sent: pb.NodeStatus | dict[str, Any]
-    steps: StepHistory  # rule 3
+    steps: StepHistory | None  # rule 3
 
 
 class StatusBoard:
@@ -226,6 +227,8 @@ class StatusBoard:
                     entry.sent = status  # the same, held by the newer request (rule 2)
                 return
             if status.HasField("step"):
+                if entry.steps is None:
+                    entry.steps = StepHistory(self._step_window)
                 entry.steps.observe(status.step, now)
             was = sent if isinstance(sent, dict) else fields_of(sent)
             if not differs(was, fields_of(status), self._load_deadband, self._fraction_deadband):
@@ -235,8 +238,9 @@ class StatusBoard:
             entry.version, entry.sent = self._version, status
             return
         self._version += 1
-        steps = StepHistory(self._step_window)
+        steps = None
         if status.HasField("step"):
+            steps = StepHistory(self._step_window)
             steps.observe(status.step, now)
         self._entries[node_id] = StatusEntry(
             incarnation=incarnation,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import collections
 import random
 from collections.abc import Callable
 
@@ -154,9 +155,66 @@ def test_step_history_memory_is_bounded_whatever_the_rate() -> None:
     h = StepHistory(window=10.0)
     for i in range(100_000):
         h.observe(i, i * 0.001)  # 1,000 steps/s for 100 s
-    assert len(h._anchors) <= 18
+    assert h._times is not None and len(h._times) <= 18
     rate = h.rate(100.0)
     assert rate is not None and rate[0] == pytest.approx(1000.0, rel=0.01)
+    # A node that reports no step holds no anchors at all (one history per node).
+    quiet = StepHistory(window=10.0)
+    assert quiet.rate(50.0) is None and quiet._times is None
+
+
+class _DequeStepHistory:
+    """StepHistory as it was before its anchors became flat arrays: the reference."""
+
+    def __init__(self, window: float) -> None:
+        self._window = window
+        self._anchors: collections.deque[tuple[float, int]] = collections.deque()
+        self._last: int | None = None
+
+    def observe(self, step: int, now: float) -> None:
+        last = self._last
+        if last is not None and step < last:
+            self._anchors.clear()
+        elif step == last:
+            return
+        self._last = step
+        anchors = self._anchors
+        if not anchors or now - anchors[-1][0] >= self._window / 16:
+            anchors.append((now, step))
+        while len(anchors) >= 2 and anchors[1][0] <= now - self._window:
+            anchors.popleft()
+
+    def rate(self, now: float) -> tuple[float, int] | None:
+        anchors = self._anchors
+        while len(anchors) >= 2 and anchors[1][0] <= now - self._window:
+            anchors.popleft()
+        if not anchors or self._last is None:
+            return None
+        start, step = anchors[0]
+        span = now - start
+        if span < self._window:
+            return None
+        return (self._last - step) / span, self._last - step
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_step_history_rates_equal_the_deque_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    h, ref = StepHistory(window=10.0), _DequeStepHistory(window=10.0)
+    now, step = 0.0, 0
+    for _ in range(3_000):
+        now += rng.choice([0.0, 0.05, 0.3, 1.0, 4.0, 12.0])
+        r = rng.random()
+        if r < 0.45:
+            step += rng.choice([0, 1, 5, 2**40])
+            h.observe(step, now)
+            ref.observe(step, now)
+        elif r < 0.47:  # a restart from a checkpoint
+            step = rng.randrange(0, step + 1)
+            h.observe(step, now)
+            ref.observe(step, now)
+        else:
+            assert h.rate(now) == ref.rate(now)
 
 
 def _job(rates: dict[str, float], job: str = "j1") -> list[NodeSignals]:

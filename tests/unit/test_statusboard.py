@@ -229,12 +229,19 @@ def test_statusboard_keeps_each_incarnations_step_history() -> None:
     for t in range(12):
         board.update("n1", 7, _with(step=100 + 5 * t), now=float(t))
     entry = board.get("n1")
-    assert entry is not None
+    assert entry is not None and entry.steps is not None
     rate = entry.steps.rate(11.0)
     assert rate is not None and rate[0] == pytest.approx(5.0)
     board.update("n1", 8, _with(step=0), now=12.0)  # a new life: a new history
     entry = board.get("n1")
-    assert entry is not None and entry.steps.rate(13.0) is None
+    assert entry is not None and entry.steps is not None and entry.steps.rate(13.0) is None
+    # A node whose statuses carry no step keeps no history, until one does.
+    board.update("n2", 1, _with(load=1.0, step=None), now=0.0)
+    board.update("n2", 1, _with(load=2.0, step=None), now=1.0)
+    quiet = board.get("n2")
+    assert quiet is not None and quiet.steps is None
+    board.update("n2", 1, _with(load=2.0, step=3), now=2.0)
+    assert quiet.steps is not None and quiet.steps.rate(2.5) is None
 
 
 def test_statusboard_heard_without_status_moves_heard_of_that_incarnation_only() -> None:

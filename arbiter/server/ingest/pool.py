@@ -62,11 +62,13 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import grpc
 
+from arbiter.core.labelsets import LabelSets
 from arbiter.server import limits
 from arbiter.server.arbiterset import to_protos
 from arbiter.server.ingest import frames
@@ -119,7 +121,7 @@ class _Slot:
     proc: asyncio.subprocess.Process | None = None
     writer: asyncio.StreamWriter | None = None
     config_sent: int = -1
-    labels: dict[int, dict[str, str]] = field(default_factory=dict)
+    labels: dict[int, Mapping[str, str]] = field(default_factory=dict)
     ready: asyncio.Future[None] | None = None
     task: asyncio.Task[None] | None = None
 
@@ -140,6 +142,7 @@ class IngestPool:
         self.socket_dir = ""
         self._dir_fd = -1  # the socket directory's descriptor (rule 1)
         self._slots = [_Slot(WorkerStatistics(i)) for i in range(workers)]
+        self._labelsets = LabelSets()  # one copy of each label set for every stream
         self._stopping = False
         self._watchdog: asyncio.Task[None] | None = None
         self._pruned_at = time.monotonic()
@@ -346,8 +349,8 @@ class IngestPool:
         now = time.monotonic()
         board = api.board
         for token, node_id, incarnation, labels, interval, first, status in entries:
-            if labels is not None:  # kept per stream: interned, as the servicer's checks
-                labels_of[token] = {sys.intern(k): sys.intern(v) for k, v in labels}
+            if labels is not None:  # kept per stream: shared, as the servicer's checks
+                labels_of[token] = self._labelsets.mapping(labels)
             if first:
                 node_id = sys.intern(node_id)  # the one the records of the node keep
                 try:

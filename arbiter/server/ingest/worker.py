@@ -59,6 +59,7 @@ from typing import Any
 import grpc
 
 from arbiter.config import ArbiterConfig
+from arbiter.core.labelsets import LabelSets
 from arbiter.server import limits
 from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
 from arbiter.server.decoding import DecodeRefusal, Undecodable, checks_requests, refuse
@@ -100,6 +101,7 @@ class HeartbeatService:
         self.cluster: str = settings["identity"]
         self.index: int = settings["index"]
         self.max_streams = math.ceil(self.config.max_heartbeat_streams / settings["workers"])
+        self.labelsets = LabelSets()  # one copy of each label set for every stream
         self.batcher = batcher
         self.authz = authz
         self.closing = False
@@ -146,7 +148,8 @@ class HeartbeatService:
             )
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal or "")
         vouch = not isinstance(self.authz, AllowAll)  # --insecure: nobody to ask
-        checks = HeartbeatChecks(cfg, self.cluster, self.replica_id)  # the servicer's (rule 4)
+        # the servicer's checks (rule 4)
+        checks = HeartbeatChecks(cfg, self.cluster, self.replica_id, self.labelsets)
         self._tokens += 1
         token = self._tokens
         batcher.streams += 1
@@ -157,7 +160,7 @@ class HeartbeatService:
                 self.index,
                 os.getpid(),
             )
-        labels_of: Any = None  # the labels last sent (the checks' interned dict)
+        labels_of: Any = None  # the labels last sent (the checks' shared mapping)
         status_of: pb.NodeStatus | None = None  # the status last sent
         status_at = 0.0
         ack = pb.HeartbeatAck()
@@ -190,7 +193,7 @@ class HeartbeatService:
                 if wait > 0:
                     await asyncio.sleep(wait)  # throttled (limits rule 3)
                 labels = None
-                if checks.labels is not labels_of:  # a new dict: the labels changed
+                if checks.labels is not labels_of:  # another mapping: the labels changed
                     labels_of = checks.labels
                     labels = tuple(labels_of.items())
                 status = None
