@@ -195,3 +195,35 @@ def test_ingest_ack_from_cached_parts_decodes_as_the_whole_ack() -> None:
         arbiters=arbiters, config_index=12,
     )  # fmt: skip
     assert pb.HeartbeatAck.FromString(st.base + own.SerializeToString()) == whole
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_ingest_status_update_sends_as_before_and_keeps_no_older_request(seed: int) -> None:
+    """worker.py rules 2 and 4: what a stream sends is what comparing with the last status
+    sent decided, and what it keeps is the current request's status or plain values."""
+    from arbiter.server.ingest.worker import status_update
+    from arbiter.server.statusboard import changed
+    from membership.v1 import membership_pb2 as pb
+
+    rng = random.Random(seed)
+    kept: object = None
+    sent_last: pb.NodeStatus | None = None  # the reference: the message last sent, kept
+    for i in range(400):
+        req = pb.HeartbeatRequest(
+            status=pb.NodeStatus(
+                load=rng.choice([1.0, 1.02, 1.05, 1.3, 2.0]),
+                phase=rng.choice(["train", "train", "eval"]),
+                step=i // 3,
+            )
+        )
+        current = req.status
+        refresh = rng.random() < 0.05
+        send, kept = status_update(kept, current, refresh)  # type: ignore[arg-type]
+        expected = sent_last is None or refresh or changed(sent_last, current)
+        assert send is expected
+        if send:
+            sent_last = pb.NodeStatus()
+            sent_last.CopyFrom(current)
+            assert kept is current
+        else:
+            assert kept is current or isinstance(kept, dict)

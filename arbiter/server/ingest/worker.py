@@ -31,6 +31,10 @@ Rules:
    the batch's common fields, encoded once per batch, followed by the
    heartbeat's own (seq, lease, state, incarnation): protobuf's wire format
    merges concatenated messages, so the bytes decode to the same ack.
+   Memory (a stream lives as long as its node): the message of the
+   heartbeat's own fields is one for the whole worker, and the status last
+   sent is kept as the current request's while equal to it, else as plain
+   values, never as an older request's (statusboard rule 2).
 5. It lives no longer than the consensus process: PR_SET_PDEATHSIG, and it
    exits when its channel closes. It ignores SIGINT, SIGHUP and SIGTERM (a
    group's signals reach the consensus process, which tells it; lifetime.py);
@@ -72,11 +76,18 @@ from arbiter.server.limits import LimitExceeded
 from arbiter.server.load import LoadMonitor
 from arbiter.server.replies import deny
 from arbiter.server.shedding import PUSHBACK_KEY
-from arbiter.server.statusboard import changed
+from arbiter.server.statusboard import changed, differs, fields_of
 from membership.errors import InvalidArgument
 from membership.v1 import membership_pb2 as pb
 
-__all__ = ["HEARTBEAT_METHOD", "STATUS_REFRESH", "HeartbeatService", "main", "serve"]
+__all__ = [
+    "HEARTBEAT_METHOD",
+    "STATUS_REFRESH",
+    "HeartbeatService",
+    "main",
+    "serve",
+    "status_update",
+]
 
 log = logging.getLogger("arbiter.ingest")
 
@@ -84,6 +95,37 @@ HEARTBEAT_METHOD = "/membership.v1.Membership/Heartbeat"
 # Seconds after which a node's status is sent again though unchanged (rule 2):
 # the board prunes a node it has not heard for 60 s (statusboard.py rule 2).
 STATUS_REFRESH = 5.0
+
+
+def status_update(
+    last: pb.NodeStatus | dict[str, Any] | None, current: pb.NodeStatus, refresh: bool
+) -> tuple[bool, pb.NodeStatus | dict[str, Any]]:
+    """Whether a stream sends ``current`` to the consensus process (rule 2), and what it
+    keeps as the status last sent (rule 4).
+
+    Args:
+        last: what the stream kept of the status it last sent (None: none sent).
+        current: the status of the heartbeat just read.
+        refresh: ``STATUS_REFRESH`` seconds passed since the last one sent.
+
+    Returns:
+        (send ``current``, what to keep now): ``current`` itself when sent or
+        equal to the one last sent, else the plain values
+        (:func:`arbiter.server.statusboard.fields_of`) of the one last sent,
+        never an older request's submessage.
+    """
+    if last is None or refresh:
+        return True, current
+    if isinstance(last, dict):
+        values = fields_of(current)
+        if values == last:
+            return False, current  # the same again: the current request holds it
+        return (True, current) if differs(last, values) else (False, last)
+    if current == last:
+        return False, current
+    if changed(last, current):
+        return True, current
+    return False, fields_of(last)
 
 
 class HeartbeatService:
@@ -102,6 +144,9 @@ class HeartbeatService:
         self.index: int = settings["index"]
         self.max_streams = math.ceil(self.config.max_heartbeat_streams / settings["workers"])
         self.labelsets = LabelSets()  # one copy of each label set for every stream
+        # The acks' own fields, set and serialised with no await in between: one
+        # message for every stream of this worker's loop, not one per stream.
+        self._ack = pb.HeartbeatAck()
         self.batcher = batcher
         self.authz = authz
         self.closing = False
@@ -161,9 +206,11 @@ class HeartbeatService:
                 os.getpid(),
             )
         labels_of: Any = None  # the labels last sent (the checks' shared mapping)
-        status_of: pb.NodeStatus | None = None  # the status last sent
+        # The status last sent: the current request's while equal to it, else its plain
+        # values (statusboard rule 2: a submessage holds its whole request).
+        status_of: pb.NodeStatus | dict[str, Any] | None = None
         status_at = 0.0
-        ack = pb.HeartbeatAck()
+        ack = self._ack
         last_at = None  # the stream's previous heartbeat (the inter-arrival histogram)
         try:
             async for req in requests:
@@ -197,12 +244,11 @@ class HeartbeatService:
                     labels_of = checks.labels
                     labels = tuple(labels_of.items())
                 status = None
-                if (
-                    status_of is None
-                    or now - status_at > STATUS_REFRESH
-                    or changed(status_of, req.status)
-                ):
-                    status, status_of, status_at = req.status.SerializeToString(), req.status, now
+                send, status_of = status_update(
+                    status_of, req.status, now - status_at > STATUS_REFRESH
+                )
+                if send:
+                    status, status_at = req.status.SerializeToString(), now
                 try:
                     verdict, st = await batcher.ask(
                         (token, checks.node_id, req.incarnation, labels, req.interval_seconds,
