@@ -17,9 +17,9 @@ Layers (``tests/unit/test_layering.py`` checks them):
 
 A heartbeat, on every replica the node streams to:
 
-1. ``server/servicers.py`` (``MembershipServicer.Heartbeat``) decodes and
+1. ``server/api/servicers.py`` (``MembershipServicer.Heartbeat``) decodes and
    checks the request, then calls
-2. ``server/driver.py`` (``Driver.on_heartbeat``) with the clock's ``now``,
+2. ``server/consensus/driver.py`` (``Driver.on_heartbeat``) with the clock's ``now``,
    which calls
 3. ``core/replica.py`` (``Replica.heartbeat``), then ``core/observer.py``
    (``Observer.heartbeat``). The replica's opinion of the node is ALIVE at
@@ -39,13 +39,13 @@ Each turn of the driver's loop (``Driver._turn``):
 2. The owed observations go into an ``ObserveBatch`` (``core/commands.py``),
    which goes to ``RaftNode.propose`` (``core/raft/``; a follower forwards
    it to the leader).
-3. Raft's ``Ready`` is handled in order: persist (``server/storage.py``,
-   fsync), send (``server/peers.py``), apply.
+3. Raft's ``Ready`` is handled in order: persist (``server/consensus/storage.py``,
+   fsync), send (``server/consensus/peers.py``), apply.
 4. ``Replica.advance`` applies the committed entries to ``MembershipState``
    (``core/tally.py``, the tally). An entry that changes the view makes a
    ``ViewChange`` at the next epoch.
 5. The change goes through ``Driver`` ``on_change`` and ``server/app.py`` to
-   ``server/hub.py`` (``Hub.publish``), which queues it for every
+   ``server/fanout/hub.py`` (``Hub.publish``), which queues it for every
    subscription. The servicer's ``Subscribe`` streams it to the subscribers.
 
 A death: the node goes silent, so no heartbeat moves its deadline. Once the
@@ -55,7 +55,7 @@ observation is proposed and committed like any other. On every replica the
 tally declares the node DEAD when a quorum of replicas' latest observations
 of it are SUSPECT (one opinion never is enough), and the hub publishes the
 new epoch. The node, which lost its acks, was fenced by its own SDK
-(``membership/session.py``) as soon as it held leases from fewer than a
+(``membership/_node/session.py``) as soon as it held leases from fewer than a
 quorum of replicas, before the cluster could declare it dead.
 
 Public names are in ``__all__``. They are imported on first use, because

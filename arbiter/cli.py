@@ -12,7 +12,7 @@ Rules:
 2. ``--data-dir`` is required: a replica's Raft state is where the operator
    says (as etcd's ``--data-dir``), never a default shared by every cluster
    started on the machine. ``--peers`` counts at the first start only; after
-   it the stored configuration wins (arbiter/server/stored.py): a data dir
+   it the stored configuration wins (arbiter/server/consensus/stored.py): a data dir
    that holds state is checked against it (``--listen`` at this replica's
    stored address, exit 1 otherwise), not against ``--peers``.
 3. SIGINT and SIGTERM stop the replica gracefully in every phase, start-up
@@ -25,19 +25,19 @@ Rules:
    SIGHUP re-reads the TLS files for new connections (streams stay up; bad
    files are logged as an ERROR and the old ones kept).
 5. ``--metrics-listen HOST:PORT`` (or ``MEMBERSHIP_METRICS_LISTEN``; the flag
-   wins) serves Prometheus metrics at ``/metrics`` (arbiter/server/metrics.py);
+   wins) serves Prometheus metrics at ``/metrics`` (arbiter/server/ops/metrics.py);
    off by default. A malformed address, or the ``--listen`` address itself,
    is a usage error (exit 2); one that cannot be bound exits 1, before the
    data dir is touched.
 6. ``--restore FILE`` starts a new group from a backup into an empty data
-   dir (arbiter/server/backup.py, rules 3 to 5); ``--check-config`` checks
+   dir (arbiter/server/ops/backup.py, rules 3 to 5); ``--check-config`` checks
    the file too and prints the new group's identity. A bad file or a
    non-empty data dir is exit 1.
 7. ``--health-listen HOST:PORT`` serves the health service alone in
-   plaintext (arbiter/server/health_port.py), from start to stop.
+   plaintext (arbiter/server/ops/health_port.py), from start to stop.
 8. ``--join ADDR[,ADDR...]`` instead of ``--peers``: a replica added with
    ``membership admin arbiters add`` joins the running group
-   (arbiter/server/joining.py); a data dir that already holds state just
+   (arbiter/server/ops/joining.py); a data dir that already holds state just
    restarts from its stored configuration. A replica removed from the group
    logs it at WARNING and exits 0.
 9. ``--event-loop auto|asyncio|uvloop`` (arbiter/server/eventloop.py):
@@ -66,9 +66,10 @@ from typing import Any, TypeVar
 
 from arbiter.config import ArbiterConfig
 from arbiter.workers import ingest_worker_count, parse_ingest_workers
-from membership.commands import EXIT_FAILURE, EXIT_OK, Interrupt
-from membership.errors import InvalidArgument
-from membership.tls import LoadedTLS, add_tls_flags, describe, load, resolve_args
+from membership.shared.errors import InvalidArgument
+from membership.shared.exits import EXIT_FAILURE, EXIT_OK
+from membership.shared.interrupt import Interrupt
+from membership.shared.tls import LoadedTLS, add_tls_flags, describe, load, resolve_args
 
 __all__ = ["register"]
 
@@ -259,7 +260,7 @@ def register(sub: Any) -> None:
         metavar="HOST:PORT",
         default=None,
         help="also serve the gRPC health service alone, in plaintext, here (for Kubernetes' "
-        "grpc probe, which cannot do mutual TLS; see arbiter/server/health_port.py)",
+        "grpc probe, which cannot do mutual TLS; see arbiter/server/ops/health_port.py)",
     )
     p.add_argument(
         "--event-loop",
@@ -299,8 +300,8 @@ def _config(args: argparse.Namespace) -> ArbiterConfig:
     base = ArbiterConfig.local() if args.preset == "local" else ArbiterConfig.lan()
     overrides: dict[str, Any] = {"cluster": args.cluster}
     if args.metrics_listen:
-        from arbiter.server.app import split_host_port
-        from membership.validation import parse_address
+        from arbiter.server.net.addresses import split_host_port
+        from membership.shared.validation import parse_address
 
         try:
             metrics_listen = parse_address(args.metrics_listen)
@@ -337,9 +338,9 @@ def run(args: argparse.Namespace, interrupt: Interrupt) -> Any:
 
 
 async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
-    from arbiter.server.app import check_listen, cluster_identity, parse_peers
-    from arbiter.server.storage import DB_NAME
-    from membership.validation import parse_address
+    from arbiter.server.consensus.storage import DB_NAME, cluster_identity
+    from arbiter.server.net.addresses import check_listen, parse_peers
+    from membership.shared.validation import parse_address
 
     join = [] if args.join is None else [parse_address(a) for a in args.join.split(",") if a]
     if args.join is not None and not join:
@@ -356,7 +357,7 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
     config = _config(args)
     if args.id not in peers:
         raise InvalidArgument(f"--id {args.id!r} is not in --peers ({', '.join(peers)})")
-    from arbiter.server.security import check_replica_cert
+    from arbiter.server.net.security import check_replica_cert
 
     files = resolve_args(args, f"arbiter {args.id}")
     loaded = None if files is None else load(files)
@@ -383,7 +384,7 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
             "health_listen": health_listen or "off",
         }
         if args.restore is not None:
-            from arbiter.server.backup import check_restore, restored_identity
+            from arbiter.server.ops.backup import check_restore, restored_identity
 
             snap, _ = check_restore(args.restore, cluster=config.cluster, replica_ids=list(peers))
             settings["cluster_identity"] = restored_identity(config.cluster, peers, snap)
@@ -455,7 +456,7 @@ async def _serve(
     join: list[str] | None = None,
 ) -> int:
     from arbiter.server.app import ArbiterServer
-    from arbiter.server.health_port import start_health_port
+    from arbiter.server.ops.health_port import start_health_port
 
     server = ArbiterServer(
         replica_id=replica_id,

@@ -2,7 +2,7 @@
 
 Timings are in seconds. The relations that must hold between them are
 checked by :meth:`ArbiterConfig.validate` (the style of etcd's config checks;
-they are in :mod:`arbiter.config_checks`).
+they are in :mod:`arbiter.config`).
 
 Detection time D (kill of a node to its suspicion by a replica) is about
 ``heartbeat_interval * missed_heartbeats``; a DEAD is committed one Raft round
@@ -12,15 +12,28 @@ trip later (milliseconds on a LAN) once a quorum of replicas suspect.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
-from arbiter.config_checks import check
 from arbiter.core.degraded import DegradedPolicy
-from arbiter.core.detection import FailureDetector, LoadPolicy
+from arbiter.core.detection import (
+    FailureDetector,
+    LoadPolicy,
+    MissedHeartbeatDetector,
+    PhiAccrualDetector,
+    threshold_sigmas,
+)
 from arbiter.core.raft import RaftConfig
 from arbiter.core.replica import ReplicaSettings
 from arbiter.core.retention import RetentionPolicy
-from arbiter.detectors import make_detector
+from arbiter.workers import check_ingest_workers
+from membership.shared.errors import InvalidArgument
+from membership.shared.validation import (
+    MIN_KEEPALIVE_TIME,
+    MIN_KEEPALIVE_TIMEOUT,
+    parse_address,
+    validate_cluster_name,
+)
 
 __all__ = ["ArbiterConfig"]
 
@@ -61,7 +74,7 @@ class ArbiterConfig:
     # raised to the lease at it (grace).
     max_heartbeat_interval: float = 0.6
     # Utilisation (the fraction of the time the replica's event loop is busy,
-    # on a CPU or waiting for one: arbiter/server/load.py) the adaptive
+    # on a CPU or waiting for one: arbiter/server/load/monitor.py) the adaptive
     # interval aims at: above target x 1.25 it grows at once by enough steps,
     # below target / 1.5 for 10 s it comes down one step (interval rule 4).
     load_target: float = 0.6
@@ -90,8 +103,8 @@ class ArbiterConfig:
     # suspect it, and a node that believes it holds a quorum of leases must
     # never be DEAD (the fencing rule, docs/architecture.md), so it may not count a late lease. A
     # longer lease needs a longer D for every node. Replicas are kept from
-    # going deaf instead (fsync off the loop: arbiter/server/writer.py; stalls
-    # logged: arbiter/server/looplag.py); five replicas leave such a node a
+    # going deaf instead (fsync off the loop: arbiter/server/consensus/writer.py; stalls
+    # logged: arbiter/server/load/looplag.py); five replicas leave such a node a
     # margin of one late replica.
     lease_fraction: float = 1.0
     # After a restart with durable state a replica casts no suspicion for this
@@ -138,7 +151,7 @@ class ArbiterConfig:
     # this often (seconds), so idle middleboxes keep it and the subscriber
     # can tell a silent stream from a dead one: subscribers abandon a stream
     # silent for 2.5 intervals (3 s at least) and report that they lost
-    # contact after 3 s (membership.config.ClientConfig). Costs one small
+    # contact after 3 s (membership._config.ClientConfig). Costs one small
     # message per idle subscriber per interval.
     progress_interval: float = 1.0
     # Subscribers that opt in to status events receive the nodes whose status
@@ -179,15 +192,15 @@ class ArbiterConfig:
     # subscriber snapshot), so 5,000 are ~9 MB and ~1.2 MB of snapshot.
     max_tombstones: int = 5_000
 
-    # --- limits: the wire contract (docs/protocol.md; arbiter/server/limits.py) --
+    # --- limits: the wire contract (docs/protocol.md; arbiter/server/api/limits.py) --
     # Each is enforced on every call; breaking one ends only the offending
     # call, with a status whose message starts with the limit's name.
     #
     # Largest request a node, subscriber or other client may send, on every
     # RPC but the replicas' own (bytes): a larger one ends its call with
     # RESOURCE_EXHAUSTED "max_message_bytes: ..." before it is decoded
-    # (arbiter/server/decoding.py). A heartbeat at every label and status
-    # limit (membership/validation.py) is under 12 KiB; 64 KiB leaves room
+    # (arbiter/server/api/decoding.py). A heartbeat at every label and status
+    # limit (membership/shared/validation.py) is under 12 KiB; 64 KiB leaves room
     # and keeps what one call can make the replica decode small.
     max_message_bytes: int = 64 * 1024
     # Largest message gRPC takes in at all (bytes; its
@@ -225,7 +238,7 @@ class ArbiterConfig:
     max_nodes: int = 10_000
     # Heartbeat streams open on one replica at once. Two per node at
     # max_nodes: a node opens a second stream beside a late one (hedging,
-    # membership/heartbeats.py), and after a network blip the server keeps a
+    # membership/_node/heartbeats.py), and after a network blip the server keeps a
     # node's old stream until keepalive ends it (15 s) while the node's new
     # one is open. A stream costs about 28 KiB here (gRPC's call and HTTP/2
     # stream, the handler: bench/limits_memory.py), so the limit bounds them
@@ -273,7 +286,7 @@ class ArbiterConfig:
     # core); >= MIN_KEEPALIVE_TIMEOUT (1 s). keepalive_time is also the ping
     # interval of this replica's channels to the other replicas, so it must
     # be >= MIN_KEEPALIVE_TIME (4 s), which every arbiter accepts.
-    # What each layer covers: membership.config.ClientConfig.channel_options.
+    # What each layer covers: membership._config.ClientConfig.channel_options.
     keepalive_time: float = 10.0
     keepalive_timeout: float = 5.0
     # The server accepts a client's pings this often at most (seconds), and
@@ -289,10 +302,10 @@ class ArbiterConfig:
     # Seconds given to open streams on shutdown before they are cancelled.
     shutdown_grace: float = 1.0
     # Loop lag (seconds) logged at WARNING with what the loop thread was doing
-    # (arbiter/server/looplag.py): a stall is deafness, no ack leaves meanwhile.
+    # (arbiter/server/load/looplag.py): a stall is deafness, no ack leaves meanwhile.
     loop_lag_warning: float = 0.2
     # host:port to serve Prometheus metrics on at /metrics (plain HTTP;
-    # arbiter/server/metrics.py lists them); "" serves none. Off by default:
+    # arbiter/server/ops/metrics.py lists them); "" serves none. Off by default:
     # the endpoint has no authentication (the gRPC port's mutual TLS does not
     # cover it) and tells whoever reaches it the group's leader, size and
     # churn, so an operator opens it on purpose, where only the scraper reaches.
@@ -383,7 +396,7 @@ class ArbiterConfig:
 
     def detector(self) -> FailureDetector:
         """A new failure detector of kind :attr:`detector_kind` with this configuration's
-        timings (:func:`arbiter.detectors.make_detector` says how each is tuned to D)."""
+        timings (:func:`arbiter.config.make_detector` says how each is tuned to D)."""
         return make_detector(self.detector_kind, self.heartbeat_interval, self.missed_heartbeats)
 
     def validate(self) -> ArbiterConfig:
@@ -397,3 +410,185 @@ class ArbiterConfig:
         """
         check(self)
         return self
+
+
+def check(config: ArbiterConfig) -> None:
+    """Checks every value of ``config`` and the relations between them.
+
+    Raises:
+        InvalidArgument: naming the field and the rule it breaks.
+    """
+    positive = (
+        "heartbeat_interval",
+        "observation_retry",
+        "raft_heartbeat_interval",
+        "election_timeout",
+        "progress_interval",
+        "status_interval",
+        "max_heartbeat_rate",
+        "heartbeat_rate_margin",
+        "subscriber_write_timeout",
+        "heartbeat_budget",
+        "keepalive_time",
+        "keepalive_timeout",
+        "min_ping_interval",
+        "loop_lag_warning",
+        "shed_lateness",
+        "shed_retry_after",
+        "max_grace",
+    )
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name == "tombstone_retention" and value == math.inf:
+            continue  # forget by count only (README, "Bounded history")
+        if isinstance(value, float | int) and not math.isfinite(value):
+            raise InvalidArgument(f"{f.name} must be a finite number, got {value}")
+    for name in positive:
+        if not getattr(config, name) > 0:
+            raise InvalidArgument(f"{name} must be > 0, got {getattr(config, name)}")
+    if config.metrics_listen:
+        try:
+            parse_address(config.metrics_listen)
+        except InvalidArgument as e:
+            raise InvalidArgument(f"metrics_listen: {e}") from None
+    if config.missed_heartbeats < 2:
+        raise InvalidArgument(
+            f"missed_heartbeats must be >= 2 (one late heartbeat must not suspect), "
+            f"got {config.missed_heartbeats}"
+        )
+    if config.max_heartbeat_interval < config.heartbeat_interval:
+        raise InvalidArgument(
+            f"max_heartbeat_interval ({config.max_heartbeat_interval}s) must be >= "
+            f"heartbeat_interval ({config.heartbeat_interval}s)"
+        )
+    if not 0 < config.load_target < 1:
+        raise InvalidArgument(f"load_target must be in (0, 1), got {config.load_target}")
+    if not config.load_target < config.shed_utilisation <= 1:
+        raise InvalidArgument(
+            f"shed_utilisation must be in (load_target, 1] (the interval reacts first, "
+            f"shedding after), got {config.shed_utilisation} with load_target {config.load_target}"
+        )
+    for name in ("restart_grace", "observation_batch_interval", "max_ping_strikes"):
+        if getattr(config, name) < 0:
+            raise InvalidArgument(f"{name} must be >= 0, got {getattr(config, name)}")
+    if not 0 < config.lease_fraction <= 1:
+        raise InvalidArgument(
+            f"lease_fraction must be in (0, 1]: a lease longer than D would promise "
+            f"what the detector cannot keep; got {config.lease_fraction}"
+        )
+    if config.lease < 2 * config.heartbeat_interval:
+        raise InvalidArgument(
+            f"the lease ({config.lease:.3f}s = missed_heartbeats x heartbeat_interval x "
+            f"lease_fraction) must be >= 2 x heartbeat_interval ({config.heartbeat_interval}s): "
+            "a shorter lease would fence healthy nodes between two heartbeats"
+        )
+    if config.election_timeout <= 2 * config.raft_heartbeat_interval:
+        raise InvalidArgument(
+            f"election_timeout ({config.election_timeout}s) must be > 2 x "
+            f"raft_heartbeat_interval ({config.raft_heartbeat_interval}s)"
+        )
+    if config.detector_kind not in ("missed", "phi"):
+        raise InvalidArgument(
+            f"detector_kind must be 'missed' or 'phi', got {config.detector_kind!r}"
+        )
+    if config.snapshot_every < 1:
+        raise InvalidArgument(f"snapshot_every must be >= 1, got {config.snapshot_every}")
+    if not config.tombstone_retention >= 0 or config.max_tombstones < 0:
+        raise InvalidArgument(
+            f"tombstone_retention must be >= 0 seconds and max_tombstones >= 0, got "
+            f"{config.tombstone_retention} and {config.max_tombstones}"
+        )
+    if config.history_size < 1 or config.subscriber_queue < 8:
+        raise InvalidArgument("history_size must be >= 1 and subscriber_queue >= 8")
+    if config.max_heartbeat_rate < 2 / config.heartbeat_interval:
+        raise InvalidArgument(
+            f"heartbeat_interval ({config.heartbeat_interval}s) must be >= "
+            f"{2 / config.max_heartbeat_rate:g}s: streams are cut above max_heartbeat_rate "
+            f"({config.max_heartbeat_rate:g}/s), which must allow twice the heartbeat rate"
+        )
+    if config.max_message_bytes < 48 * 1024:
+        raise InvalidArgument(
+            f"max_message_bytes must be >= 49152 (a heartbeat at every label and status "
+            f"limit must fit, with room), got {config.max_message_bytes}"
+        )
+    if config.max_peer_message_bytes < config.max_message_bytes:
+        raise InvalidArgument(
+            f"max_peer_message_bytes ({config.max_peer_message_bytes}) must be >= "
+            f"max_message_bytes ({config.max_message_bytes}): it is the limit of the whole port"
+        )
+    for name in ("max_nodes", "max_heartbeat_streams", "max_subscribers"):
+        if getattr(config, name) < 1:
+            raise InvalidArgument(f"{name} must be >= 1, got {getattr(config, name)}")
+    check_ingest_workers(config.ingest_workers)
+    if config.max_concurrent_streams < 4:
+        raise InvalidArgument(
+            f"max_concurrent_streams must be >= 4 (a client's watch, its hedged "
+            f"subscription and a unary call share a connection), "
+            f"got {config.max_concurrent_streams}"
+        )
+    validate_cluster_name(config.cluster)
+    if config.min_ping_interval > MIN_KEEPALIVE_TIME:
+        raise InvalidArgument(
+            f"min_ping_interval ({config.min_ping_interval}s) must be <= {MIN_KEEPALIVE_TIME}s: "
+            "nodes may ping that often, and faster pings than min_ping_interval earn "
+            "them GOAWAY too_many_pings"
+        )
+    if config.keepalive_time < MIN_KEEPALIVE_TIME:
+        raise InvalidArgument(
+            f"keepalive_time ({config.keepalive_time}s) must be >= {MIN_KEEPALIVE_TIME}s: "
+            "replicas ping each other at that interval, and another replica accepts "
+            "pings no more often"
+        )
+    if config.keepalive_timeout < MIN_KEEPALIVE_TIMEOUT:
+        raise InvalidArgument(
+            f"keepalive_timeout ({config.keepalive_timeout}s) must be >= "
+            f"{MIN_KEEPALIVE_TIMEOUT}s: it is also the sockets' TCP_USER_TIMEOUT, and a "
+            "shorter one aborts healthy connections on a few retransmissions"
+        )
+    config.raft().validate()
+    config.degraded_policy().validate()
+
+
+# Phi accrual parameters, fixed (not tunables): Akka's threshold and window,
+# and a deviation floor of a quarter interval (the cold-start deviation).
+_PHI_THRESHOLD = 8.0
+_PHI_MAX_SAMPLES = 200
+_PHI_MIN_STD_FRACTION = 0.25
+
+
+def make_detector(kind: str, interval: float, missed: float) -> FailureDetector:
+    """A new failure detector of ``kind`` for heartbeats every ``interval`` seconds,
+    suspecting after ``missed`` intervals (D = interval x missed).
+
+    ``"missed"``: :class:`MissedHeartbeatDetector` suspecting after
+    ``missed_heartbeats`` intervals, i.e. at D.
+
+    ``"phi"``: :class:`PhiAccrualDetector` with threshold 8, a window of
+    200 samples, ``min_std_deviation = H / 4`` and a first-heartbeat
+    estimate of H (H = heartbeat_interval). Its acceptable pause is chosen
+    so that a clean silence after perfectly regular heartbeats (fitted
+    deviation below the floor) is suspected at D, like the missed-count
+    detector: the phi deadline is ``H + pause + y8 * H / 4`` where
+    ``y8 ~ 5.23`` is the number of deviations at which phi reaches 8, so
+    ``pause = D - H - y8 * H / 4`` (about 2.69 H, 0.40 s, by default).
+    Jittery heartbeats raise the deviation and so delay suspicion beyond
+    D; a node killed after its first heartbeat (window seeded with
+    deviation H / 4) is suspected at D too. If D < H * (1 + y8 / 4)
+    (missed_heartbeats below ~2.31) the pause is 0 and suspicion comes at
+    ``H * (1 + y8 / 4)``, a little after D; a hold (lease) is honoured
+    either way.
+    """
+    suspect_after = interval * missed
+    if kind == "phi":
+        h = interval
+        min_std = h * _PHI_MIN_STD_FRACTION
+        y = threshold_sigmas(_PHI_THRESHOLD)
+        return PhiAccrualDetector(
+            interval=h,
+            threshold=_PHI_THRESHOLD,
+            max_sample_size=_PHI_MAX_SAMPLES,
+            min_std_deviation=min_std,
+            acceptable_heartbeat_pause=max(0.0, suspect_after - h - y * min_std),
+            first_heartbeat_estimate=h,
+        )
+    return MissedHeartbeatDetector(interval=interval, missed_limit=missed)

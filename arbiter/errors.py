@@ -17,10 +17,10 @@ callers that catch ``ValueError`` or ``OSError`` keep working:
   membership state.
 * ``arbiter.core.replica.RestoreError`` (``ValueError``): a snapshot does not
   fit this replica.
-* ``arbiter.server.storage.StorageError`` (``OSError``): the data directory
+* ``arbiter.server.consensus.storage.StorageError`` (``OSError``): the data directory
   cannot be used.
 
-A bad setting is :class:`membership.errors.InvalidArgument`, the SDK's error,
+A bad setting is :class:`membership.shared.errors.InvalidArgument`, the SDK's error,
 as the arbiter validates its settings with the rules the client uses. A broken
 invariant of a replica's own state (a caller bug) is an ``AssertionError``,
 never an ``ArbiterError``.

@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from membership.errors import InvalidArgument
+from membership.shared.errors import InvalidArgument
 
 __all__ = [
     "MAX_INGEST_WORKERS",

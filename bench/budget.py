@@ -4,7 +4,7 @@ Part 1, real runs (loopback): for each ``--nodes`` N, one replica (a group of
 one) runs in this process and a load generator in a child process opens one
 real heartbeat stream per node and follows ``next_interval_seconds`` as the
 SDK does (and declares it in ``interval_seconds``). Every second the
-replica's utilisation (arbiter/server/load.py rule 1), suggested interval and
+replica's utilisation (arbiter/server/load/monitor.py rule 1), suggested interval and
 received heartbeats/s are read; the table gives the last third of the run.
 ``--budget`` lowers the heartbeat budget so that the count rule and the load
 rule both act at node counts a Python load generator can drive on 2 cores.
@@ -38,9 +38,9 @@ import grpc
 from arbiter.config import ArbiterConfig
 from arbiter.core.detection.interval import IntervalGovernor
 from arbiter.server.app import ArbiterServer
-from arbiter.server.load import busy_seconds
-from membership.backoff import retry_pushback
-from membership.localcluster import free_ports
+from arbiter.server.load.monitor import busy_seconds
+from membership.shared.backoff import retry_pushback
+from membership.testing.localcluster import free_ports
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from membership.localcluster import die_with_parent
+from membership.testing.localcluster import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
 T0 = time.monotonic()
@@ -214,7 +214,7 @@ class Subscriber:
         self.quorum_changes: list[str] = []
 
     async def run(self) -> None:
-        from membership.view import MemberState, QuorumChanged, ViewChanged, ViewSnapshot
+        from membership.shared.view import MemberState, QuorumChanged, ViewChanged, ViewSnapshot
 
         async for ev in self.client.watch():
             now = time.monotonic()

@@ -29,7 +29,7 @@ from detection_common import (
     wait_event,
 )
 
-from membership.localcluster import free_ports
+from membership.testing.localcluster import free_ports
 
 # --- etcd ----------------------------------------------------------------------------------------
 

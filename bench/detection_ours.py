@@ -33,7 +33,7 @@ from detection_common import (
     say,
 )
 
-from membership.localcluster import (
+from membership.testing.localcluster import (
     LocalCluster,
     node_args,
     wait_leader,
@@ -131,7 +131,7 @@ class Ours:
     # --- phases
 
     async def run(self) -> list[Row]:
-        from membership.client import MembershipClient, reap
+        from membership._client import MembershipClient, reap
 
         args = self.args
         client = None
@@ -418,7 +418,7 @@ class Ours:
             await self._kill_one(row)
 
     async def _soak(self) -> Row:
-        from membership.client import reap
+        from membership._client import reap
 
         args = self.args
         row = Row("ours-soak", "ours, during the soak (pauses, CPU bursts, jitter)")

@@ -71,7 +71,7 @@ from scale_common import (
     wait_until,
 )
 
-from membership.localcluster import LocalCluster, free_ports
+from membership.testing.localcluster import LocalCluster, free_ports
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HISTOGRAM = "membership_commit_to_subscriber_seconds"

@@ -64,16 +64,17 @@ async def _serve(args: argparse.Namespace) -> None:
 
     from arbiter.config import ArbiterConfig
     from arbiter.core.tally import ViewChange
-    from arbiter.server.app import PEER_SERVICE, server_options
-    from arbiter.server.counters import Counters
-    from arbiter.server.decoding import DecodeRefusal
-    from arbiter.server.driver import ReplicaStatus
-    from arbiter.server.hub import Hub, HubStatus
-    from arbiter.server.servicers import MembershipServicer
-    from membership import convert
+    from arbiter.server.api.decoding import DecodeRefusal
+    from arbiter.server.api.servicers import MembershipServicer
+    from arbiter.server.app import PEER_SERVICE
+    from arbiter.server.consensus.counters import Counters
+    from arbiter.server.consensus.driver import ReplicaStatus
+    from arbiter.server.fanout.hub import Hub, HubStatus
+    from arbiter.server.net.options import server_options
+    from membership.shared import convert
+    from membership.shared.view import Member, MemberChange, MemberState, View
     from membership.v1 import membership_pb2 as pb
     from membership.v1 import membership_pb2_grpc as pb_grpc
-    from membership.view import Member, MemberChange, MemberState, View
 
     cfg = ArbiterConfig.lan(max_subscribers=args.subscribers + 100)
 
@@ -195,7 +196,7 @@ async def _serve(args: argparse.Namespace) -> None:
         )
     else:
         try:
-            from arbiter.server.frames import add_membership_service
+            from arbiter.server.fanout.frames import add_membership_service
         except ImportError:  # the code before serialised every event per stream
             pb_grpc.add_MembershipServicer_to_server(api, server)
         else:

@@ -209,8 +209,8 @@ async def serve_bare(port: int, like_ours: bool = False) -> None:
         # The replica's gRPC server settings: its options (keepalive, limits) and
         # its request interceptor; what is left between the two is the replica's code.
         from arbiter.config import ArbiterConfig
-        from arbiter.server.app import server_options
-        from arbiter.server.decoding import DecodeRefusal
+        from arbiter.server.api.decoding import DecodeRefusal
+        from arbiter.server.net.options import server_options
 
         cfg = ArbiterConfig.lan()
         options = server_options(cfg)

@@ -1,6 +1,6 @@
 """The per-heartbeat path of a replica against a bare grpc.aio server, in the same run.
 
-A quick tool to guide work on the heartbeat path (arbiter/server/heartbeat_path.py);
+A quick tool to guide work on the heartbeat path (arbiter/server/api/heartbeat_path.py);
 bench/scale.py gives the big figures. Every figure is a ratio against the bare
 server measured in the same run, on the same (noisy, shared) machine.
 
@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from membership.localcluster import LocalCluster, free_ports
+from membership.testing.localcluster import LocalCluster, free_ports
 
 HERE = Path(__file__).resolve().parent
 LOAD = HERE / "heartbeat_load.py"
@@ -296,7 +296,7 @@ _CONTAINERS = (
     "(membership/cli.py)",
     "(membership/__main__.py)",
     "(threading.py)",
-    "(membership/commands.py)",
+    "(membership/cli/commands.py)",
 )
 
 

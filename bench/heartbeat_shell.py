@@ -55,7 +55,7 @@ class _Context:
 async def _child(nodes: int, rounds: int) -> dict[str, float]:
     from arbiter.config import ArbiterConfig
     from arbiter.server.app import ArbiterServer
-    from membership.localcluster import free_ports
+    from membership.testing.localcluster import free_ports
     from membership.v1 import membership_pb2 as pb
 
     with tempfile.TemporaryDirectory(prefix="bench-hbshell-") as tmp:

@@ -200,7 +200,7 @@ def _pids(replica: subprocess.Popen[bytes]) -> list[int]:
 
 
 def measure(args: argparse.Namespace, k: int, tmp: Path) -> dict[str, Any]:
-    from membership.localcluster import free_ports
+    from membership.testing.localcluster import free_ports
 
     (port,) = free_ports(1)
     replica = _start_replica(tmp, k, port)
@@ -277,12 +277,12 @@ def channel_cost(nodes: int, batch: int, seconds: float = 2.0) -> dict[str, floa
     worker's BATCH answered by :class:`arbiter.server.ingest.pool.IngestPool` (frame
     decode, the same on_heartbeat, status board, VERDICTS encode), batches of ``batch``."""
     from arbiter.config import ArbiterConfig
-    from arbiter.server.arbiterset import ArbiterSet
-    from arbiter.server.driver import Driver
+    from arbiter.server.consensus.arbiterset import ArbiterSet
+    from arbiter.server.consensus.driver import Driver
+    from arbiter.server.consensus.storage import Storage
+    from arbiter.server.fanout.statusboard import StatusBoard
     from arbiter.server.ingest import frames
     from arbiter.server.ingest.pool import IngestPool
-    from arbiter.server.statusboard import StatusBoard
-    from arbiter.server.storage import Storage
     from membership.v1 import membership_pb2 as pb
 
     async def run() -> dict[str, float]:

@@ -60,8 +60,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # no fork() notices from the children's starts
 
 from arbiter.core.commands import ObserveBatch, decode  # noqa: E402
-from arbiter.server.storage import DB_NAME  # noqa: E402
-from membership.localcluster import LocalCluster, ViewFollower, wait_leader  # noqa: E402
+from arbiter.server.consensus.storage import DB_NAME  # noqa: E402
+from membership.testing.localcluster import LocalCluster, ViewFollower, wait_leader  # noqa: E402
 
 HEARTBEAT_INTERVAL = 2.0
 STREAMS_PER_CONNECTION = 50
@@ -84,7 +84,7 @@ def _percentile(xs: list[float], p: float) -> float:
 async def _load(arbiters: list[str], nodes: int, spread: float, seed: int, t0: float) -> None:
     import grpc
 
-    from membership.backoff import retry_pushback
+    from membership.shared.backoff import retry_pushback
     from membership.v1 import membership_pb2 as pb
     from membership.v1 import membership_pb2_grpc as pb_grpc
 
@@ -111,7 +111,7 @@ async def _load(arbiters: list[str], nodes: int, spread: float, seed: int, t0: f
                 return await one_stream(i, r, due, attempt == 1)
             except grpc.aio.AioRpcError as e:
                 # A replica that sheds new nodes says when to come back (gRFC A6); the
-                # SDK waits that long (membership/heartbeats.py rule 5), and so does this.
+                # SDK waits that long (membership/_node/heartbeats.py rule 5), and so does this.
                 hint = retry_pushback(e.trailing_metadata())
                 if hint is None:
                     return
@@ -214,7 +214,7 @@ def _last_index(db: Path) -> int:
 
 
 async def _storm(args: argparse.Namespace, interval: float) -> dict[str, Any]:
-    from membership.client import MembershipClient
+    from membership._client import MembershipClient
 
     with tempfile.TemporaryDirectory(prefix="join-storm-") as tmp:
         workdir = Path(tmp)

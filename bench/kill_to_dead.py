@@ -22,11 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from membership.localcluster import LocalCluster, ViewFollower, wait_leader
+from membership.testing.localcluster import LocalCluster, ViewFollower, wait_leader
 
 
 async def main(nodes: int, runs: int, tls: bool = False) -> int:
-    from membership.client import MembershipClient
+    from membership._client import MembershipClient
 
     samples: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-kill-") as tmp:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import grpc
 
-from membership.localcluster import LocalCluster
+from membership.testing.localcluster import LocalCluster
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from detection_common import Procs, cpu_seconds, say
 
-from membership.localcluster import die_with_parent
+from membership.testing.localcluster import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "bench" / "loadgen"

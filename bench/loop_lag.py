@@ -3,11 +3,11 @@
 A replica acks heartbeats on its event loop; a commit with synchronous=FULL
 waits for the disk. This runs an asyncio loop that saves one Ready (hard
 state + one observation entry) ``--rate`` times a second to a real
-:class:`arbiter.server.storage.Storage`, for ``--seconds`` in each of two
+:class:`arbiter.server.consensus.storage.Storage`, for ``--seconds`` in each of two
 modes, and samples the loop's lag every 10 ms meanwhile:
 
 - ``loop``: ``Storage.save`` called on the loop (the driver before issue 9);
-- ``writer``: awaited through :class:`arbiter.server.writer.DiskWriter` (the driver now).
+- ``writer``: awaited through :class:`arbiter.server.consensus.writer.DiskWriter` (the driver now).
 
 With ``--disk-load`` a background process writes buffered data to the same
 file system (``dd``, 4 GB then ``sync``, over and over): the dirty pages an
@@ -34,8 +34,8 @@ from pathlib import Path
 
 from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
 from arbiter.core.raft import Entry, HardState, Ready
-from arbiter.server.storage import Storage
-from arbiter.server.writer import DiskWriter
+from arbiter.server.consensus.storage import Storage
+from arbiter.server.consensus.writer import DiskWriter
 
 IDS = ["a1", "a2", "a3"]
 SAMPLE = 0.01  # seconds between two lag samples

@@ -56,7 +56,12 @@ from loadgen import Fleet, Process, binary
 from memory_report import breakdown, print_breakdown, table
 from scale_common import metric, rss_bytes, scrape, wait_until
 
-from membership.localcluster import LocalCluster, arbiter_args, free_ports, membership_command
+from membership.testing.localcluster import (
+    LocalCluster,
+    arbiter_args,
+    free_ports,
+    membership_command,
+)
 
 BENCH = Path(__file__).resolve().parent
 PROBE = BENCH / "memory_probe.py"

@@ -81,7 +81,7 @@ async def _child(
 ) -> dict[str, Any]:
     from arbiter.config import ArbiterConfig
     from arbiter.server.app import ArbiterServer
-    from membership.localcluster import free_ports
+    from membership.testing.localcluster import free_ports
     from membership.v1 import membership_pb2 as pb
 
     with tempfile.TemporaryDirectory(prefix="bench-memshell-") as tmp:

@@ -14,7 +14,7 @@ figure is a ratio on the same (noisy, shared) machine:
    (``--rounds``, 2) and the ratio of the medians is printed.
 2. **The hot path's bookkeeping**, in this process: per heartbeat the
    servicer adds 1 to two integers and observes one inter-arrival in a
-   :class:`arbiter.server.metrics.Buckets` (one bisect). Timed against the
+   :class:`arbiter.server.ops.metrics.Buckets` (one bisect). Timed against the
    same bookkeeping done with prometheus-client's own ``Counter`` and
    ``Histogram`` (labelled children), and as a share of the replica CPU per
    heartbeat measured in 1.
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tls_cost import Credentials, Generator, _wait, _wait_listening, cpu_seconds
 
-from membership.localcluster import LocalCluster, free_ports
+from membership.testing.localcluster import LocalCluster, free_ports
 
 
 class Scraper:
@@ -132,7 +132,7 @@ def bookkeeping_ns(n: int = 200_000) -> dict[str, float]:
     """Nanoseconds per heartbeat of the servicer's metrics bookkeeping: ours, prometheus-client."""
     from prometheus_client import CollectorRegistry, Counter, Histogram
 
-    from arbiter.server.metrics import INTERARRIVAL_BUCKETS, Counters
+    from arbiter.server.ops.metrics import INTERARRIVAL_BUCKETS, Counters
 
     c = Counters()
 

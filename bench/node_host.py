@@ -15,7 +15,7 @@ Security as for ``membership node``: ``--tls-ca --tls-cert --tls-key`` (one
 certificate for every id: a node certificate with a prefix pattern, say
 ``spiffe://default/node/n*``), or ``--tls-dir DIR`` for each id's own
 ``DIR/<id>.pem`` and ``DIR/<id>-key.pem`` (``membership certs init`` files;
-:class:`membership.certs.ClusterCertificates` makes them), or
+:class:`membership.testing.pki.ClusterCertificates` makes them), or
 ``--insecure``; the environment variables ``MEMBERSHIP_TLS_*`` and
 ``MEMBERSHIP_INSECURE`` otherwise.
 
@@ -34,11 +34,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from membership.client import MembershipClient
-from membership.config import ClientConfig
-from membership.output import session_event_line
-from membership.session import SessionEvent
-from membership.tls import TLSFiles, add_tls_flags, config_fields
+from membership._client import MembershipClient
+from membership._config import ClientConfig
+from membership._node.session import SessionEvent
+from membership.cli.output import session_event_line
+from membership.shared.tls import TLSFiles, add_tls_flags, config_fields
 
 
 class _OwnConnections(ClientConfig):

@@ -7,7 +7,7 @@
    replica started with ``--join`` on an empty data dir restores the leader's
    snapshot (``snapshot``), then is promoted to voter (``promoted``; the
    shell waits ``restart_grace`` after catch-up before promoting, on purpose:
-   arbiter/server/reconfig.py rule 4). The baseline, in the same run, is the
+   arbiter/server/ops/reconfig.py rule 4). The baseline, in the same run, is the
    same addition to a group with an empty view.
 2. Leader election: SIGKILL the leader, time until a survivor answers in a
    quorum with a new leader (GetView polled every 20 ms), with 5 replicas and
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import grpc
 
-from membership.localcluster import LocalCluster, free_ports, membership_command
+from membership.testing.localcluster import LocalCluster, free_ports, membership_command
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
 

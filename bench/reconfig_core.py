@@ -32,7 +32,7 @@ import time
 from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.raft import Message, RaftConfig, Role
 from arbiter.core.replica import Replica, ReplicaSettings, restore_state
-from membership.view import MemberState
+from membership.shared.view import MemberState
 
 ADDRS = {"a1": "h:1", "a2": "h:2", "a3": "h:3"}
 

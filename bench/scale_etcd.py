@@ -44,7 +44,7 @@ from scale_common import (
     wait_until,
 )
 
-from membership.localcluster import free_ports
+from membership.testing.localcluster import free_ports
 
 WAL_FSYNC = "etcd_disk_wal_fsync_duration_seconds"
 LEADER_CHANGES = "etcd_server_leader_changes_seen_total"

@@ -27,7 +27,7 @@ from scale_common import (
     wait_until,
 )
 
-from membership.localcluster import LocalCluster, free_ports
+from membership.testing.localcluster import LocalCluster, free_ports
 
 BENCH = Path(__file__).resolve().parent
 

@@ -1,6 +1,6 @@
 """Durable Raft state: fsync cost per Ready, snapshot cost and restart recovery time.
 
-Measures :class:`arbiter.server.storage.Storage` on the data directory's
+Measures :class:`arbiter.server.consensus.storage.Storage` on the data directory's
 disk (a temporary folder, or --dir): the latency of ``save`` for the Ready
 shapes the driver sees (a hard state with one observation batch; a full
 APPEND of 64 entries), ``compact`` with a membership snapshot of N nodes,
@@ -25,7 +25,7 @@ from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.raft import Entry, HardState, RaftConfig, Ready
 from arbiter.core.replica import Replica, ReplicaSettings
 from arbiter.core.tally import MembershipState
-from arbiter.server.storage import Storage
+from arbiter.server.consensus.storage import Storage
 
 IDS = ["a1", "a2", "a3"]
 

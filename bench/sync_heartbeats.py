@@ -65,7 +65,7 @@ sys.path.insert(0, str(ROOT))
 def replica_main(arrivals: str, argv: list[str]) -> int:
     """``--replica FILE -- ARGS``: ``membership ARGS``, writing to FILE the time since the
     previous heartbeat of the same node (on any stream) at every heartbeat received."""
-    from arbiter.server.driver import Driver
+    from arbiter.server.consensus.driver import Driver
 
     out = open(arrivals, "a", buffering=1)  # noqa: SIM115 - for the life of the process
     last: dict[str, float] = {}
@@ -135,7 +135,7 @@ class Recorder:
         Per stream, so that a stream opened anew (after a failure, a hedge) is
         not taken for a late heartbeat: its first hand-over has no schedule.
         """
-        from membership import heartbeats
+        from membership._node import heartbeats
 
         late = self.late
         original = heartbeats._Stream.offer
@@ -190,8 +190,8 @@ def gaps(files: list[Path], t0: float, t1: float) -> list[float]:
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from membership import ClientConfig
-    from membership.localcluster import LocalCluster, arbiter_args, free_ports
     from membership.sync import MembershipClient
+    from membership.testing.localcluster import LocalCluster, arbiter_args, free_ports
 
     sys.setswitchinterval(args.switch_interval)
     rows: list[dict[str, Any]] = []

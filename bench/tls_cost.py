@@ -41,8 +41,8 @@ from pathlib import Path
 
 import grpc
 
-from membership.backoff import Backoff
-from membership.localcluster import LocalCluster, free_ports, membership_command
+from membership.shared.backoff import Backoff
+from membership.testing.localcluster import LocalCluster, free_ports, membership_command
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
 

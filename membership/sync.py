@@ -2,7 +2,7 @@
 
 :class:`MembershipClient` here has the API of :class:`membership.MembershipClient`
 with plain calls instead of coroutines; the asyncio client runs inside it, on
-an event loop of its own on a daemon thread (:mod:`membership.loopthread`)::
+an event loop of its own on a daemon thread (:mod:`membership._loopthread`)::
 
     from membership import ViewChanged
     from membership.sync import MembershipClient
@@ -35,8 +35,8 @@ Rules:
    SIGTERM without a Python handler) runs no exit code: the cluster declares
    it DEAD after the detection time.
 3. Errors: a call raises what the coroutine raised, the same exception object
-   (so the same class of :mod:`membership.errors`, or ``TimeoutError``); a
-   call on a closed client raises :class:`~membership.errors.ClosedError`.
+   (so the same class of :mod:`membership.shared.errors`, or ``TimeoutError``); a
+   call on a closed client raises :class:`~membership.shared.errors.ClosedError`.
 4. Interrupts: ``KeyboardInterrupt`` (or any exception a signal handler
    raises) in a thread that waits for a call cancels the call on the loop, as
    a cancellation would in asyncio, and propagates; leaving the ``with`` block
@@ -74,18 +74,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
-from membership.aiotools import reap
-from membership.client import MembershipClient as AsyncMembershipClient
-from membership.client import ViewInfo
-from membership.errors import ClosedError, MembershipError
-from membership.loopthread import WAIT_SLICE, CallbackThread, LoopThread
-from membership.view import ViewEvent
+from membership._aiotools import reap
+from membership._client import MembershipClient as AsyncMembershipClient
+from membership._client import ViewInfo
+from membership._loopthread import WAIT_SLICE, CallbackThread, LoopThread
+from membership.shared.errors import ClosedError, MembershipError
+from membership.shared.view import ViewEvent
 
 if TYPE_CHECKING:
-    from membership.collector import StatusCollector
-    from membership.config import ClientConfig
-    from membership.session import EndReason, SessionEvent
-    from membership.view import JobRanks, MemberState, View
+    from membership._config import ClientConfig
+    from membership._node.collector import StatusCollector
+    from membership._node.session import EndReason, SessionEvent
+    from membership.shared.view import JobRanks, MemberState, View
 
 __all__ = ["WATCH_BUFFER", "MembershipClient", "ViewInfo", "Watch"]
 
@@ -98,7 +98,7 @@ R = TypeVar("R")
 # reading its stream (the asyncio watch does the same when not iterated) and
 # goes on from the last epoch once the reader takes events again, with a fresh
 # snapshot if the arbiter cannot resume there: never unbounded memory, never a
-# gap (the rules of membership/feed.py).
+# gap (the rules of membership/_watch/feed.py).
 WATCH_BUFFER = 1024
 
 
@@ -368,8 +368,8 @@ class Watch(Iterator[ViewEvent]):
     the client closes), or call :meth:`pending` between units of work (it never
     blocks). A task on the client's loop reads the asyncio watch all the time
     and keeps up to ``WATCH_BUFFER`` events for the reader (see there). The
-    watch's error (:class:`~membership.errors.EpochOutOfRange`,
-    :class:`~membership.errors.ClusterMismatch`...) is raised to the reader once,
+    watch's error (:class:`~membership.shared.errors.EpochOutOfRange`,
+    :class:`~membership.shared.errors.ClusterMismatch`...) is raised to the reader once,
     after the events that came before it. ``with`` closes it.
     """
 

@@ -2,7 +2,7 @@
 
 Nothing here reads a clock, opens a socket or file, starts a thread or task,
 sleeps, logs or draws random numbers (an ``Rng`` is passed in). The asyncio
-driver (``arbiter/server/driver.py``) and the simulator (``tests/sim``)
+driver (``arbiter/server/consensus/driver.py``) and the simulator (``tests/sim``)
 drive the same objects. They differ only in where ``now``, messages and
 storage come from.
 

@@ -77,7 +77,7 @@ from collections.abc import Sequence
 
 from arbiter.core.commands import Opinion
 from arbiter.core.tally import MembershipState
-from membership.view import MemberState
+from membership.shared.view import MemberState
 
 __all__ = ["BatchPacer", "follows", "refutes"]
 

@@ -39,7 +39,7 @@ Rules:
    (``client.report(healthy=False, reason=...)``) is DEGRADED at once, with
    the application's reason.
 5. Causes are independent: a node may be DEGRADED for several at once, and
-   each is reported (in the order of :data:`membership.view.DEGRADED_CAUSES`).
+   each is reported (in the order of :data:`membership.shared.view.DEGRADED_CAUSES`).
    The median of the others is taken without the node itself, so two nodes
    are enough to compare (each with the other).
 """
@@ -53,8 +53,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from arbiter.core.detection import InterArrival
-from membership.errors import InvalidArgument
-from membership.view import Degradation
+from membership.shared.errors import InvalidArgument
+from membership.shared.view import Degradation
 
 __all__ = ["DegradedPolicy", "NodeSignals", "StepHistory", "judge"]
 

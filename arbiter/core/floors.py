@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from membership.view import Member, MemberState
+from membership.shared.view import Member, MemberState
 
 __all__ = ["Floors"]
 

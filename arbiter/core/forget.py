@@ -26,7 +26,7 @@ from typing import Any
 __all__ = ["FINAL_STATES", "Forget", "records_from_json", "records_to_json"]
 
 FINAL_STATES = ("DEAD", "LEFT")
-"""The :class:`membership.view.MemberState` values a Forget may name."""
+"""The :class:`membership.shared.view.MemberState` values a Forget may name."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

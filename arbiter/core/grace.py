@@ -19,7 +19,7 @@ Rule 2. Judged like a leave (:class:`~arbiter.core.leaves.LeaveRefusal`):
     the node must have a record ALIVE at the incarnation. No record:
     UNKNOWN; another incarnation: STALE; DEAD or LEFT: FINAL. Only the node
     itself ends or replaces its window (it stops counting the window before
-    it asks: ``membership/session.py`` rule 10; a window withdrawn behind its
+    it asks: ``membership/_node/session.py`` rule 10; a window withdrawn behind its
     back could end while it still counts on it): an administrator's ask for a
     node that has a window is refused (WINDOW); an administrator may only
     open one (for a node that is stuck). Judged when the API receives the ask
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from arbiter.core.leaves import LeaveRefusal
-from membership.view import Member, MemberState
+from membership.shared.view import Member, MemberState
 
 __all__ = [
     "MAX_REASON",

@@ -39,7 +39,7 @@ Rules:
    replica promises not to suspect the node before then, and rule 2 keeps
    the promise (it suspects D after the end at the earliest, or D after an
    end the node asked for). The node counts it from its send time, as a
-   lease (``membership/session.py`` rule 10), and stops counting a grant
+   lease (``membership/_node/session.py`` rule 10), and stops counting a grant
    before it asks for another window or for the end of this one, and ignores
    every later ack naming it: withdrawing a window the node still counted on
    would break the fencing rule.

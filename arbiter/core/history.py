@@ -1,6 +1,6 @@
 """The recent view changes a replica keeps for subscribers, and how a subscriber resumes.
 
-Sans-I/O: no queues, tasks or clocks here. :mod:`arbiter.server.hub` keeps
+Sans-I/O: no queues, tasks or clocks here. :mod:`arbiter.server.fanout.hub` keeps
 one :class:`History` per replica and a bounded queue per subscriber; the
 simulator's feed (``tests/sim/subscribers.py``) keeps the same
 :class:`History` and streams items over its simulated network. Both call
@@ -22,7 +22,7 @@ sees are contiguous, or it is sent a fresh snapshot; nothing is lost silently):
       applies them (rule 3). The server waits for that only briefly: its
       ``Subscribe`` refuses, with OUT_OF_RANGE, an e that this replica has
       not reached after ``FUTURE_EPOCH_WAIT`` seconds while in a quorum
-      (``arbiter/server/servicers.py``).
+      (``arbiter/server/api/servicers.py``).
    b. e < v and the history still holds epoch e + 1: the retained changes
       after e, in order.
    c. e < v and epoch e + 1 is gone, or the subscriber has no resume point

@@ -15,7 +15,7 @@ Rules:
    the same order) return the same object while the table remembers them
    (rule 2). What is returned equals what a fresh copy would be: the pairs
    as given, or a read-only mapping of them with its items sorted by key
-   (as :class:`membership.view.Member` keeps them); every string in it is
+   (as :class:`membership.shared.view.Member` keeps them); every string in it is
    interned (``sys.intern``). Nothing returned may be changed: the tuples
    and mappings are immutable.
 2. Bounded: each form remembers the ``capacity`` label sets used most

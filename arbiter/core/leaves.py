@@ -46,7 +46,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from membership.view import Member
+from membership.shared.view import Member
 
 __all__ = ["LeaveOutcome", "LeaveRefusal", "judge_leave", "judge_remove"]
 

@@ -66,16 +66,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from arbiter.core.batching import BatchPacer, follows, refutes
 from arbiter.core.commands import Observation, Opinion
 from arbiter.core.detection import FailureDetector
 from arbiter.core.grace_windows import GraceWindows
-from arbiter.core.opinions import OpinionRecord, to_observation
-from arbiter.core.outcomes import HeartbeatVerdict
 from arbiter.core.retry import RetryTimer
-from arbiter.core.tally import MembershipState
-from membership.view import MemberState
+from arbiter.core.tally import HeartbeatVerdict, MembershipState
+from membership.shared.view import MemberState
 
 __all__ = ["HeartbeatVerdict", "Observer"]
 
@@ -495,3 +494,53 @@ class Observer:
         elif self._owed and math.isfinite(self._due_at):
             times.append(self._due_at)  # a retry, or the pacer's release (last scan)
         return min(times) if times else None
+
+
+@dataclass(slots=True)
+class OpinionRecord:
+    """This replica's latest opinion of one node and where its observation stands.
+
+    Attributes:
+        incarnation: the node's life the opinion is about.
+        opinion: ALIVE or SUSPECT.
+        seq: the observation's sequence number (observer rule 1).
+        labels: the node's labels, sorted (key, value) pairs.
+        evidence: SUSPECT only: (silence seconds, suspicion level).
+        assumed: ALIVE after a restart without hearing the node: never proposed
+            (observer rule 5).
+        proposed_at: monotonic seconds it was last proposed (None: never, or
+            committed).
+        committed: the committed state holds it.
+        since: monotonic seconds it was made: ready to be proposed from then.
+        retried: proposed more than once: no commit-time sample (Karn's rule,
+            :mod:`arbiter.core.retry`).
+        era: the leader era it was last proposed in (retry rule 4).
+    """
+
+    incarnation: int
+    opinion: Opinion
+    seq: int
+    labels: tuple[tuple[str, str], ...]
+    evidence: tuple[float, float] | None = None
+    assumed: bool = False
+    proposed_at: float | None = None
+    committed: bool = False
+    since: float = 0.0
+    retried: bool = False
+    era: int = 0
+
+
+def to_observation(node_id: str, op: OpinionRecord, detector: str) -> Observation:
+    """The observation ``op`` owes the log (labels only with ALIVE, evidence only with
+    SUSPECT, ``detector`` naming the failure detector that produced the evidence)."""
+    ev = op.evidence if op.opinion is Opinion.SUSPECT else None
+    return Observation(
+        node_id=node_id,
+        incarnation=op.incarnation,
+        opinion=op.opinion,
+        seq=op.seq,
+        labels=op.labels if op.opinion is Opinion.ALIVE else (),
+        silence=None if ev is None else ev[0],
+        suspicion=None if ev is None else ev[1],
+        detector=detector if ev is not None else "",
+    )

@@ -10,7 +10,7 @@ every replica and subscriber at the same epoch; they are history-dependent
 Rules:
 
 Rule 1. Jobs. A member's job is the value of its ``job`` label
-    (:data:`membership.view.JOB_LABEL`); a job's members are its ALIVE
+    (:data:`membership.shared.view.JOB_LABEL`); a job's members are its ALIVE
     members. A member without the label, or with an empty value, has no rank.
 Rule 2. Stable. A member keeps its rank through every entry that leaves it
     in its job with a rank below the job's new world size: other members'
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from membership.view import JOB_LABEL, Member, MemberState
+from membership.shared.view import JOB_LABEL, Member, MemberState
 
 __all__ = ["RANKS_RULES", "RULES", "assign", "derive", "job_of", "update"]
 

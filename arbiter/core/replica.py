@@ -8,7 +8,7 @@ Rules:
 1. Inputs: ``heartbeat`` (a node's heartbeat received at ``now``), ``step`` (a
    Raft message from a peer), ``tick`` (time passes), ``propose_leave``,
    ``propose_remove``, ``propose_grace`` and ``propose_config_change``
-   (:mod:`arbiter.core.proposals`).
+   (:mod:`arbiter.core.replica`).
 2. ``tick`` ticks Raft and the observer, then proposes the owed observations due
    now as one batch (observer rules 1, 2; :mod:`arbiter.core.batching`: the
    leader cuts a join storm into few batches, the others follow its commits).
@@ -61,19 +61,24 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from arbiter.core.commands import ObserveBatch, Opinion, encode
-from arbiter.core.compaction import Compaction
-from arbiter.core.delivery import Delivered, must_persist
+from arbiter.core.commands import Bootstrap, Grace, Leave, ObserveBatch, Opinion, Remove, encode
+from arbiter.core.compaction import MIN_COMPACT_BYTES, Compaction
 from arbiter.core.detection import DetectorState, FailureDetector
+from arbiter.core.detection.interval import IntervalGovernor, LoadPolicy, load_cap
 from arbiter.core.observer import HeartbeatVerdict, Observer
-from arbiter.core.proposals import Proposals
 from arbiter.core.raft import (
     ArbiterConfiguration,
+    ConfChange,
+    ConfChangeOp,
     Entry,
     EntryType,
     HardState,
+    InvalidInput,
     Message,
     ProposalDropped,
     RaftConfig,
@@ -85,9 +90,9 @@ from arbiter.core.raft import (
     Snapshot,
     decode_change,
 )
-from arbiter.core.replica_settings import ReplicaSettings
+from arbiter.core.ranks import RULES
 from arbiter.core.restore import RestoreError, restore_state
-from arbiter.core.retention import Retention
+from arbiter.core.retention import Retention, RetentionPolicy
 from arbiter.core.tally import ApplyResult, MembershipState
 
 __all__ = [
@@ -98,6 +103,238 @@ __all__ = [
     "must_persist",
     "restore_state",
 ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplicaSettings:
+    """What a replica core needs besides Raft's own configuration.
+
+    Attributes:
+        lease: seconds of lease granted per accepted heartbeat (<= detection time).
+        observation_retry: seconds before an uncommitted observation is proposed again.
+        restart_grace: seconds after start without casting suspicion (one maximum lease).
+        heartbeat_interval: seconds between heartbeats suggested to nodes of a
+            small cluster (H0); the detector scales its timeout with it.
+        snapshot_every: applied log entries between two snapshots of the
+            state machine (rule 5); 0 never snapshots.
+        snapshot_bytes: the fewest bytes of applied entries that call for a
+            snapshot before ``snapshot_every`` entries, when they are also at
+            least the last snapshot's size (:mod:`arbiter.core.compaction`).
+        heartbeat_budget: heartbeats per second this replica should handle
+            at most; the suggested interval grows with the number of nodes
+            to stay within it (:func:`arbiter.core.detection.interval.suggest_interval`);
+            ``inf`` always suggests ``heartbeat_interval``.
+        max_heartbeat_interval: H_max, the cap of the suggested interval up to
+            ``heartbeat_budget * max_heartbeat_interval`` nodes, seconds (>=
+            heartbeat_interval); it grows beyond (interval rule 3).
+        max_nodes: the most nodes a replica tracks; the longest interval ever
+            suggested or accepted is the load cap at this many
+            (:attr:`ceiling`, interval rule 5); 0: ``max_heartbeat_interval``.
+        load_policy: how the measured load moves the interval (interval rule 4).
+        retention: when DEAD and LEFT records are forgotten (replica rule 8); the
+            default forgets nothing.
+        observation_batch_interval: seconds between two batches of held
+            (joining) ALIVE observations on the leader; the other replicas
+            follow its commits and wait at most twice this
+            (:mod:`arbiter.core.batching`); 0 proposes every owed
+            observation on every tick.
+        max_grace: the longest grace window a node is granted, seconds
+            (``arbiter/core/grace_windows.py``); an ask for more gets this much.
+    """
+
+    lease: float
+    observation_retry: float
+    restart_grace: float
+    heartbeat_interval: float
+    snapshot_every: int = 0
+    snapshot_bytes: int = MIN_COMPACT_BYTES
+    heartbeat_budget: float = math.inf
+    max_heartbeat_interval: float = math.inf
+    max_nodes: int = 0
+    load_policy: LoadPolicy = field(default_factory=LoadPolicy)
+    retention: RetentionPolicy = field(default_factory=RetentionPolicy)
+    observation_batch_interval: float = 0.0
+    max_grace: float = 300.0
+
+    @property
+    def ceiling(self) -> float:
+        """The longest interval suggested or accepted from a node, seconds (interval rule 5)."""
+        if self.max_nodes <= 0 or math.isinf(self.heartbeat_budget):
+            return self.max_heartbeat_interval
+        if math.isinf(self.max_heartbeat_interval):
+            return math.inf
+        return max(
+            self.max_heartbeat_interval,
+            load_cap(
+                self.max_nodes, budget=self.heartbeat_budget, maximum=self.max_heartbeat_interval
+            ),
+        )
+
+    def governor(self) -> IntervalGovernor:
+        """A new :class:`IntervalGovernor` with these settings (the suggested interval)."""
+        return IntervalGovernor(
+            base=self.heartbeat_interval,
+            budget=self.heartbeat_budget,
+            maximum=max(self.heartbeat_interval, self.max_heartbeat_interval),
+            ceiling=max(self.heartbeat_interval, self.ceiling),
+            policy=self.load_policy,
+        )
+
+    @property
+    def max_lateness(self) -> float:
+        """The most lateness the detectors are shifted by (replica rule 9), seconds:
+        the longest lease (the lease at :attr:`ceiling`), or 4 leases without a ceiling."""
+        ceiling = self.ceiling
+        return self.lease_for(ceiling) if math.isfinite(ceiling) else 4 * self.lease
+
+    def lease_for(self, interval: float) -> float:
+        """Seconds of lease for a node heartbeating every ``interval`` seconds.
+
+        ``lease`` is the lease at ``heartbeat_interval``; it scales with the
+        interval, as the detector's suspicion time does.
+        """
+        return self.lease * interval / self.heartbeat_interval
+
+
+class Proposals:
+    """The proposing half of a replica (see the module docstring)."""
+
+    replica_id: str
+    raft: RaftNode
+    observer: Observer
+    settings: ReplicaSettings
+    state: MembershipState
+    proposals_dropped: int
+    _rng: Rng
+    _bootstrap_term: int
+
+    def _bootstrap(self, now: float) -> None:
+        """Replica rule 6: a leader proposes an instance id while the applied state has
+        none, or its rules version while the state's is lower (the state's instance
+        id then), once per term (a second one applied changes nothing)."""
+        st = self.raft.status()
+        state = self.state
+        if st.role is not Role.LEADER or self._bootstrap_term == st.term:
+            return
+        if state.instance and state.rules >= RULES:
+            return
+        self._bootstrap_term = st.term
+        # 104 random bits from the injected source, as hex (reproducible in the simulator).
+        instance = state.instance or "".join(
+            f"{int(self._rng.random() * 2**52):013x}" for _ in range(2)
+        )
+        try:
+            self.raft.propose(encode(Bootstrap(instance=instance, rules=RULES)), now)
+        except ProposalDropped:
+            self.proposals_dropped += 1
+
+    def propose_leave(self, node_id: str, incarnation: int, request_id: str, now: float) -> None:
+        """Proposes a graceful leave; the command says whether this replica's
+        detector hears the node at ``incarnation`` (tally rule 5: it is joining).
+
+        Raises:
+            ProposalDropped: no leader is known.
+        """
+        heard_by = self.replica_id if self.observer.heard(node_id) == incarnation else ""
+        command = Leave(
+            node_id=node_id, incarnation=incarnation, request_id=request_id, heard_by=heard_by
+        )
+        self.raft.propose(encode(command), now)
+
+    def propose_remove(
+        self, node_id: str, incarnation: int, by: str, request_id: str, now: float
+    ) -> None:
+        """Proposes an administrator's removal of a member (tally rule 5a).
+
+        Args:
+            node_id: the member.
+            incarnation: the incarnation to remove; 0 for the recorded one.
+            by: who asked (non-empty).
+            request_id: matches the applied outcome to the waiting call.
+            now: monotonic seconds.
+
+        Raises:
+            ProposalDropped: no leader is known.
+        """
+        command = Remove(node_id=node_id, incarnation=incarnation, by=by, request_id=request_id)
+        self.raft.propose(encode(command), now)
+
+    def propose_grace(
+        self,
+        node_id: str,
+        incarnation: int,
+        seconds: float,
+        reason: str,
+        request_id: str,
+        now: float,
+        wall: float,
+        by: str = "",
+    ) -> float:
+        """Proposes a node's grace window, or its end (``seconds == 0``; tally rule 13).
+
+        Args:
+            node_id: the node.
+            incarnation: the incarnation asking.
+            seconds: the window asked for, >= 0; capped at ``settings.max_grace``.
+            reason: why, in words (``arbiter/core/grace.py`` rule 5).
+            request_id: matches the applied outcome to the waiting call.
+            now: monotonic seconds.
+            wall: this replica's wall clock, Unix seconds (the window's ``until``
+                is ``wall`` plus the seconds granted: grace_windows rule 1).
+            by: "" when the node asks, else the administrator (grace rule 2).
+
+        Returns:
+            The seconds proposed (``seconds`` capped).
+
+        Raises:
+            ProposalDropped: no leader is known.
+            ValueError: ``seconds`` is not a finite number >= 0, or a bad reason.
+        """
+        granted = float(min(seconds, self.settings.max_grace))
+        command = Grace(
+            node_id=node_id,
+            incarnation=incarnation,
+            seconds=granted,
+            until=float(wall) + granted if granted > 0 else 0.0,
+            reason=reason,
+            request_id=request_id,
+            by=by,
+        )
+        self.raft.propose(encode(command), now)
+        return granted
+
+    def propose_config_change(
+        self, op: str, replica_id: str, address: str | None, now: float
+    ) -> None:
+        """Proposes one change of the arbiter group (rule 7; Raft membership rules 1-2).
+
+        Args:
+            op: ``"add_learner"`` (needs ``address``), ``"promote"`` or ``"remove"``.
+            replica_id: the replica the change is about.
+            address: its ``host:port`` for ``add_learner``; ignored otherwise.
+            now: monotonic seconds.
+
+        The change is in force on this leader at once (:attr:`configuration`)
+        and committed like any entry; the tally follows it once it is applied
+        (:attr:`applied_configuration`). Automatic promotion of a caught-up
+        learner is ``RaftConfig.auto_promote`` (on by default).
+
+        Raises:
+            ProposalDropped: this replica is not the leader, another change
+                is not committed yet, or this leader has not committed an
+                entry of its term yet; retry later (or at the leader).
+            InvalidInput: an unknown ``op``, or a change that does not apply:
+                adding an existing id, an address already in use or none,
+                promoting a replica that is not a learner, removing an
+                unknown id or the last voter.
+        """
+        try:
+            kind = ConfChangeOp(op)
+        except ValueError:
+            ops = ", ".join(o.value for o in ConfChangeOp)
+            raise InvalidInput(f"unknown configuration change {op!r} (one of {ops})") from None
+        addr = (address or "") if kind is ConfChangeOp.ADD_LEARNER else ""
+        self.raft.propose_conf_change(ConfChange(op=kind, replica_id=replica_id, address=addr), now)
 
 
 class Replica(Proposals):
@@ -257,7 +494,7 @@ class Replica(Proposals):
         return verdict
 
     def acked(self, node_id: str, incarnation: int, sent_at: float, interval: float | None) -> None:
-        """Slow start (``membership/linkrules.py`` rule 1): a node this replica has not
+        """Slow start (``membership/_node/linkrules.py`` rule 1): a node this replica has not
         granted a lease keeps one heartbeat in flight and sends the next only once the
         ack of the last reaches it. Its ack went out at ``sent_at`` (monotonic seconds),
         late if this replica was behind; the node's silence is counted from then: it is
@@ -466,3 +703,26 @@ class Replica(Proposals):
         """Raft's role, term, leader, indexes and configuration; with ``now``
         (monotonic seconds), a leader's progress of each peer too."""
         return self.raft.status(now)
+
+
+def must_persist(ready: Ready) -> bool:
+    """True when ``ready`` carries anything for the disk: a snapshot, hard state or entries."""
+    return ready.snapshot is not None or ready.hard_state is not None or bool(ready.entries)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delivered:
+    """What delivering one persisted Ready did (replica rule 3).
+
+    Attributes:
+        restored: the leader's snapshot that replaced the state machine, if any
+            (its changes are in the new view, not in ``applied``).
+        applied: each committed entry with the result of applying it, in log order.
+    """
+
+    restored: Snapshot | None
+    applied: tuple[tuple[Entry, ApplyResult], ...]
+
+if TYPE_CHECKING:
+    from arbiter.core.observer import Observer
+    from arbiter.core.tally import MembershipState

@@ -46,7 +46,7 @@ Rule 6. An entry that changes the view bumps the epoch by exactly one, however
     also gives every job it touched its new ranks (:mod:`arbiter.core.ranks`,
     its rules 1 to 5), in the same epoch.
 Rule 4a. The DEAD change of rule 4 carries the evidence of the quorum that
-    decided it: one :class:`~membership.view.Evidence` per replica counted
+    decided it: one :class:`~membership.shared.view.Evidence` per replica counted
     by rule 4 (sorted by replica id), from its stored SUSPECT observation.
 Rule 7. SUSPECT is never a view state; it shows only in :meth:`suspected_by`.
 Rule 8. The tally runs once per entry, after all the entry's observations are
@@ -91,6 +91,8 @@ in :mod:`arbiter.core.tally_snapshot`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from arbiter.core import leaves, tally_snapshot
@@ -107,13 +109,11 @@ from arbiter.core.commands import (
 )
 from arbiter.core.grace import GraceOutcome, GraceRecord, judge_grace
 from arbiter.core.leaves import LeaveOutcome, LeaveRefusal
-from arbiter.core.outcomes import ApplyResult, ViewChange
-from arbiter.core.outcomes import change as _change
 from arbiter.core.raft.configuration import ArbiterConfiguration
 from arbiter.core.ranks import RANKS_RULES, derive, job_of, update
 from arbiter.core.tally_records import TallyRecords
 from arbiter.core.tally_snapshot import ObservationRecord, SnapshotDecodeError
-from membership.view import JobRanks, Member, MemberChange, MemberState
+from membership.shared.view import JobRanks, Member, MemberChange, MemberState
 
 __all__ = [
     "ApplyResult",
@@ -246,15 +246,15 @@ class MembershipState(TallyRecords):
             ):
                 changes = []
                 if record is not None and record.state is MemberState.ALIVE:
-                    changes.append(_change(node_id, record.incarnation, MemberState.DEAD, record))
+                    changes.append(change(node_id, record.incarnation, MemberState.DEAD, record))
                 # lowest replica id among them; one mapping for equal labels (labelsets.py)
                 labels = self._labelsets.mapping(obs[alive[i][0]].labels)
-                changes.append(_change(node_id, i, MemberState.ALIVE, labels))
+                changes.append(change(node_id, i, MemberState.ALIVE, labels))
                 return changes
         if record is not None and record.state is MemberState.ALIVE:
             votes = self.death_votes(node_id)
             if len(votes) >= self._quorum:
-                dead = _change(node_id, record.incarnation, MemberState.DEAD, record)
+                dead = change(node_id, record.incarnation, MemberState.DEAD, record)
                 evidence = tuple(obs[r].evidence(r) for r in votes)  # rule 4a
                 return [dataclasses.replace(dead, evidence=evidence)]
         return []
@@ -287,12 +287,12 @@ class MembershipState(TallyRecords):
             return [], refusal, reason
         record = self._members.get(n)
         if record is not None and record.incarnation == i:
-            return [_change(n, i, MemberState.LEFT, record)], None, reason
+            return [change(n, i, MemberState.LEFT, record)], None, reason
         if self._retired.get(n, 0) >= i:
             return [], None, reason
         changes = []
         if record is not None and record.state is MemberState.ALIVE:
-            changes.append(_change(n, record.incarnation, MemberState.DEAD, record))
+            changes.append(change(n, record.incarnation, MemberState.DEAD, record))
         self._retired[n] = i
         self._drop_observations(n, i)  # the retired lives can never count again (rule 2)
         return changes, None, reason
@@ -320,7 +320,7 @@ class MembershipState(TallyRecords):
         record = self._members.get(command.node_id)
         if refusal is not None or record is None:
             return [], refusal, reason, command.incarnation
-        left = _change(command.node_id, record.incarnation, MemberState.LEFT, record)
+        left = change(command.node_id, record.incarnation, MemberState.LEFT, record)
         return [dataclasses.replace(left, removed_by=command.by)], None, reason, record.incarnation
 
     def _forget(self, command: Forget) -> list[MemberChange]:
@@ -332,7 +332,7 @@ class MembershipState(TallyRecords):
                 continue
             self._floors.set(n, i, record.state)
             self._drop_observations(n, i)
-            changes.append(dataclasses.replace(_change(n, i, record.state, record), forgotten=True))
+            changes.append(dataclasses.replace(change(n, i, record.state, record), forgotten=True))
         return changes
 
     def judge_grace(
@@ -471,3 +471,71 @@ class MembershipState(TallyRecords):
         if state.to_bytes() != bytes(data):
             raise SnapshotDecodeError("snapshot is not canonical (unsorted or duplicate records)")
         return state
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeartbeatVerdict:
+    """What the replica answers to one heartbeat (:mod:`arbiter.core.observer`).
+
+    Attributes:
+        accepted: the heartbeat counted (refreshed the detector).
+        state: the node's state at the heartbeat's incarnation in the committed
+            view (JOINING when it is not a member at that incarnation).
+        incarnation: the highest incarnation the cluster records for the node
+            id (at least the heartbeat's own when accepted).
+        lease: seconds of lease granted, counted by the node from its send
+            time; 0.0 when none.
+        grace: seconds left of the node's grace window on this replica,
+            counted as the lease is (``arbiter/core/grace_windows.py`` rule
+            3); 0.0 when none, or when no lease is granted.
+        grace_id: the grant naming that window (its log index); 0 with none.
+    """
+
+    accepted: bool
+    state: MemberState
+    incarnation: int
+    lease: float
+    grace: float = 0.0
+    grace_id: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ViewChange:
+    """The view changes one committed entry made; ``epoch`` is the new epoch.
+
+    ``ranks`` is the new assignment of every job the entry changed, sorted by
+    job (:mod:`arbiter.core.ranks`, rule 5); ``changes`` may be empty when
+    only ranks changed (ranks rule 6).
+    """
+
+    epoch: int
+    changes: tuple[MemberChange, ...]
+    ranks: tuple[JobRanks, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApplyResult:
+    """The outcome of applying the entry at log index ``index``.
+
+    ``change`` is set when the view changed, ``leave`` for Leave and Remove
+    commands, ``grace`` for Grace commands, ``error`` when the entry was
+    rejected (rule 9).
+    """
+
+    index: int
+    change: ViewChange | None = None
+    leave: LeaveOutcome | None = None
+    grace: GraceOutcome | None = None
+    error: str | None = None
+
+
+def change(
+    node_id: str,
+    incarnation: int,
+    state: MemberState,
+    labels: Mapping[str, str] | Member | None = None,
+) -> MemberChange:
+    """A change; ``labels`` may be the member record whose labels it repeats (rule 6)."""
+    if isinstance(labels, Member):
+        labels = labels.labels
+    return MemberChange(node_id=node_id, incarnation=incarnation, state=state, labels=labels or {})

@@ -24,7 +24,7 @@ from arbiter.core.grace import GraceRecord
 from arbiter.core.labelsets import LabelSets
 from arbiter.core.raft.configuration import ArbiterConfiguration
 from arbiter.core.tally_snapshot import ObservationRecord, TallyImage
-from membership.view import JobRanks, Member, View
+from membership.shared.view import JobRanks, Member, View
 
 __all__ = ["TallyRecords"]
 

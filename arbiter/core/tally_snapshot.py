@@ -63,7 +63,7 @@ from arbiter.core.raft.configuration import ArbiterConfiguration
 from arbiter.core.raft.errors import InvalidInput
 from arbiter.core.ranks import RANKS_RULES, job_of
 from arbiter.errors import ArbiterError
-from membership.view import Evidence, JobRanks, Member, MemberState
+from membership.shared.view import Evidence, JobRanks, Member, MemberState
 
 __all__ = [
     "SNAPSHOT_VERSION",

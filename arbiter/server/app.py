@@ -13,102 +13,42 @@ from grpc_health.v1 import health
 from arbiter.config import ArbiterConfig
 from arbiter.core.replica import RestoreError
 from arbiter.core.tally import ViewChange
-from arbiter.server import metrics, status, surfaces
-from arbiter.server.addresses import check_bindable, check_listen, parse_peers, split_host_port
-from arbiter.server.admin import AdminServicer
-from arbiter.server.admin_arbiters import ArbiterAdmin
-from arbiter.server.arbiterset import ArbiterSet
-from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
-from arbiter.server.backup import restore_data_dir
-from arbiter.server.decoding import DecodeRefusal
-from arbiter.server.driver import Driver, ReplicaStatus
-from arbiter.server.frames import add_membership_service
-from arbiter.server.hub import Hub, HubStatus
-from arbiter.server.joining import ask_group
-from arbiter.server.peers import PeerServicer, PeerTransport
-from arbiter.server.reconfig import Reconfiguration
-from arbiter.server.security import announce_security, check_replica_cert, reload_tls
-from arbiter.server.servicers import MembershipServicer
-from arbiter.server.storage import DB_NAME, Storage, StorageError, cluster_identity
-from arbiter.server.stored import first_configuration, warn_if_peers_differ
+from arbiter.server.api import surfaces
+from arbiter.server.api.decoding import DecodeRefusal
+from arbiter.server.api.servicers import MembershipServicer
+from arbiter.server.consensus.arbiterset import ArbiterSet
+from arbiter.server.consensus.driver import Driver, ReplicaStatus
+from arbiter.server.consensus.peers import PeerServicer, PeerTransport
+from arbiter.server.consensus.storage import DB_NAME, Storage, StorageError
+from arbiter.server.consensus.stored import first_configuration, warn_if_peers_differ
+from arbiter.server.fanout.frames import add_membership_service
+from arbiter.server.fanout.hub import Hub, HubStatus
+from arbiter.server.net.addresses import check_bindable, check_listen, split_host_port
+from arbiter.server.net.authz import AllowAll, Authorizer, MutualTLS
+from arbiter.server.net.options import channel_options, server_options
+from arbiter.server.net.security import announce_security, check_replica_cert
+from arbiter.server.ops import metrics, status
+from arbiter.server.ops.admin import AdminServicer
+from arbiter.server.ops.admin_arbiters import ArbiterAdmin
+from arbiter.server.ops.backup import restore_data_dir
+from arbiter.server.ops.joining import ask_group
+from arbiter.server.ops.reconfig import Reconfiguration
 from arbiter.v1 import peer_pb2_grpc
 from arbiter.workers import ingest_worker_count
-from membership.errors import InvalidArgument
-from membership.tls import LoadedTLS, ServerCredentials, channel_credentials
+from membership.shared.errors import InvalidArgument
+from membership.shared.tls import LoadedTLS, ServerCredentials, channel_credentials
 from membership.v1 import membership_pb2_grpc
 
 if TYPE_CHECKING:
     from arbiter.server.ingest.pool import IngestPool
 
-__all__ = [
-    "ArbiterServer",
-    "channel_options",
-    "check_bindable",
-    "check_listen",
-    "cluster_identity",
-    "parse_peers",
-    "server_options",
-    "split_host_port",
-]
+__all__ = ["ArbiterServer"]
 
 log = logging.getLogger("arbiter")
 
 SERVICE_NAME = surfaces.SERVICE_NAME
 # Raft traffic between replicas: held to max_peer_message_bytes only.
 PEER_SERVICE = "/arbiter.v1.Peer/"
-
-
-def server_options(config: ArbiterConfig) -> list[tuple[str, int]]:
-    """gRPC server options: message size limit and a keepalive policy that agrees with clients.
-
-    The server pings a connection that brought nothing for ``keepalive_time``
-    and closes it when the ping stays unanswered for ``keepalive_timeout``
-    (``ping_timeout_ms`` is what gRPC core arms for that; see
-    :meth:`membership.config.ClientConfig.channel_options` for every layer,
-    TCP_USER_TIMEOUT included, which the server's sockets get as well). It
-    accepts client pings as often as every ``min_ping_interval``, on
-    connections with or without calls, which is never faster than any
-    client pings (``MIN_KEEPALIVE_TIME``, checked on both sides), so no
-    too_many_pings (failure class "keepalive policy mismatch",
-    docs/architecture.md).
-    """
-    keepalive_timeout_ms = int(config.keepalive_timeout * 1000)
-    return [
-        ("grpc.max_receive_message_length", config.max_peer_message_bytes),
-        ("grpc.max_concurrent_streams", config.max_concurrent_streams),
-        ("grpc.keepalive_time_ms", int(config.keepalive_time * 1000)),
-        ("grpc.keepalive_timeout_ms", keepalive_timeout_ms),
-        ("grpc.http2.ping_timeout_ms", keepalive_timeout_ms),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
-        # GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS. (The name
-        # once used here, "...min_recv_ping_interval...", is no gRPC argument:
-        # it was ignored, and the server enforced its 5 minute default.)
-        ("grpc.http2.min_ping_interval_without_data_ms", int(config.min_ping_interval * 1000)),
-        ("grpc.http2.max_ping_strikes", config.max_ping_strikes),
-        ("grpc.so_reuseport", 0),
-    ]
-
-
-def channel_options(config: ArbiterConfig) -> list[tuple[str, int]]:
-    """gRPC options for replica-to-replica channels (keepalive as the safety net).
-
-    A replica is a client of the others' servers: it pings at
-    ``keepalive_time`` (>= ``MIN_KEEPALIVE_TIME`` >= every replica's
-    ``min_ping_interval``, checked by :meth:`ArbiterConfig.validate`). Raft
-    traffic every ``raft_heartbeat_interval`` keeps a healthy link from
-    needing pings at all; Raft notices a dead peer by its own timers.
-    """
-    keepalive_timeout_ms = int(config.keepalive_timeout * 1000)
-    return [
-        ("grpc.keepalive_time_ms", int(config.keepalive_time * 1000)),
-        ("grpc.keepalive_timeout_ms", keepalive_timeout_ms),
-        ("grpc.http2.ping_timeout_ms", keepalive_timeout_ms),
-        ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.max_reconnect_backoff_ms", 1000),
-    ]
 
 
 class ArbiterServer:
@@ -118,22 +58,22 @@ class ArbiterServer:
         replica_id: this replica's id; must be a key of ``peers``.
         peers: every replica's id -> ``host:port`` (this one included): the
             group's first configuration, used at a first start only (the
-            stored configuration wins after it: :mod:`arbiter.server.stored`).
+            stored configuration wins after it: :mod:`arbiter.server.consensus.stored`).
         listen: the address to bind, ``host:port``.
         config: the configuration (validated here).
         data_dir: the directory of this replica's durable Raft state (created
             if missing). None keeps it in memory only: a restarted replica
             then comes back empty, which Raft cannot tolerate; for tests.
-        tls: this replica's CA, certificate and key (:func:`membership.tls.load`):
+        tls: this replica's CA, certificate and key (:func:`membership.shared.tls.load`):
             mutual TLS on its port and to its peers, and the
-            :class:`arbiter.server.authz.MutualTLS` policy. None is plaintext
-            with :class:`arbiter.server.authz.AllowAll` (``--insecure``; the
+            :class:`arbiter.server.net.authz.MutualTLS` policy. None is plaintext
+            with :class:`arbiter.server.net.authz.AllowAll` (``--insecure``; the
             command line refuses to start without one or the other).
         join: ``--join``'s replicas of a running group, ``host:port``; empty
-            for a replica of a new group (:mod:`arbiter.server.joining`).
+            for a replica of a new group (:mod:`arbiter.server.ops.joining`).
         restore: a backup file (``membership admin snapshot save``) to start
             a new group from, into an empty ``data_dir``
-            (:func:`arbiter.server.backup.restore_data_dir`).
+            (:func:`arbiter.server.ops.backup.restore_data_dir`).
 
     Raises:
         InvalidArgument: when the id is not among the peers or the config is invalid.
@@ -185,7 +125,7 @@ class ArbiterServer:
         """The arbiter configuration in force: ``{"voters": {id: host:port}, "learners": {..}}``.
 
         The one accessor that metrics and ``Admin.Status`` read
-        (:mod:`arbiter.server.reconfig`); the first ``--peers`` before start.
+        (:mod:`arbiter.server.ops.reconfig`); the first ``--peers`` before start.
         """
         reconfig = getattr(self, "reconfig", None)
         if reconfig is None:
@@ -424,12 +364,43 @@ class ArbiterServer:
         self._failed.set()
 
     def reload_tls(self) -> bool:
-        """SIGHUP: re-reads the TLS files for new handshakes (:func:`reload_tls`), also
-        in the ingest workers."""
-        reloaded = reload_tls(self, getattr(self, "transport", None))
-        if reloaded and self.ingest is not None:
+        """SIGHUP: re-reads the TLS files; new handshakes, on the replica's port, to its
+        peers and in its ingest workers, use them; connections and streams open now stay up.
+
+        A file that is missing or bad, or a certificate that is not this
+        replica's (:func:`~arbiter.server.net.security.check_replica_cert`), is
+        logged as an ERROR and changes nothing.
+
+        Returns:
+            Whether the new files are in use (False also without TLS).
+        """
+        transport = getattr(self, "transport", None)
+        creds: ServerCredentials | None = self._server_credentials
+        if creds is None:
+            log.warning("arbiter %s: no TLS files to reload (--insecure)", self.replica_id)
+            return False
+        try:
+            loaded = creds.reload(
+                lambda new: check_replica_cert(new, self.config.cluster, self.replica_id)
+            )
+        except InvalidArgument as e:
+            log.error(
+                "arbiter %s: TLS reload failed, keeping the old files: %s", self.replica_id, e
+            )
+            return False
+        self.tls = loaded
+        if transport is not None:  # else: not started yet; it starts with the new files
+            transport.set_credentials(channel_credentials(loaded))
+        log.info(
+            "arbiter %s: TLS files reloaded: %s, certificate %x, until %s",
+            self.replica_id,
+            loaded.identity.names(),
+            loaded.identity.serial,
+            loaded.identity.not_after,
+        )
+        if self.ingest is not None:
             self.ingest.reload_tls()
-        return reloaded
+        return True
 
     def _fatal(self, reason: str) -> None:
         """The driver found this replica unfit to take part: stop serving, say why."""

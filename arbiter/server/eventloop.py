@@ -16,7 +16,7 @@ import asyncio
 import importlib.util
 from collections.abc import Callable
 
-from membership.errors import InvalidArgument
+from membership.shared.errors import InvalidArgument
 
 __all__ = ["CHOICES", "loop_factory", "uvloop_installed"]
 

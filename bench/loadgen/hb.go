@@ -2,11 +2,11 @@ package main
 
 // Heartbeat mode: --count simulated nodes, each with one membership.v1
 // Heartbeat stream to every arbiter, following the acks' next_interval_seconds
-// as the SDK does (membership/agent.py: the interval is the longest one any
+// as the SDK does (membership/_node/agent.py: the interval is the longest one any
 // arbiter suggested, 0.15 s until one did; interval_seconds declares it, 0
 // before any suggestion). With --interval-rule own each stream follows its own
 // arbiter's suggestion instead (a lightly loaded replica at a longer interval).
-// As the SDK's slow start (membership/linkrules.py rule 1), a stream keeps one
+// As the SDK's slow start (membership/_node/linkrules.py rule 1), a stream keeps one
 // heartbeat in flight until an ack on it grants a lease (the node's join
 // committed there): the next goes out once the last is acked. The SDK's
 // hedging and abandoning of silent streams are not simulated: the load
@@ -308,7 +308,7 @@ func (g *hbGen) open(n *hbNode, s *hbStream, now float64) {
 }
 
 // write sends what the shard hands over, from a goroutine of the stream's own
-// (membership/heartbeats.py rule 2): a stream whose writes block (the replica
+// (membership/_node/heartbeats.py rule 2): a stream whose writes block (the replica
 // does not read: HTTP/2 flow control) holds up no other node, and a heartbeat
 // not yet written when the next one comes is dropped (counted: "stale").
 func (g *hbGen) write(s *hbStream, st grpc.ClientStream, mbox chan []byte, ctx context.Context, gen uint64) {
@@ -335,7 +335,7 @@ func (g *hbGen) read(n *hbNode, s *hbStream, st grpc.ClientStream, gen uint64) {
 				if atomic.LoadInt32(&n.stopped) == 0 {
 					s.arb.noteErr(status.Code(err).String())
 					// a replica shedding new nodes says when to come back (gRFC A6), and
-					// the SDK waits that long (membership/heartbeats.py rule 5)
+					// the SDK waits that long (membership/_node/heartbeats.py rule 5)
 					if v := st.Trailer().Get("grpc-retry-pushback-ms"); len(v) > 0 {
 						if ms, perr := strconv.ParseUint(v[0], 10, 32); perr == nil {
 							atomic.StoreUint64(&s.pushback, math.Float64bits(mono()+float64(ms)/1000))
@@ -373,7 +373,7 @@ func (g *hbGen) read(n *hbNode, s *hbStream, st grpc.ClientStream, gen uint64) {
 		if a.nextInterval > 0 {
 			atomic.StoreUint64(&s.suggested, math.Float64bits(a.nextInterval))
 		}
-		// The session's rule 4 (membership/session.py): told DEAD at our incarnation,
+		// The session's rule 4 (membership/_node/session.py): told DEAD at our incarnation,
 		// or that a higher one is recorded, the node rejoins above it.
 		if (a.state == 3 && a.incarnation <= n.inc) || a.incarnation > n.inc {
 			target := a.incarnation
@@ -390,7 +390,7 @@ func (g *hbGen) read(n *hbNode, s *hbStream, st grpc.ClientStream, gen uint64) {
 
 // waiting is true while the link's stream is in slow start (no ack on it granted a
 // lease yet) with a heartbeat in flight: it takes no other until that one is acked
-// (the SDK's rule, membership/linkrules.py rule 1).
+// (the SDK's rule, membership/_node/linkrules.py rule 1).
 func (s *hbStream) waiting() bool {
 	gen := atomic.LoadUint64(&s.gen)
 	return atomic.LoadUint64(&s.leasedGen) != gen && atomic.LoadInt32(&s.inflight) == 1

@@ -56,9 +56,8 @@ from typing import Any
 import torch
 from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
 
-from membership import ClosedError, MembershipError
+from membership import ClosedError, JobRanks, MembershipError
 from membership.sync import MembershipClient
-from membership.view import JobRanks
 
 __all__ = ["EpochGroups", "RegroupTimeout", "StoreServer"]
 

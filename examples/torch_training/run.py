@@ -3,7 +3,7 @@
     python examples/torch_training/run.py --workers 3 --kill-after-steps 50
     python examples/torch_training/run.py --baseline     # then the same job without membership
 
-Membership run: starts 3 arbiter replicas (``membership.localcluster``, the
+Membership run: starts 3 arbiter replicas (``membership.testing.localcluster``, the
 harness of ``membership demo``, mutual TLS unless ``--insecure``) and
 ``--workers`` worker processes (worker.py) of job j1; waits for their first
 group; once the worker holding rank ``--kill-rank`` reported step
@@ -53,8 +53,8 @@ from timeline import Tail, kill_figures, median_range, short_error
 from train import TrainingConfig, reference_run
 
 from membership import MembershipError, MemberState, ViewChanged
-from membership.localcluster import Child, LocalCluster, free_ports
 from membership.sync import MembershipClient
+from membership.testing import Child, LocalCluster, free_ports
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "worker.py"

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arbiter.config import ArbiterConfig
-from membership.config import ClientConfig
-from membership.localcluster import arbiter_args, membership_command, node_args
+from membership._config import ClientConfig
+from membership.testing.localcluster import arbiter_args, membership_command, node_args
 from tests.chaos.netlab import Host, Lab, Proc, wait_until
 
 __all__ = [

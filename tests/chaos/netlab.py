@@ -73,7 +73,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from membership.localcluster import die_with_parent
+from membership.testing.localcluster import die_with_parent
 from tests.integration.harness import wait_until
 
 __all__ = [

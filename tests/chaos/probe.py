@@ -24,10 +24,10 @@ import json
 import sys
 from typing import Any
 
-from membership.client import MembershipClient
-from membership.config import ClientConfig
-from membership.errors import MembershipError
-from membership.output import view_json
+from membership._client import MembershipClient
+from membership._config import ClientConfig
+from membership.cli.output import view_json
+from membership.shared.errors import MembershipError
 
 
 async def _one(clients: dict[str, MembershipClient], addr: str, timeout: float) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from membership.config import ClientConfig
+from membership._config import ClientConfig
 from tests.chaos.cluster import (
     DEAD_WITHIN,
     REJOIN_WITHIN,

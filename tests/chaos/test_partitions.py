@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from membership.config import ClientConfig
+from membership._config import ClientConfig
 from tests.chaos.cluster import (
     DEAD_WITHIN,
     LEADER_WITHIN,

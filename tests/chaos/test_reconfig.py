@@ -15,7 +15,7 @@ fenced, the epoch unchanged; each removed replica exits 0.
 The dangerous moment of both is a promotion: a group of 4 voters needs 3 leases
 of every node (with a3 gone, all of a1, a2, a4), so a4 must have granted its
 leases before it votes (the leader waits ``restart_grace`` after catch-up,
-``arbiter/server/reconfig.py`` rule 4).
+``arbiter/server/ops/reconfig.py`` rule 4).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from functools import partial
 
 import pytest
 
-from membership.config import ClientConfig
+from membership._config import ClientConfig
 from tests.chaos.cluster import (
     BACKOFF_MAX,
     DEAD_WITHIN,

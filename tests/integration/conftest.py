@@ -7,7 +7,7 @@ import pytest
 
 from arbiter.config import ArbiterConfig
 from arbiter.server.app import ArbiterServer
-from membership.localcluster import free_ports
+from membership.testing.localcluster import free_ports
 from tests.integration.harness import ProcCluster, secure_env, wait_async
 
 

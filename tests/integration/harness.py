@@ -1,6 +1,6 @@
 """Real processes on loopback for integration tests: arbiters, nodes, watchers, the CLI.
 
-:class:`ProcCluster` is :class:`membership.localcluster.LocalCluster` (the
+:class:`ProcCluster` is :class:`membership.testing.localcluster.LocalCluster` (the
 demo's and the benchmarks' too) with what tests add: watchers, views through
 the CLI, failure dumps. Every process started here is killed when the
 cluster is closed (the fixture does it, also when the test fails), and each
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from membership.localcluster import Child, LocalCluster, die_with_parent, free_ports
+from membership.testing.localcluster import Child, LocalCluster, die_with_parent, free_ports
 
 __all__ = [
     "Proc",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from membership.localcluster import free_ports
+from membership.testing.localcluster import free_ports
 from tests.integration.harness import ProcCluster, wait_until
 from tests.integration.harness import secure_env as _env
 

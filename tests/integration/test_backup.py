@@ -1,4 +1,5 @@
-"""Backup and restore on real processes (arbiter/server/backup.py, membership/admin_snapshot.py).
+"""Backup and restore on real processes (arbiter/server/ops/backup.py,
+membership/cli/admin/snapshot.py).
 
 Save a snapshot with ``membership admin snapshot save``, stop every replica
 and delete every data dir, start all three again with ``--restore FILE``:

@@ -386,7 +386,7 @@ CALLS: dict[str, Callable[[Any, grpc.Channel, Any], object]] = {
 }
 # A refusal, or a call cut short by the test (CANCELLED). UNKNOWN (a handler
 # that raised) would be a crash; bytes that do not decode are INVALID_ARGUMENT
-# (arbiter/server/decoding.py).
+# (arbiter/server/api/decoding.py).
 ANSWERS = {
     grpc.StatusCode.OK,
     grpc.StatusCode.CANCELLED,
@@ -701,7 +701,7 @@ def test_wire_sdk_node_moving_to_a_new_incarnation_opens_new_streams(
     wire: Wire, undisturbed: Callable[[], None]
 ) -> None:
     """A node started below the incarnation the cluster records moves up on every link
-    (membership/session.py rule 4): it must do so on new streams, never refused."""
+    (membership/_node/session.py rule 4): it must do so on new streams, never refused."""
     # The cluster records incarnation 5 for "rejoiner" (heard by all three, then gone).
     stubs = [wire.stub(a) for a in wire.cluster.addresses]
     try:

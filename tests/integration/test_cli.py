@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from membership.localcluster import free_ports
+from membership.testing.localcluster import free_ports
 from tests.integration.harness import ProcCluster, run_cli, wait_until
 
 pytestmark = pytest.mark.integration
@@ -290,7 +290,7 @@ def test_cli_watch_since_a_future_epoch_exits_one_with_one_line(cluster: ProcClu
 def test_cli_node_given_arbiters_of_two_clusters_exits_two_naming_them(
     cluster: ProcCluster,
 ) -> None:
-    from membership.localcluster import arbiter_args
+    from membership.testing.localcluster import arbiter_args
 
     p1, p2 = free_ports(2)
     one, other = {"a1": f"127.0.0.1:{p1}"}, {"a1": f"127.0.0.1:{p2}"}

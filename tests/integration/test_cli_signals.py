@@ -19,7 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from membership.localcluster import die_with_parent, free_ports, membership_command, node_args
+from membership.testing.localcluster import (
+    die_with_parent,
+    free_ports,
+    membership_command,
+    node_args,
+)
 from tests.integration.harness import Proc, ProcCluster, wait_until
 
 pytestmark = pytest.mark.integration
@@ -51,7 +56,7 @@ def connecting(
     where nothing listens; by (command, signal name).
 
     A command says it is still connecting only after 5 s (``_wait_reachable`` in
-    membership/commands.py); started together, the four wait those 5 s once
+    membership/cli/commands.py); started together, the four wait those 5 s once
     instead of one after the other. Each test signals its own process. They keep
     connecting (retrying, their --connect-timeout far ahead) until signalled, so
     a later test finds its process in the same phase as the first one.

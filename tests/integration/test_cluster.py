@@ -120,7 +120,7 @@ def test_cluster_single_replica_left_decides_nothing(cluster: ProcCluster) -> No
 
 # SIGHUP too: an operator who signals every membership process as replicas are
 # signalled to reload their certificates must not get nodes declared DEAD.
-# Both go through the node's one handler (membership/commands.py, _SIGNALS): one
+# Both go through the node's one handler (membership/cli/commands.py, _SIGNALS): one
 # cluster, a node per signal (once a cluster per signal), each checked alone.
 SIGNALLED = {"n3": signal.SIGTERM, "n2": signal.SIGHUP}
 
@@ -174,7 +174,7 @@ def test_cluster_same_node_id_twice_newer_takes_over_older_steps_aside(
 def test_cluster_replicas_with_different_peer_lists_refuse_each_other_loudly(
     cluster: ProcCluster,
 ) -> None:
-    from membership.localcluster import free_ports
+    from membership.testing.localcluster import free_ports
 
     ports = free_ports(3)
     addrs = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(ports)}

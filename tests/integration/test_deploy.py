@@ -32,7 +32,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from arbiter.workers import ingest_worker_count
-from membership.localcluster import free_ports
+from membership.testing.localcluster import free_ports
 from tests.integration.harness import ProcCluster, wait_until
 from tests.integration.harness import secure_env as _env
 

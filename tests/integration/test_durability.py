@@ -1,6 +1,6 @@
 """Durability on real processes: SIGKILLed replicas come back from their data dirs.
 
-The durability rule (arbiter/server/storage.py, rule 1; docs/architecture.md,
+The durability rule (arbiter/server/consensus/storage.py, rule 1; docs/architecture.md,
 "Correctness rules"): term, vote and log are fsynced before a message
 that depends on them leaves, and the log is compacted by snapshots. Every
 arbiter here snapshots every 5 applied entries, so restarts go through a
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from arbiter.config import ArbiterConfig
-from membership.localcluster import free_ports
+from membership.testing.localcluster import free_ports
 from tests.integration.harness import (
     Proc,
     ProcCluster,

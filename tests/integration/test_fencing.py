@@ -1,7 +1,7 @@
 """Leases and fencing on real processes: a paused node knows it is fenced before anything else.
 
 The rules Leases and Fencing (docs/architecture.md, "Correctness rules";
-membership/session.py), against the failure class "zombie after being declared
+membership/_node/session.py), against the failure class "zombie after being declared
 dead": a node paused past its lease.
 """
 

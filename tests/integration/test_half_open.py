@@ -23,7 +23,7 @@ import grpc
 import pytest
 
 from arbiter.config import ArbiterConfig
-from membership.config import ClientConfig
+from membership._config import ClientConfig
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
 from tests.integration.harness import Proc, ProcCluster, wait_until

@@ -16,7 +16,7 @@ import pytest
 from arbiter.config import ArbiterConfig
 from arbiter.server.app import ArbiterServer
 from membership import MembershipClient, ViewSnapshot
-from membership.localcluster import free_ports
+from membership.testing.localcluster import free_ports
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
 from tests.integration.harness import wait_async

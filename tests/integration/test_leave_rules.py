@@ -19,14 +19,14 @@ from typing import Any
 import grpc
 import pytest
 
-from arbiter.server.admin import AdminServicer
 from arbiter.server.app import ArbiterServer
-from arbiter.server.authz import Refusal
+from arbiter.server.net.authz import Refusal
+from arbiter.server.ops.admin import AdminServicer
 from membership import EndReason, Evicted, MembershipClient, MemberState, SessionEvent
-from membership.admin import remove_node
-from membership.config import ClientConfig
-from membership.errors import RejectedError
-from membership.localcluster import node_args
+from membership._config import ClientConfig
+from membership.cli.admin.remove import remove_node
+from membership.shared.errors import RejectedError
+from membership.testing.localcluster import node_args
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
 from tests.integration.harness import ProcCluster, changes, run_cli, wait_until

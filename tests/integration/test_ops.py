@@ -250,7 +250,7 @@ async def test_ops_metrics_registry_per_replica_in_one_process(replicas: list[An
     """Three replicas in this process serve metrics side by side, each its own."""
     import asyncio
 
-    from arbiter.server.metrics import MetricsServer
+    from arbiter.server.ops.metrics import MetricsServer
 
     ports = free_ports(len(replicas))
     servers = [MetricsServer(s, f"127.0.0.1:{p}") for s, p in zip(replicas, ports, strict=True)]

@@ -8,9 +8,9 @@ import grpc
 import pytest
 
 from arbiter.core.raft import Message, MessageType
-from arbiter.server.peers import PeerServicer, PeerTransport
+from arbiter.server.consensus.peers import PeerServicer, PeerTransport
 from arbiter.v1 import peer_pb2_grpc
-from membership.localcluster import free_ports
+from membership.testing.localcluster import free_ports
 from tests.integration.harness import wait_async
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,5 @@
 """A replica that reads heartbeats late suspects nobody for that lateness
-(arbiter/server/readlag.py; observer rule 6, Lifeguard's local health).
+(arbiter/server/load/readlag.py; observer rule 6, Lifeguard's local health).
 
 One replica that is its own quorum runs in this process. The test plays a replica
 behind on its reads with a test hook that needs no load: the other nodes' heartbeats
@@ -20,10 +20,10 @@ import pytest
 
 from arbiter.config import ArbiterConfig
 from arbiter.server.app import ArbiterServer
-from membership.localcluster import free_ports
+from membership.shared.view import MemberState
+from membership.testing.localcluster import free_ports
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
-from membership.view import MemberState
 from tests.integration.harness import wait_async
 
 pytestmark = pytest.mark.integration

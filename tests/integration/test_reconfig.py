@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from membership.localcluster import free_ports
+from membership.testing.localcluster import free_ports
 from tests.integration.harness import ProcCluster, alive_set, changes, run_cli, wait_until
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,7 @@ from typing import Any
 import grpc
 import pytest
 
-from membership.localcluster import free_ports
+from membership.testing.localcluster import free_ports
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
 from tests.integration.harness import wait_async

@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 import pytest
 
-from membership.localcluster import free_ports
+from membership.testing.localcluster import free_ports
 from tests.integration.harness import wait_async
 from tests.integration.test_scale_loadgen import _child
 

@@ -26,10 +26,10 @@ from membership import (
     ViewEvent,
     ViewSnapshot,
 )
-from membership.errors import ClusterMismatch, EpochOutOfRange
-from membership.localcluster import free_ports
-from membership.session import EndReason, Fenced
-from membership.view import Disconnected, Reconnected, ViewReset
+from membership._node.session import EndReason, Fenced
+from membership.shared.errors import ClusterMismatch, EpochOutOfRange
+from membership.shared.view import Disconnected, Reconnected, ViewReset
+from membership.testing.localcluster import free_ports
 from tests.integration.harness import wait_async
 from tests.support.netproxy import TcpProxy
 

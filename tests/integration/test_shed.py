@@ -1,5 +1,5 @@
 """A loaded replica sheds new nodes with RESOURCE_EXHAUSTED and a retry hint; the SDK waits
-that long and joins once the load is gone (arbiter/server/shedding.py, heartbeats rule 5).
+that long and joins once the load is gone (arbiter/server/api/shedding.py, heartbeats rule 5).
 
 One replica that is its own quorum runs in this process; the test plays its load with a
 load source (``LoadMonitor.add_source``), so nothing here depends on the machine's speed.
@@ -21,14 +21,14 @@ import grpc
 import pytest
 
 from arbiter.config import ArbiterConfig
+from arbiter.server.api.shedding import PUSHBACK_KEY, Shed, check_shedding
 from arbiter.server.app import ArbiterServer
-from arbiter.server.driver import Driver
-from arbiter.server.shedding import PUSHBACK_KEY, Shed, check_shedding
+from arbiter.server.consensus.driver import Driver
 from membership import MembershipClient
-from membership.localcluster import free_ports
+from membership.shared.view import MemberState
+from membership.testing.localcluster import free_ports
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
-from membership.view import MemberState
 from tests.integration.harness import wait_async
 
 pytestmark = pytest.mark.integration
@@ -81,7 +81,7 @@ async def test_shed_new_nodes_get_the_status_and_hint_known_ones_go_on_sdk_waits
             sheds.append((node_id, time.monotonic(), e.pushback_ms))
             raise
 
-    monkeypatch.setattr("arbiter.server.servicers.check_shedding", recording)
+    monkeypatch.setattr("arbiter.server.api.servicers.check_shedding", recording)
 
     async with grpc.aio.insecure_channel(addr) as channel:
         stub = pb_grpc.MembershipStub(channel)

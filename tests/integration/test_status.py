@@ -24,10 +24,10 @@ from membership import (
     ViewEvent,
     ViewSnapshot,
 )
-from membership.collector import StatusCollector
-from membership.localcluster import free_ports
-from membership.session import Fenced, SessionEvent
-from membership.view import StatusUpdated
+from membership._node.collector import StatusCollector
+from membership._node.session import Fenced, SessionEvent
+from membership.shared.view import StatusUpdated
+from membership.testing.localcluster import free_ports
 from tests.integration.harness import wait_async
 
 pytestmark = pytest.mark.integration

@@ -26,9 +26,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from membership import ClientConfig, EndReason, Evicted, Fenced, MemberState
-from membership.errors import ClosedError, EpochOutOfRange, InvalidArgument
-from membership.localcluster import free_ports
+from membership.shared.errors import ClosedError, EpochOutOfRange, InvalidArgument
 from membership.sync import MembershipClient
+from membership.testing.localcluster import free_ports
 from tests.integration.harness import ProcCluster, changes, wait_until
 
 pytestmark = pytest.mark.integration

@@ -2,7 +2,7 @@
 
 Every test here clears MEMBERSHIP_INSECURE (tests/conftest.py sets it for the
 others) for its children; the cluster's CA and certificates are made in the
-test's folder (:class:`membership.localcluster.LocalCluster` with ``tls=True``).
+test's folder (:class:`membership.testing.localcluster.LocalCluster` with ``tls=True``).
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from cryptography import x509
 
 from arbiter.core.raft import MessageType
 from arbiter.v1 import peer_pb2, peer_pb2_grpc
-from membership.client import MembershipClient
-from membership.errors import InvalidArgument
-from membership.localcluster import free_ports, wait_leader
-from membership.pki import CertificateAuthority, identity_uri
-from membership.tls import TLSFiles
+from membership._client import MembershipClient
+from membership.shared.errors import InvalidArgument
+from membership.shared.tls import TLSFiles
+from membership.shared.view import MemberState
+from membership.testing.localcluster import free_ports, wait_leader
+from membership.testing.pki import CertificateAuthority, identity_uri
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
-from membership.view import MemberState
 from tests.integration.harness import ProcCluster, wait_async, wait_until
 from tests.integration.harness import secure_env as _env
 

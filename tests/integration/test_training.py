@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from arbiter.config import ArbiterConfig
-from membership.control import request
+from membership.cli.control import request
 from tests.integration.harness import Proc, ProcCluster, alive_set, changes, run_cli, wait_until
 
 pytestmark = pytest.mark.integration

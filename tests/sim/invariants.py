@@ -73,7 +73,7 @@ from arbiter.core.raft import (
 )
 from arbiter.core.ranks import RANKS_RULES
 from arbiter.core.tally import ApplyResult, ViewChange
-from membership.view import MemberChange, MemberState, View
+from membership.shared.view import MemberChange, MemberState, View
 
 if TYPE_CHECKING:
     from tests.sim.nodes import SimNode

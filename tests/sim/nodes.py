@@ -5,7 +5,7 @@ Rules:
 1. A running node sends a heartbeat to every replica every heartbeat
    interval (from a per-node phase), and takes each ack into its session as
    the SDK does. The ack is built from the replica's ``HeartbeatVerdict``
-   exactly as ``arbiter/server/servicers.py`` builds it.
+   exactly as ``arbiter/server/api/servicers.py`` builds it.
 2. A paused node (SIGSTOP) sends nothing; acks that reach it wait in its
    socket buffer and are taken, in arrival order, when it resumes, at the
    resume time. It then sends a heartbeat at once (its timer is overdue).
@@ -19,13 +19,13 @@ Rules:
 5. Each node has its own clock, running at ``rate`` (1 +- the world's drift
    bound): the session only ever sees node-local time ``t * rate``. Leases are
    safe as long as lease x drift stays below the smallest one-way latency,
-   because the node counts them from the send time (membership/session.py,
+   because the node counts them from the send time (membership/_node/session.py,
    rule 2).
 6. The arbiter set: a node starts with the voters and learners of the
    latest committed configuration (what its operator lists), heartbeats to
    every arbiter its session knows, and follows the configuration its acks
    carry (the highest log index seen; ``NodeSession.configure``, session rule
-   9, as the SDK's ``membership/agent_follow.py`` does). Its lease quorum is
+   9, as the SDK's ``membership/_node/agent.py`` does). Its lease quorum is
    then that configuration's voters'. The assumption the simulator checks:
    a node at most one single-server change behind is safe, because two
    consecutive configurations' majorities intersect.
@@ -38,8 +38,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from membership.session import Fenced, NodeSession, Rejoined, SessionEvent, StateChanged
-from membership.view import MemberState
+from membership._node.session import Fenced, NodeSession, Rejoined, SessionEvent, StateChanged
+from membership.shared.view import MemberState
 
 if TYPE_CHECKING:
     from tests.sim.world import World

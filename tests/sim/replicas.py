@@ -28,7 +28,7 @@ Rules:
    voter. A replica whose removal is committed is *retired* by the operator
    (``reconfig``): its process stops for good. A replica whose machine is
    *gone* (disk lost) is never started again under its id. Acks carry the
-   configuration in force (as ``arbiter/server/arbiterset.py`` does).
+   configuration in force (as ``arbiter/server/consensus/arbiterset.py`` does).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from membership.view import MemberState
+from membership.shared.view import MemberState
 from tests.sim.network import NetProfile
 from tests.sim.world import World
 

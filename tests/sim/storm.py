@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from arbiter.core.commands import ObserveBatch, decode
-from membership.view import MemberState
+from membership.shared.view import MemberState
 from tests.sim.network import NetProfile
 from tests.sim.world import World
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from arbiter.core.history import Delivery, History, Start, after_reset, deliver
 from arbiter.core.tally import ViewChange
-from membership.view import View
+from membership.shared.view import View
 
 if TYPE_CHECKING:
     from tests.sim.replicas import SimReplica

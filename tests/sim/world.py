@@ -25,7 +25,7 @@ from arbiter.config import ArbiterConfig
 from arbiter.core.raft import ArbiterConfiguration, Message, RaftConfig, Role
 from arbiter.core.retention import RetentionPolicy
 from arbiter.core.tally import GraceOutcome
-from membership.view import MemberState, View
+from membership.shared.view import MemberState, View
 from tests.sim.clock import EventQueue
 from tests.sim.invariants import Checker
 from tests.sim.network import NetProfile, Network

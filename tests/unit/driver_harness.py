@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from arbiter.config import ArbiterConfig
-from arbiter.server.driver import Driver
-from arbiter.server.storage import Storage
-from membership.view import MemberState
+from arbiter.server.consensus.driver import Driver
+from arbiter.server.consensus.storage import Storage
+from membership.shared.view import MemberState
 
 CONFIG = ArbiterConfig.local()
 TIMEOUT = 15.0

@@ -1,10 +1,11 @@
-"""The client follows the arbiter set acks carry (membership/arbiterset.py, session rule 9)."""
+"""The client follows the arbiter set acks carry (membership/_arbiters/arbiterset.py,
+session rule 9)."""
 
 from __future__ import annotations
 
-from membership.arbiterset import ArbiterFollower
-from membership.session import Fenced, NodeSession
-from membership.view import MemberState
+from membership._arbiters.arbiterset import ArbiterFollower
+from membership._node.session import Fenced, NodeSession
+from membership.shared.view import MemberState
 
 A = ["h:1", "h:2", "h:3"]
 

@@ -1,4 +1,5 @@
-"""membership.backoff (one formula, random source passed in) and membership.identity."""
+"""membership.shared.backoff (one formula, random source passed in) and
+membership._arbiters.identity."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 from tenacity import AsyncRetrying
 
-from membership.backoff import Backoff
-from membership.errors import ClusterMismatch, InvalidArgument
-from membership.identity import ClusterCheck, cluster_name
+from membership._arbiters.identity import ClusterCheck, cluster_name
+from membership.shared.backoff import Backoff
+from membership.shared.errors import ClusterMismatch, InvalidArgument
 
 
 def test_backoff_is_full_jitter_under_a_growing_capped_ceiling() -> None:

@@ -1,5 +1,5 @@
-"""Unit tests of the backup file (membership/snapshot_file.py) and of --restore's data dir
-(arbiter/server/backup.py, rules 3 to 5)."""
+"""Unit tests of the backup file (membership/shared/snapshot_file.py) and of --restore's data dir
+(arbiter/server/ops/backup.py, rules 3 to 5)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,11 @@ import pytest
 from arbiter.core.commands import Bootstrap, Observation, ObserveBatch, Opinion, encode
 from arbiter.core.replica import restore_state
 from arbiter.core.tally import MembershipState
-from arbiter.server.app import cluster_identity
-from arbiter.server.backup import RestoreRefused, restore_data_dir
-from arbiter.server.storage import Storage
-from membership import snapshot_file
-from membership.snapshot_file import SnapshotFile, SnapshotFileError
-from membership.view import MemberState
+from arbiter.server.consensus.storage import Storage, cluster_identity
+from arbiter.server.ops.backup import RestoreRefused, restore_data_dir
+from membership.shared import snapshot_file
+from membership.shared.snapshot_file import SnapshotFile, SnapshotFileError
+from membership.shared.view import MemberState
 
 IDS = ("a1", "a2", "a3")
 PEERS = {"a1": "127.0.0.1:7001", "a2": "127.0.0.1:7002", "a3": "127.0.0.1:7003"}

@@ -11,7 +11,7 @@ from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
 from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.observer import Observer
 from arbiter.core.tally import MembershipState
-from membership.view import MemberState
+from membership.shared.view import MemberState
 
 REPLICAS = ("a1", "a2", "a3")
 BATCH = 0.2
@@ -197,7 +197,7 @@ def test_batching_committed_observations_are_not_proposed_again() -> None:
 
 def test_batching_config_carries_the_interval_and_refuses_a_negative_one() -> None:
     from arbiter.config import ArbiterConfig
-    from membership.errors import InvalidArgument
+    from membership.shared.errors import InvalidArgument
 
     assert ArbiterConfig.lan().replica_settings().observation_batch_interval == BATCH
     off = ArbiterConfig.lan(observation_batch_interval=0.0).validate()

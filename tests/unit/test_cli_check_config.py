@@ -152,7 +152,8 @@ def _arbiter(*argv: str) -> list[str]:
 def test_cli_arbiter_check_config_prints_id_listen_peers_identity_data_dir(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from arbiter.server.app import cluster_identity, parse_peers
+    from arbiter.server.consensus.storage import cluster_identity
+    from arbiter.server.net.addresses import parse_peers
 
     assert main(_arbiter("--listen", "127.0.0.1:7001", "--peers", PEERS)) == 0
     settings = _settings(capsys)

@@ -1,5 +1,5 @@
-"""``membership view|watch --state/--label`` (membership/filters.py) and how forgotten
-changes are printed (membership/output.py)."""
+"""``membership view|watch --state/--label`` (membership/cli/filters.py) and how forgotten
+changes are printed (membership/cli/output.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 import pytest
 
 from membership.cli import build_parser
-from membership.filters import MemberFilter, WatchFilter
-from membership.output import event_lines
-from membership.view import (
+from membership.cli.filters import MemberFilter, WatchFilter
+from membership.cli.output import event_lines
+from membership.shared.view import (
     Member,
     MemberChange,
     MemberState,
@@ -109,7 +109,7 @@ def test_watch_filter_judges_status_reports_by_the_folded_view() -> None:
             changes=(MemberChange(node_id="e", incarnation=1, state=ALIVE, labels={"job": "j2"}),),
         )
     )
-    from membership.status import NodeStatus
+    from membership.shared.status import NodeStatus
 
     reports = tuple(StatusReport(node_id=n, incarnation=1, status=NodeStatus()) for n in "ade")
     ev = keep.event(StatusUpdated(reports=reports))

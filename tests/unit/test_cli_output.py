@@ -1,12 +1,12 @@
-"""membership.output: the shapes the CLI prints, and events it has no shape for yet."""
+"""membership.cli.output: the shapes the CLI prints, and events it has no shape for yet."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
-from membership.output import event_lines
-from membership.view import MemberState, QuorumChanged
+from membership.cli.output import event_lines
+from membership.shared.view import MemberState, QuorumChanged
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,4 +1,4 @@
-"""The control socket (membership/control.py) and its client ``membership node-ctl``: a
+"""The control socket (membership/cli/control.py) and its client ``membership node-ctl``: a
 path the sidecar cannot use is one error naming --control-socket and the path; node-ctl
 takes its flags before or after the action and waits what --timeout says."""
 
@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from membership.client import MembershipClient
-from membership.config import ClientConfig
-from membership.control import MAX_PATH, ControlServer, start, stop
-from membership.errors import InvalidArgument
-from membership.exits import EXIT_FAILURE, CliError
-from membership.graces import MAX_REASON, GraceWindow
+from membership._client import MembershipClient
+from membership._config import ClientConfig
+from membership._node.graces import MAX_REASON, GraceWindow
+from membership.cli.control import MAX_PATH, ControlServer, start, stop
+from membership.shared.errors import InvalidArgument
+from membership.shared.exits import EXIT_FAILURE, CliError
 
 
 def _client() -> MembershipClient:
@@ -106,7 +106,7 @@ async def test_node_ctl_waits_its_timeout_and_gives_the_sidecar_the_same(
 ) -> None:
     """status waits --timeout; grace and wait give the sidecar --timeout and wait
     ANSWER_SLACK more for its answer at the end of it (why it was not committed)."""
-    from membership import cli_ctl
+    from membership.cli import ctl as cli_ctl
 
     asked: list[tuple[dict[str, Any], float]] = []
 

@@ -1,4 +1,4 @@
-"""arbiter/server/decoding.py: undecodable requests end their call with a status, a
+"""arbiter/server/api/decoding.py: undecodable requests end their call with a status, a
 method's handler is wrapped once, and a method that checks its requests itself gets
 gRPC's request iterator as it is (no wrapper per stream: memory per node)."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 
-from arbiter.server.decoding import DecodeRefusal, Undecodable, checks_requests, refuse
+from arbiter.server.api.decoding import DecodeRefusal, Undecodable, checks_requests, refuse
 from membership.v1 import membership_pb2 as pb
 
 SERVICE = "test.Echo"

@@ -17,7 +17,7 @@ from arbiter.core.detection import (
     MissedHeartbeatDetector,
     PhiAccrualDetector,
 )
-from membership.errors import InvalidArgument
+from membership.shared.errors import InvalidArgument
 
 POLICY = DegradedPolicy(min_samples=10, step_window=10.0, min_steps=5)
 H = 0.15

@@ -21,8 +21,8 @@ import pytest
 
 from arbiter.config import ArbiterConfig
 from arbiter.core.raft import Message, MessageType, Ready
-from arbiter.server.driver import Driver
-from arbiter.server.storage import DB_NAME, Storage
+from arbiter.server.consensus.driver import Driver
+from arbiter.server.consensus.storage import DB_NAME, Storage
 
 IDS = ["a1", "a2", "a3"]
 TIMEOUT = 15.0  # an election timeout is 1 to 2 s; generous for a loaded machine

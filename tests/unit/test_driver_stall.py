@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from arbiter.server.driver import Driver
-from membership.view import MemberState
+from arbiter.server.consensus.driver import Driver
+from membership.shared.view import MemberState
 from tests.unit.driver_harness import CONFIG, member_state, wait_for
 from tests.unit.driver_harness import a1 as a1  # the fixture
 

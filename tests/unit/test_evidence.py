@@ -16,7 +16,7 @@ from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.detection.phi import PhiAccrualDetector
 from arbiter.core.observer import Observer
 from arbiter.core.tally import MembershipState
-from membership.view import Evidence, MemberState
+from membership.shared.view import Evidence, MemberState
 
 R3 = ("a1", "a2", "a3")
 

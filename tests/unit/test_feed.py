@@ -1,12 +1,12 @@
-"""membership.feed: the subscriber's decisions with time passed in (no I/O)."""
+"""membership._watch.feed: the subscriber's decisions with time passed in (no I/O)."""
 
 from __future__ import annotations
 
 import pytest
 
-from membership.errors import EpochOutOfRange
-from membership.feed import FeedState
-from membership.view import (
+from membership._watch.feed import FeedState
+from membership.shared.errors import EpochOutOfRange
+from membership.shared.view import (
     Disconnected,
     MemberChange,
     MemberState,

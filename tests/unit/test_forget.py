@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from arbiter.core.commands import CommandDecodeError, Forget, decode, encode
 from arbiter.core.retention import Retention, RetentionPolicy
 from arbiter.core.tally import LeaveRefusal, MembershipState
-from membership.view import MemberState, View
+from membership.shared.view import MemberState, View
 from tests.unit.test_tally import (
     _NODES,
     JOIN_N1,
@@ -294,7 +294,7 @@ def test_retention_policy_refuses_bad_values(kwargs: dict[str, float]) -> None:
 
 def test_config_tombstone_retention_inf_forgets_by_count_only() -> None:
     from arbiter.config import ArbiterConfig
-    from membership.errors import InvalidArgument
+    from membership.shared.errors import InvalidArgument
 
     policy = ArbiterConfig.lan(tombstone_retention=math.inf).validate().replica_settings().retention
     assert policy.retention == math.inf and policy.enabled  # the count still bounds

@@ -9,16 +9,16 @@ import grpc
 
 from arbiter.core.degraded import DegradedPolicy
 from arbiter.core.tally import ViewChange
-from arbiter.server.arbiterset import ArbiterSet
-from arbiter.server.degradation import DegradedMarks
-from arbiter.server.encoding import ViewEncoder
-from arbiter.server.frames import SERVICE, EventFrames, add_membership_service
-from arbiter.server.hub import HubStatus
-from arbiter.server.statusboard import StatusBoard
-from membership import convert
+from arbiter.server.consensus.arbiterset import ArbiterSet
+from arbiter.server.fanout.degradation import DegradedMarks
+from arbiter.server.fanout.encoding import ViewEncoder
+from arbiter.server.fanout.frames import SERVICE, EventFrames, add_membership_service
+from arbiter.server.fanout.hub import HubStatus
+from arbiter.server.fanout.statusboard import StatusBoard
+from membership.shared import convert
+from membership.shared.view import Member, MemberChange, MemberState, View
 from membership.v1 import membership_pb2 as pb
 from membership.v1 import membership_pb2_grpc as pb_grpc
-from membership.view import Member, MemberChange, MemberState, View
 
 
 @dataclass

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from membership import convert
-from membership.collector import StatusCollector
-from membership.output import status_json, status_text
-from membership.probes import NvmlProvider, gpu_provider
-from membership.status import GpuStatus
-from membership.validation import validate_gpus
+from membership._node.collector import StatusCollector
+from membership._node.probes import NvmlProvider, gpu_provider
+from membership.cli.output import status_json, status_text
+from membership.shared import convert
+from membership.shared.status import GpuStatus
+from membership.shared.validation import validate_gpus
 from tests.integration.harness import wait_until
 
 pynvml = pytest.importorskip("pynvml", reason="nvidia-ml-py (the test extra) is not installed")

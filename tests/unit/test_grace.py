@@ -17,8 +17,8 @@ from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.leaves import LeaveRefusal
 from arbiter.core.observer import Observer
 from arbiter.core.tally import MembershipState, SnapshotDecodeError
-from membership.session import NodeSession
-from membership.view import MemberState
+from membership._node.session import NodeSession
+from membership.shared.view import MemberState
 
 R3 = ("a1", "a2", "a3")
 INTERVAL, MISSED, LEASE = 0.1, 5, 0.5  # D = 0.5 s

@@ -1,4 +1,4 @@
-"""The per-heartbeat path (arbiter/server/heartbeat_path.py, standing.py): the checks
+"""The per-heartbeat path (arbiter/server/api/heartbeat_path.py, standing.py): the checks
 refuse exactly what validating every field of every heartbeat refused, validate
 only what changed, and acks copied from the template equal acks built in full."""
 
@@ -14,21 +14,20 @@ from hypothesis import strategies as st
 
 from arbiter.config import ArbiterConfig
 from arbiter.core.observer import HeartbeatVerdict
-from arbiter.server import heartbeat_path
-from arbiter.server.arbiterset import ArbiterSet, to_protos
-from arbiter.server.heartbeat_path import (
+from arbiter.server.api import heartbeat_path
+from arbiter.server.api.heartbeat_path import (
     AckBuilder,
     ClusterMismatch,
     HeartbeatChecks,
     check_interval,
 )
-from arbiter.server.limits import HeartbeatStreamRules
-from arbiter.server.replies import cluster_mismatch
-from arbiter.server.standing import Standing, Standings
-from membership import convert
-from membership.errors import InvalidArgument
-from membership.v1 import membership_pb2 as pb
-from membership.validation import (
+from arbiter.server.api.limits import HeartbeatStreamRules
+from arbiter.server.api.replies import cluster_mismatch
+from arbiter.server.consensus.arbiterset import ArbiterSet, to_protos
+from arbiter.server.consensus.standing import Standing, Standings
+from membership.shared import convert
+from membership.shared.errors import InvalidArgument
+from membership.shared.validation import (
     validate_gpus,
     validate_health_reason,
     validate_incarnation,
@@ -36,7 +35,8 @@ from membership.validation import (
     validate_node_id,
     validate_status,
 )
-from membership.view import MemberState
+from membership.shared.view import MemberState
+from membership.v1 import membership_pb2 as pb
 
 CFG = ArbiterConfig.lan()
 CLUSTER = "default@0123"

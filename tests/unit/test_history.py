@@ -6,7 +6,7 @@ import pytest
 
 from arbiter.core.history import Delivery, History, Start, after_reset, deliver
 from arbiter.core.tally import ViewChange
-from membership.view import MemberChange, MemberState
+from membership.shared.view import MemberChange, MemberState
 
 
 def _change(epoch: int) -> ViewChange:

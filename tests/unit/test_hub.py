@@ -7,9 +7,8 @@ import asyncio
 import pytest
 
 from arbiter.core.tally import ViewChange
-from arbiter.server.hub import PULSE_SLOTS, Hub, HubStatus, Marker
-from arbiter.server.limits import NotReading
-from membership.view import MemberChange, MemberState, View
+from arbiter.server.fanout.hub import PULSE_SLOTS, Hub, HubStatus, Marker, NotReading
+from membership.shared.view import MemberChange, MemberState, View
 
 
 class Views:

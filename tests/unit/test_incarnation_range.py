@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from membership import MembershipClient
-from membership.config import ClientConfig
-from membership.errors import InvalidArgument
-from membership.validation import MAX_INCARNATION, validate_incarnation
+from membership._config import ClientConfig
+from membership.shared.errors import InvalidArgument
+from membership.shared.validation import MAX_INCARNATION, validate_incarnation
 
 
 def test_the_largest_incarnation_survives_a_double() -> None:

@@ -171,9 +171,9 @@ def test_ingest_ack_from_cached_parts_decodes_as_the_whole_ack() -> None:
     from dataclasses import asdict
 
     from arbiter.config import ArbiterConfig
-    from arbiter.server.authz import AllowAll
     from arbiter.server.ingest.batcher import ReplicaStatus
     from arbiter.server.ingest.worker import HeartbeatService, _arbiters
+    from arbiter.server.net.authz import AllowAll
     from membership.v1 import membership_pb2 as pb
 
     settings = {
@@ -201,8 +201,8 @@ def test_ingest_ack_from_cached_parts_decodes_as_the_whole_ack() -> None:
 def test_ingest_status_update_sends_as_before_and_keeps_no_older_request(seed: int) -> None:
     """worker.py rules 2 and 4: what a stream sends is what comparing with the last status
     sent decided, and what it keeps is the current request's status or plain values."""
+    from arbiter.server.fanout.statusboard import changed
     from arbiter.server.ingest.worker import status_update
-    from arbiter.server.statusboard import changed
     from membership.v1 import membership_pb2 as pb
 
     rng = random.Random(seed)

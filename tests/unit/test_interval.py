@@ -18,7 +18,7 @@ from arbiter.core.detection.interval import (
     load_cap,
     suggest_interval,
 )
-from membership.errors import InvalidArgument
+from membership.shared.errors import InvalidArgument
 
 BASE, BUDGET, MAX = 0.15, 5000.0, 0.6
 

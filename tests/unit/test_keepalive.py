@@ -25,9 +25,10 @@ import grpc
 import pytest
 
 from arbiter.config import ArbiterConfig
-from arbiter.server.app import channel_options, server_options
-from membership.config import MIN_KEEPALIVE_TIME, MIN_KEEPALIVE_TIMEOUT, ClientConfig
-from membership.errors import InvalidArgument
+from arbiter.server.net.options import channel_options, server_options
+from membership._config import ClientConfig
+from membership.shared.errors import InvalidArgument
+from membership.shared.validation import MIN_KEEPALIVE_TIME, MIN_KEEPALIVE_TIMEOUT
 from tests.support.netproxy import TcpProxy
 
 PRESETS = {"lan": ArbiterConfig.lan, "local": ArbiterConfig.local}

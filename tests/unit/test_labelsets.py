@@ -11,7 +11,7 @@ from arbiter.config import ArbiterConfig
 from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
 from arbiter.core.labelsets import LabelSets
 from arbiter.core.tally import MembershipState
-from arbiter.server.heartbeat_path import HeartbeatChecks
+from arbiter.server.api.heartbeat_path import HeartbeatChecks
 from membership.v1 import membership_pb2 as pb
 
 

@@ -1,4 +1,5 @@
-"""Unit tests of membership.calls.leave_round: how a node reads its arbiters' answers to a Leave.
+"""Unit tests of membership._arbiters.calls.leave_round: how a node reads its arbiters'
+answers to a Leave.
 
 Fake stubs stand for the arbiters: each answers with a response or a status.
 """
@@ -10,8 +11,8 @@ from typing import Any
 import grpc
 import pytest
 
-from membership import calls
-from membership.errors import RejectedError
+from membership._arbiters import calls
+from membership.shared.errors import RejectedError
 from membership.v1 import membership_pb2 as pb
 
 OK = pb.LeaveResponse(epoch=7, joined=True)

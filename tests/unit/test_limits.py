@@ -1,4 +1,4 @@
-"""The per-stream rules of arbiter/server/limits.py and the limits' configuration checks."""
+"""The per-stream rules of arbiter/server/api/limits.py and the limits' configuration checks."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from arbiter.config import ArbiterConfig
-from arbiter.server.limits import HeartbeatStreamRules, LimitExceeded, Throttle
-from membership.errors import InvalidArgument
+from arbiter.server.api.limits import HeartbeatStreamRules, LimitExceeded, Throttle
+from membership.shared.errors import InvalidArgument
 
 
 def test_throttle_passes_a_burst_of_one_seconds_worth() -> None:

@@ -1,5 +1,5 @@
-"""A heartbeat link's rules (membership/linkrules.py) with times given, and the link
-(membership/heartbeats.py) following them over fake streams: slow start, silence,
+"""A heartbeat link's rules (membership/_node/linkrules.py) with times given, and the link
+(membership/_node/heartbeats.py) following them over fake streams: slow start, silence,
 hedging and abandoning only where another arbiter answers, the stall bound."""
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from membership.backoff import Backoff
-from membership.heartbeats import HeartbeatLink
-from membership.linkrules import (
+from membership._node.heartbeats import HeartbeatLink
+from membership._node.linkrules import (
     LinkTimings,
     StreamClock,
     abandon_after,
@@ -21,6 +20,7 @@ from membership.linkrules import (
     next_check,
     odd_one_out,
 )
+from membership.shared.backoff import Backoff
 from membership.v1 import membership_pb2 as pb
 from tests.integration.harness import wait_async
 

@@ -1,5 +1,5 @@
 """Local health in the core (observer rule 6), and the shell's load measurement and
-shedding rule (arbiter/server/load.py), with time and readings given."""
+shedding rule (arbiter/server/load/monitor.py), with time and readings given."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from arbiter.config import ArbiterConfig
 from arbiter.core.commands import Opinion
 from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.observer import Observer
-from arbiter.core.replica_settings import ReplicaSettings
+from arbiter.core.replica import ReplicaSettings
 from arbiter.core.tally import MembershipState
-from arbiter.server.load import LoadMonitor, LocalHealth
-from arbiter.server.shedding import PUSHBACK_KEY, Shed, check_shedding
-from membership.backoff import MAX_PUSHBACK, retry_pushback
+from arbiter.server.api.shedding import PUSHBACK_KEY, Shed, check_shedding
+from arbiter.server.load.monitor import LoadMonitor, LocalHealth
+from membership.shared.backoff import MAX_PUSHBACK, retry_pushback
 
 INTERVAL, MISSED = 0.1, 5  # D = 0.5 s
 

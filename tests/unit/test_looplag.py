@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from arbiter.server.looplag import MEAN_WINDOW, LoopLagMonitor
+from arbiter.server.load.looplag import MEAN_WINDOW, LoopLagMonitor
 
 
 async def _until(pred: Callable[[], bool], timeout: float = 5.0) -> None:

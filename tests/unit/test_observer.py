@@ -6,7 +6,7 @@ from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
 from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.observer import Observer
 from arbiter.core.tally import MembershipState
-from membership.view import MemberState
+from membership.shared.view import MemberState
 
 REPLICAS = ("a1", "a2", "a3")
 INTERVAL = 0.1

@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from arbiter.server.metrics import Buckets, Counters
-from membership.admin_status import status_table
+from arbiter.server.ops.metrics import Buckets, Counters
 from membership.cli import main
-from membership.errors import InvalidArgument
-from membership.localcluster import free_ports
-from membership.logfmt import JsonFormatter, log_event, setup_logging
+from membership.cli.admin.status import status_table
+from membership.shared.errors import InvalidArgument
+from membership.shared.logfmt import JsonFormatter, log_event, setup_logging
+from membership.testing.localcluster import free_ports
 
 PEERS = "a1=127.0.0.1:7001,a2=127.0.0.1:7002,a3=127.0.0.1:7003"
 
@@ -61,8 +61,8 @@ def test_logfmt_event_is_one_json_object_with_its_fields() -> None:
 
 
 def test_config_change_is_a_json_event_at_the_level_given() -> None:
-    from arbiter.server.events import log as events_log
-    from arbiter.server.events import log_config_change
+    from arbiter.server.consensus.events import log as events_log
+    from arbiter.server.consensus.events import log_config_change
 
     rec = _record(
         events_log,

@@ -6,7 +6,7 @@ import pytest
 
 from arbiter.core.raft import ArbiterConfiguration, Message, MessageType, Snapshot
 from arbiter.core.raft.codec import snapshot_payload
-from arbiter.server.peers import SnapshotAssembler, from_proto, to_protos
+from arbiter.server.consensus.peers import SnapshotAssembler, from_proto, to_protos
 
 CONF = ArbiterConfiguration(voters={"a1": "h:1", "a2": "h:2"}, learners={"a4": "h:4"}, index=40)
 

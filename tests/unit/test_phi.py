@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from arbiter.config import ArbiterConfig
 from arbiter.core.detection import DetectorState, FailureDetector, MissedHeartbeatDetector
 from arbiter.core.detection.phi import PhiAccrualDetector, phi, threshold_sigmas
-from membership.errors import InvalidArgument
+from membership.shared.errors import InvalidArgument
 
 H = 0.15  # production heartbeat interval
 

@@ -1,6 +1,6 @@
 """Raft with writes that take time: inputs stepped between ``ready()`` and ``advance()``.
 
-The driver persists a Ready on its writer thread (arbiter/server/writer.py)
+The driver persists a Ready on its writer thread (arbiter/server/consensus/writer.py)
 and keeps stepping Raft messages, heartbeats and proposals into the core
 meanwhile; it sends the Ready's messages and calls ``advance`` only when the
 write is done, and takes the next Ready after that. This runs the Raft core

@@ -175,7 +175,7 @@ def test_raft_errors_share_the_arbiter_root_and_keep_their_bases() -> None:
     from arbiter.core.commands import CommandDecodeError
     from arbiter.core.replica import RestoreError
     from arbiter.core.tally import SnapshotDecodeError
-    from arbiter.server.storage import StorageError
+    from arbiter.server.consensus.storage import StorageError
 
     assert issubclass(ConflictingState, RaftError)
     assert not issubclass(ConflictingState, AssertionError)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from arbiter.core.commands import Bootstrap, Leave, Observation, ObserveBatch, Opinion, encode
 from arbiter.core.ranks import RULES, assign, derive, update
 from arbiter.core.tally import MembershipState, SnapshotDecodeError
-from membership.view import JobRanks, Member, MemberState, View
+from membership.shared.view import JobRanks, Member, MemberState, View
 
 R3 = ("r1", "r2", "r3")
 RULES_ON = encode(Bootstrap(instance="ab", rules=RULES))

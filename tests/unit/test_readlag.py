@@ -1,4 +1,4 @@
-"""A replica behind suspects nobody for it: the read lag (arbiter/server/readlag.py:
+"""A replica behind suspects nobody for it: the read lag (arbiter/server/load/readlag.py:
 queueing delay from send times, no clock sync) and the late ack of slow start
 (Replica.acked)."""
 
@@ -12,10 +12,9 @@ import pytest
 from arbiter.core.commands import Observation, Opinion
 from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.raft import RaftConfig
-from arbiter.core.replica import Replica
-from arbiter.core.replica_settings import ReplicaSettings
-from arbiter.server.load import LocalHealth
-from arbiter.server.readlag import BASE_BUCKET, ReadLag, StreamBase
+from arbiter.core.replica import Replica, ReplicaSettings
+from arbiter.server.load.monitor import LocalHealth
+from arbiter.server.load.readlag import BASE_BUCKET, ReadLag, StreamBase
 from tests.unit.test_batching import Log
 
 

@@ -9,7 +9,7 @@ import pytest
 from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.raft import InvalidInput, Message, ProposalDropped, RaftConfig, Role
 from arbiter.core.replica import Replica, ReplicaSettings
-from membership.view import MemberState
+from membership.shared.view import MemberState
 
 ADDRS = {"a1": "h:1", "a2": "h:2", "a3": "h:3"}
 

@@ -13,7 +13,7 @@ from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.raft import Entry, HardState, Message, RaftConfig, Role, Snapshot
 from arbiter.core.replica import Replica, ReplicaSettings, RestoreError
 from arbiter.core.tally import MembershipState
-from membership.view import MemberState
+from membership.shared.view import MemberState
 
 IDS = ["a1", "a2", "a3"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from membership.session import (
+from membership._node.session import (
     EndReason,
     Evicted,
     Fenced,
@@ -13,7 +13,7 @@ from membership.session import (
     StateChanged,
     Superseded,
 )
-from membership.view import MemberState
+from membership.shared.view import MemberState
 
 ARBITERS = ("a1", "a2", "a3")
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from membership import validation
-from membership.collector import StatusCollector
-from membership.errors import ClosedError, InvalidArgument
-from membership.probes import gpu_provider
-from membership.status import MAX_GAUGES, MAX_NAME_CHARS, MAX_STEP, NodeStatus
+from membership._node.collector import StatusCollector
+from membership._node.probes import gpu_provider
+from membership.shared import validation
+from membership.shared.errors import ClosedError, InvalidArgument
+from membership.shared.status import MAX_GAUGES, MAX_NAME_CHARS, MAX_STEP, NodeStatus
 
 TIMEOUT = 5.0  # seconds: bound on every wait for a thread to get somewhere
 

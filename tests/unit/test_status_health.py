@@ -12,16 +12,15 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from membership import convert
-from membership.calls import Liveness, ViewInfo, view_info
-from membership.collector import StatusCollector
-from membership.errors import InvalidArgument
-from membership.output import event_lines, view_json, view_text
-from membership.session import NodeSession
-from membership.status import NodeStatus, rtt_to_send
-from membership.top_view import Frame, RecentChange, node_order, render
-from membership.v1 import membership_pb2 as pb
-from membership.view import (
+from membership._arbiters.calls import Liveness, ViewInfo, view_info
+from membership._node.collector import StatusCollector
+from membership._node.session import NodeSession
+from membership.cli.output import event_lines, view_json, view_text
+from membership.cli.top_view import Frame, RecentChange, node_order, render
+from membership.shared import convert
+from membership.shared.errors import InvalidArgument
+from membership.shared.status import NodeStatus, rtt_to_send
+from membership.shared.view import (
     Degradation,
     JobRanks,
     MemberChange,
@@ -31,6 +30,7 @@ from membership.view import (
     View,
     ViewChanged,
 )
+from membership.v1 import membership_pb2 as pb
 
 # --- the health flag ---------------------------------------------------------------------
 
@@ -271,7 +271,7 @@ def test_top_frame_cuts_rows_to_the_terminal_and_reads_rank_and_grace_when_prese
 def test_top_recent_changes_from_before_top_started_show_earlier_not_its_start() -> None:
     """The history top replays at its start came all at one moment, not when it was
     committed: it once showed every replayed death at top's start time."""
-    from membership.top_live import _Recent
+    from membership.cli.top import _Recent
 
     recent = _Recent(keep=10)
     recent.started = 9  # the view's epoch when top started

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arbiter.server.statusboard import FRACTION_DEADBAND, LOAD_DEADBAND, StatusBoard, changed
+from arbiter.server.fanout.statusboard import FRACTION_DEADBAND, LOAD_DEADBAND, StatusBoard, changed
 from membership.v1 import membership_pb2 as pb
 
 BASE = pb.NodeStatus(

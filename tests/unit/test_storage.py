@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from arbiter.core.raft import Entry, HardState, Ready, Snapshot
-from arbiter.server.storage import CACHE_KIB, DB_NAME, Storage, StorageError
+from arbiter.server.consensus.storage import CACHE_KIB, DB_NAME, Storage, StorageError
 
 
 def _entries(lo: int, hi: int, term: int = 1) -> tuple[Entry, ...]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from arbiter.server.storage import DB_NAME, Storage, StorageError, cluster_identity
+from arbiter.server.consensus.storage import DB_NAME, Storage, StorageError, cluster_identity
 
 SET = {"a1": "10.0.0.1:7000", "a2": "10.0.0.2:7000", "a3": "10.0.0.3:7000"}
 

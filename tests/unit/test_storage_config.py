@@ -6,7 +6,7 @@ import sqlite3
 from pathlib import Path
 
 from arbiter.core.raft import ArbiterConfiguration, Entry, EntryType, HardState, Ready, Snapshot
-from arbiter.server.storage import DB_NAME, Storage
+from arbiter.server.consensus.storage import DB_NAME, Storage
 
 CONF = ArbiterConfiguration(voters={"a1": "h:1", "a2": "h:2"}, learners={"a3": "h:3"}, index=2)
 

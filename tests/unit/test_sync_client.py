@@ -1,4 +1,4 @@
-"""The blocking client (membership/sync.py) and its loop thread (membership/loopthread.py), alone.
+"""The blocking client (membership/sync.py) and its loop thread (membership/_loopthread.py), alone.
 
 No cluster: the API's shape against the asyncio client, errors from the loop in
 the caller's thread, interrupts, threads started and stopped, the watch's
@@ -21,11 +21,11 @@ import pytest
 
 import membership
 from membership import ClientConfig, MembershipClient
-from membership.errors import ClosedError, InvalidArgument, LocalError, UnavailableError
-from membership.localcluster import free_ports
-from membership.loopthread import CallbackThread, LoopThread
+from membership._loopthread import CallbackThread, LoopThread
+from membership.shared.errors import ClosedError, InvalidArgument, LocalError, UnavailableError
 from membership.sync import MembershipClient as SyncClient
 from membership.sync import Watch
+from membership.testing.localcluster import free_ports
 
 FAST = ClientConfig(call_timeout=0.3, follow_view=False, collect_status=False)
 

@@ -19,7 +19,7 @@ from arbiter.core.tally import (
     SnapshotDecodeError,
     ViewChange,
 )
-from membership.view import MemberChange, MemberState, View
+from membership.shared.view import MemberChange, MemberState, View
 
 R3 = ("r1", "r2", "r3")
 R5 = ("r1", "r2", "r3", "r4", "r5")
@@ -750,7 +750,7 @@ def test_tally_suspicion_of_a_later_incarnation_kills_the_recorded_one() -> None
     # Simulator seed 142: n1 ALIVE at 1 restarts as 2, is heard (never admitted),
     # then dies; every replica's latest observation is SUSPECT at 2.
     from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
-    from membership.view import MemberState as MS
+    from membership.shared.view import MemberState as MS
 
     st = MembershipState(["a1", "a2", "a3"])
     index = 0

@@ -9,7 +9,7 @@ import pytest
 from arbiter.core.raft import ArbiterConfiguration, Snapshot
 from arbiter.core.replica import RestoreError, restore_state
 from arbiter.core.tally import MembershipState, SnapshotDecodeError
-from membership.view import MemberState
+from membership.shared.view import MemberState
 from tests.unit.test_tally import R3, a, log, members, obs, s
 
 ALIVE, DEAD = MemberState.ALIVE, MemberState.DEAD

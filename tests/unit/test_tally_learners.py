@@ -5,7 +5,7 @@ from __future__ import annotations
 from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
 from arbiter.core.raft import ArbiterConfiguration
 from arbiter.core.tally import MembershipState
-from membership.view import MemberState
+from membership.shared.view import MemberState
 
 VOTERS = {"r1": "h:1", "r2": "h:2", "r3": "h:3"}
 WITH_LEARNER = ArbiterConfiguration(voters=VOTERS, learners={"r4": "h:4"}, index=1)

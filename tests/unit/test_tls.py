@@ -1,5 +1,5 @@
-"""membership.tls and membership.grants: files checked, flags and environment resolved,
-identities parsed from certificates and matched against what a call asks."""
+"""membership.shared.tls and membership.shared.grants: files checked, flags and
+environment resolved, identities parsed from certificates and matched against what a call asks."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from membership.errors import InvalidArgument
-from membership.grants import Grant, Identity, identity_of_pem, parse_identity
-from membership.pki import CertificateAuthority, identity_uri
-from membership.tls import TLSFiles, load, resolve
+from membership.shared.errors import InvalidArgument
+from membership.shared.grants import Grant, Identity, identity_of_pem, parse_identity
+from membership.shared.tls import TLSFiles, load, resolve
+from membership.testing.pki import CertificateAuthority, identity_uri
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from arbiter.workers import (
     parse_ingest_workers,
     usable_cores,
 )
-from membership.errors import InvalidArgument
+from membership.shared.errors import InvalidArgument
 
 
 def test_workers_auto_is_the_lan_default_local_and_plain_keep_zero() -> None:

@@ -1,7 +1,7 @@
 """The heartbeat interval a replica suggests to nodes: load kept within a budget.
 
 Sans-I/O and pure (the measured load is an argument; the measuring is
-``arbiter/server/load.py``). Every node heartbeats every replica, so a
+``arbiter/server/load/monitor.py``). Every node heartbeats every replica, so a
 replica tracking ``N`` nodes at interval ``H`` handles ``N / H`` heartbeats
 per second.
 
@@ -20,7 +20,7 @@ Rules:
    ``B * H_max`` nodes (3,000), then rising with N so that the budget still
    holds at the cap. Detection time is what grows instead of the load.
 4. Load. The replica's measured utilisation ``u`` (the fraction of the time
-   its event loop was busy, 0 to 1: :mod:`arbiter.server.load`) moves the
+   its event loop was busy, 0 to 1: :mod:`arbiter.server.load.monitor`) moves the
    suggestion off the count rule by whole steps (:class:`IntervalGovernor`):
    above ``high`` it goes up at once by enough steps to bring ``u`` back to
    ``target`` (assuming load proportional to 1 / H), never below the count

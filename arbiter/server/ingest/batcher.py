@@ -14,10 +14,10 @@ Rules:
    Every batch is stamped with its send time.
 3. The counts of heartbeats read, acks written and streams open since the
    last batch ride on each batch, and add up in the consensus process's
-   counters (:class:`arbiter.server.counters.Counters`), and so does the
+   counters (:class:`arbiter.server.consensus.counters.Counters`), and so does the
    worker's latest load sample (``monitor``: utilisation, time on a CPU), which
    the consensus process's load monitor takes the maximum with
-   (:mod:`arbiter.server.load` rule 1), and the inter-arrival histogram of
+   (:mod:`arbiter.server.load.monitor` rule 1), and the inter-arrival histogram of
    the heartbeats read since the last batch (``interarrival``), which adds up
    in the consensus process's (the metric ``membership_heartbeat_interarrival_seconds``).
 4. When the channel is gone, every heartbeat waiting fails with
@@ -31,7 +31,7 @@ import asyncio
 import time
 from typing import Any
 
-from arbiter.server.counters import INTERARRIVAL_BUCKETS, Buckets
+from arbiter.server.consensus.counters import INTERARRIVAL_BUCKETS, Buckets
 from arbiter.server.ingest import frames
 from arbiter.server.ingest.lateness import IDLE_FLUSH
 

@@ -24,10 +24,10 @@ Rules:
      :data:`ENTRY`'s fields), the stream tokens closed since the last
      batch, the counts (heartbeats read, acks written, streams open)
      since the last batch, and the worker's load (its loop's utilisation and
-     time on a CPU, 0 to 1: :class:`arbiter.server.load.LoadMonitor` on the
+     time on a CPU, 0 to 1: :class:`arbiter.server.load.monitor.LoadMonitor` on the
      worker's loop, latest sample), then its heartbeats' inter-arrival
      histogram since the last batch (``(bucket counts, sum of seconds)`` on
-     :data:`arbiter.server.counters.INTERARRIVAL_BUCKETS`, or None: none).
+     :data:`arbiter.server.consensus.counters.INTERARRIVAL_BUCKETS`, or None: none).
    - ``VERDICTS`` (``<-``): batch id, one verdict per heartbeat in order
      (``(accepted, state, incarnation, lease, grace, grace_id)``: the grace
      window of arbiter/core/grace_windows.py rule 3, or a refusal

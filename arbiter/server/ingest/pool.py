@@ -21,7 +21,7 @@ Rules:
 3. Verdicts: each BATCH is answered at once, in order, with one
    ``Driver.on_heartbeat`` per heartbeat (the observer, detectors, leases
    and sequence numbers stay where they are without workers), the
-   ``max_nodes`` check and shedding (:func:`arbiter.server.shedding.check_shedding`,
+   ``max_nodes`` check and shedding (:func:`arbiter.server.api.shedding.check_shedding`,
    with that worker's time on a CPU) for a stream's first heartbeat, the status
    board updated with the statuses that came along, and the replica's
    status for the acks (the arbiter set only when the worker does not have
@@ -69,14 +69,14 @@ from typing import Any
 import grpc
 
 from arbiter.core.labelsets import LabelSets
-from arbiter.server import limits
-from arbiter.server.arbiterset import to_protos
+from arbiter.server.api import limits
+from arbiter.server.api.shedding import Shed, check_shedding
+from arbiter.server.consensus.arbiterset import to_protos
 from arbiter.server.ingest import frames
 from arbiter.server.ingest.lateness import Horizon
-from arbiter.server.shedding import Shed, check_shedding
-from membership.convert import state_to_pb
+from membership.shared.convert import state_to_pb
+from membership.shared.view import MemberState
 from membership.v1 import membership_pb2 as pb
-from membership.view import MemberState
 
 __all__ = ["SOCKET_DIR", "WEDGED_AFTER", "IngestPool", "WorkerStatistics"]
 

@@ -18,8 +18,8 @@ Rules:
 3. Identity: the worker adds the certificate it verified in the TLS
    handshake (``PROXIED_CERT_KEY``) and the caller's address; the
    consensus process's server, which listens on that unix socket only,
-   gives each call a :class:`arbiter.server.authz.ProxiedContext` built from
-   them (:class:`ProxiedIdentity`), so :mod:`arbiter.server.authz` decides
+   gives each call a :class:`arbiter.server.net.authz.ProxiedContext` built from
+   them (:class:`ProxiedIdentity`), so :mod:`arbiter.server.net.authz` decides
    exactly as if the caller had connected to it.
 4. Sizes: the worker holds requests to gRPC's limit (``max_peer_message_bytes``)
    as the replica does; the consensus process's ``DecodeRefusal`` holds the
@@ -36,8 +36,8 @@ from typing import Any
 
 import grpc
 
-from arbiter.server.authz import PROXIED_CERT_KEY, PROXIED_PEER_KEY, ProxiedContext
-from arbiter.server.limits import NotReading
+from arbiter.server.fanout.hub import NotReading
+from arbiter.server.net.authz import PROXIED_CERT_KEY, PROXIED_PEER_KEY, ProxiedContext
 
 __all__ = ["Forwarder", "ProxiedIdentity"]
 

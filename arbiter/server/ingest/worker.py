@@ -11,13 +11,13 @@ Rules:
    Linux lets only the same user join the port), with the replica's server
    options, TLS credentials and message limits.
 2. ``Membership.Heartbeat`` is served here with the rules of the in-process
-   servicer (:mod:`arbiter.server.servicers`): the caller's right to speak
+   servicer (:mod:`arbiter.server.api.servicers`): the caller's right to speak
    for the node, the request checks, the stream rules and the throttle of
-   :mod:`arbiter.server.limits`, the cluster identity; at most
+   :mod:`arbiter.server.api.limits`, the cluster identity; at most
    ``ceil(max_heartbeat_streams / K)`` streams per worker. The verdict comes
    from the consensus process, in batches (:mod:`arbiter.server.ingest.batcher`);
    ``max_nodes`` is checked there. A node's status goes along only when it
-   changed on the stream (:func:`arbiter.server.statusboard.changed`) or
+   changed on the stream (:func:`arbiter.server.fanout.statusboard.changed`) or
    ``STATUS_REFRESH`` seconds passed, its labels only when they changed.
    Refusals come back in the verdict too (``max_nodes``, and shedding, which
    the consensus process decides for a stream's first heartbeat: load.py
@@ -41,7 +41,7 @@ Rules:
    SIGKILL ends it, and it is restarted. STOP ends every heartbeat stream with
    UNAVAILABLE at its next heartbeat and stops the server with the shutdown
    grace; RELOAD_TLS re-reads the TLS files for new connections (SIGHUP).
-6. Load: a :class:`arbiter.server.load.LoadMonitor` samples this worker's
+6. Load: a :class:`arbiter.server.load.monitor.LoadMonitor` samples this worker's
    loop (load.py rule 1) and every batch carries its latest value: the
    consensus process's interval and shedding follow the workers' load.
 """
@@ -64,20 +64,20 @@ import grpc
 
 from arbiter.config import ArbiterConfig
 from arbiter.core.labelsets import LabelSets
-from arbiter.server import limits
-from arbiter.server.authz import AllowAll, Authorizer, MutualTLS
-from arbiter.server.decoding import DecodeRefusal, Undecodable, checks_requests, refuse
-from arbiter.server.heartbeat_path import ClusterMismatch, HeartbeatChecks
+from arbiter.server.api import limits
+from arbiter.server.api.decoding import DecodeRefusal, Undecodable, checks_requests, refuse
+from arbiter.server.api.heartbeat_path import ClusterMismatch, HeartbeatChecks
+from arbiter.server.api.limits import LimitExceeded
+from arbiter.server.api.replies import deny
+from arbiter.server.api.shedding import PUSHBACK_KEY
+from arbiter.server.fanout.statusboard import changed, differs, fields_of
 from arbiter.server.ingest import frames
 from arbiter.server.ingest.batcher import Batcher, ChannelClosed, ReplicaStatus
 from arbiter.server.ingest.lifetime import die_with_parent
 from arbiter.server.ingest.proxy import Forwarder
-from arbiter.server.limits import LimitExceeded
-from arbiter.server.load import LoadMonitor
-from arbiter.server.replies import deny
-from arbiter.server.shedding import PUSHBACK_KEY
-from arbiter.server.statusboard import changed, differs, fields_of
-from membership.errors import InvalidArgument
+from arbiter.server.load.monitor import LoadMonitor
+from arbiter.server.net.authz import AllowAll, Authorizer, MutualTLS
+from membership.shared.errors import InvalidArgument
 from membership.v1 import membership_pb2 as pb
 
 __all__ = [
@@ -111,7 +111,7 @@ def status_update(
     Returns:
         (send ``current``, what to keep now): ``current`` itself when sent or
         equal to the one last sent, else the plain values
-        (:func:`arbiter.server.statusboard.fields_of`) of the one last sent,
+        (:func:`arbiter.server.fanout.statusboard.fields_of`) of the one last sent,
         never an older request's submessage.
     """
     if last is None or refresh:
@@ -302,9 +302,9 @@ async def serve(fd: int) -> int:
         The exit status: 0 after STOP or the channel's end, 1 when the port
         could not be bound (the consensus process was told why).
     """
-    from arbiter.server.app import server_options
-    from membership.logfmt import setup_logging
-    from membership.tls import ServerCredentials, TLSFiles, load
+    from arbiter.server.net.options import server_options
+    from membership.shared.logfmt import setup_logging
+    from membership.shared.tls import ServerCredentials, TLSFiles, load
 
     sock = socket.socket(fileno=fd)
     reader, writer = await asyncio.open_unix_connection(sock=sock)

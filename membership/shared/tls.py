@@ -1,0 +1,425 @@
+"""Mutual TLS: certificate files, flags and environment variables, gRPC credentials.
+
+One CA per cluster signs every certificate; each certificate names its
+holder's rights as SAN URIs (docs/security.md):
+
+- ``spiffe://<cluster>/arbiter/<id>``: replica ``<id>`` (Raft traffic as
+  ``<id>`` only); may read;
+- ``spiffe://<cluster>/node/<id>``: may Heartbeat and Leave as node
+  ``<id>``; ``node/<prefix>*`` as any node id starting with ``<prefix>``;
+  may read;
+- ``spiffe://<cluster>/admin/<name>``: may administer; may read;
+- ``spiffe://<cluster>/observer/<name>``: may read only.
+
+"Read" is Subscribe and GetView. ``<cluster>`` (the SPIFFE trust domain)
+must be the replica's ``--cluster`` name; URIs of another cluster grant
+nothing. A certificate with several URIs has the union of their rights.
+
+What lives here (identities and their rights are in :mod:`membership.shared.grants`;
+the server's policy is :class:`arbiter.server.net.authz.MutualTLS`):
+
+- :class:`TLSFiles` and :func:`load`: the three PEM files, checked (missing
+  or unreadable file, not PEM, a key that is not the certificate's, a
+  certificate not signed by the CA or outside its validity), with one-line
+  errors;
+- :func:`resolve`: flags, then environment variables (``MEMBERSHIP_TLS_CA``,
+  ``MEMBERSHIP_TLS_CERT``, ``MEMBERSHIP_TLS_KEY``, ``MEMBERSHIP_INSECURE``)
+  to TLS files or an explicit plaintext choice: neither is an error (secure
+  by default);
+- :func:`channel_credentials` for clients (nodes, watchers, replicas to
+  their peers) and :class:`ServerCredentials` for a replica's port, which
+  re-reads its files on :meth:`ServerCredentials.reload` (SIGHUP) for new
+  handshakes only: established connections and streams are untouched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
+
+from membership.shared.errors import InvalidArgument
+from membership.shared.grants import Identity, parse_identity
+
+__all__ = [
+    "ENV_CA",
+    "ENV_CERT",
+    "ENV_INSECURE",
+    "ENV_KEY",
+    "LoadedTLS",
+    "ServerCredentials",
+    "TLSFiles",
+    "add_tls_flags",
+    "channel_credentials",
+    "config_fields",
+    "describe",
+    "load",
+    "resolve",
+    "resolve_args",
+    "settings",
+    "settings_of",
+]
+
+ENV_CA = "MEMBERSHIP_TLS_CA"
+ENV_CERT = "MEMBERSHIP_TLS_CERT"
+ENV_KEY = "MEMBERSHIP_TLS_KEY"
+ENV_INSECURE = "MEMBERSHIP_INSECURE"
+
+HOW_TO_GET = (
+    "give --tls-ca, --tls-cert and --tls-key (or MEMBERSHIP_TLS_CA, MEMBERSHIP_TLS_CERT, "
+    "MEMBERSHIP_TLS_KEY; `membership certs init DIR --arbiters a1,a2,a3 --nodes n1` makes a "
+    "development CA and certificates), or --insecure (MEMBERSHIP_INSECURE=1) for plaintext"
+)
+
+
+# --- files --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TLSFiles:
+    """The three PEM files of a member: the cluster CA, its certificate, its key."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def in_dir(cls, folder: Path | str, name: str) -> TLSFiles:
+        """The files ``membership certs init`` writes for ``name`` in ``folder``:
+        ``ca.pem``, ``<name>.pem`` and ``<name>-key.pem``."""
+        d = Path(folder)
+        return cls(d / "ca.pem", d / f"{name}.pem", d / f"{name}-key.pem")
+
+    def flags(self) -> list[str]:
+        """The command-line flags that name these files."""
+        return ["--tls-ca", str(self.ca), "--tls-cert", str(self.cert), "--tls-key", str(self.key)]
+
+
+@dataclass(frozen=True)
+class LoadedTLS:
+    """The contents of :class:`TLSFiles`, checked by :func:`load`.
+
+    Attributes:
+        files: where they were read from.
+        ca_pem: the CA certificate(s), PEM.
+        cert_pem: the member's certificate, PEM.
+        key_pem: its private key, PEM.
+        identity: what the certificate names.
+        server: the certificate may serve (it has serverAuth, as arbiter certificates do).
+    """
+
+    files: TLSFiles
+    ca_pem: bytes
+    cert_pem: bytes
+    key_pem: bytes
+    identity: Identity
+    server: bool = False
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InvalidArgument(f"{what} {path}: no such file") from None
+    except IsADirectoryError:
+        raise InvalidArgument(f"{what} {path}: is a folder, not a PEM file") from None
+    except OSError as e:
+        raise InvalidArgument(f"{what} {path}: cannot read it: {e.strerror or e}") from None
+    if b"-----BEGIN " not in data:
+        raise InvalidArgument(f"{what} {path}: not PEM (no -----BEGIN line)")
+    return data
+
+
+def _public_bytes(key: Any) -> bytes:
+    return bytes(
+        key.public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+
+
+def _signed_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
+    if cert.issuer != issuer.subject:
+        return False
+    key = issuer.public_key()
+    try:
+        if isinstance(key, ec.EllipticCurvePublicKey):
+            assert cert.signature_hash_algorithm is not None
+            key.verify(
+                cert.signature,
+                cert.tbs_certificate_bytes,
+                ec.ECDSA(cert.signature_hash_algorithm),
+            )
+        elif isinstance(key, rsa.RSAPublicKey):
+            assert cert.signature_hash_algorithm is not None
+            key.verify(
+                cert.signature,
+                cert.tbs_certificate_bytes,
+                padding.PKCS1v15(),
+                cert.signature_hash_algorithm,
+            )
+        elif isinstance(key, ed25519.Ed25519PublicKey):
+            key.verify(cert.signature, cert.tbs_certificate_bytes)
+        else:
+            return True  # a key type we cannot check here: the TLS handshake will
+    except Exception:
+        return False
+    return True
+
+
+def load(files: TLSFiles, *, now: datetime.datetime | None = None) -> LoadedTLS:
+    """Reads and checks the three files.
+
+    Checks: each file exists and is PEM; the CA file holds certificates; the
+    key is the certificate's; the certificate is signed by a CA of the CA
+    file and is within its validity (``now``, default the current time).
+
+    Raises:
+        InvalidArgument: one line naming the file and what is wrong.
+    """
+    ca_pem = _read(files.ca, "--tls-ca")
+    cert_pem = _read(files.cert, "--tls-cert")
+    key_pem = _read(files.key, "--tls-key")
+    try:
+        cas = x509.load_pem_x509_certificates(ca_pem)
+    except ValueError as e:
+        raise InvalidArgument(f"--tls-ca {files.ca}: not a PEM certificate ({e})") from None
+    try:
+        cert = x509.load_pem_x509_certificates(cert_pem)[0]
+    except ValueError as e:
+        raise InvalidArgument(f"--tls-cert {files.cert}: not a PEM certificate ({e})") from None
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except TypeError:
+        raise InvalidArgument(
+            f"--tls-key {files.key}: the key is encrypted; give it unencrypted (mode 0600)"
+        ) from None
+    except ValueError as e:
+        raise InvalidArgument(f"--tls-key {files.key}: not a PEM private key ({e})") from None
+    if _public_bytes(key.public_key()) != _public_bytes(cert.public_key()):
+        raise InvalidArgument(
+            f"--tls-key {files.key} is not the key of --tls-cert {files.cert} "
+            "(give the -key.pem file written with that certificate)"
+        )
+    if not any(_signed_by(cert, ca) for ca in cas):
+        raise InvalidArgument(
+            f"--tls-cert {files.cert} ({cert.subject.rfc4514_string()}) is not signed by the CA "
+            f"of --tls-ca {files.ca} ({', '.join(c.subject.rfc4514_string() for c in cas)})"
+        )
+    at = now or datetime.datetime.now(datetime.UTC)
+    if not cert.not_valid_before_utc <= at <= cert.not_valid_after_utc:
+        raise InvalidArgument(
+            f"--tls-cert {files.cert} is valid from {cert.not_valid_before_utc:%Y-%m-%d %H:%M} "
+            f"to {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC, not now: issue a new one"
+        )
+    try:
+        eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        server = x509.oid.ExtendedKeyUsageOID.SERVER_AUTH in eku
+    except x509.ExtensionNotFound:
+        server = True
+    return LoadedTLS(
+        files=files,
+        ca_pem=ca_pem,
+        cert_pem=cert_pem,
+        key_pem=key_pem,
+        identity=parse_identity(cert),
+        server=server,
+    )
+
+
+def describe(loaded: LoadedTLS) -> dict[str, str]:
+    """The TLS settings for ``--check-config``: the files and the identity found."""
+    ident = loaded.identity
+    return {
+        "tls_ca": str(loaded.files.ca),
+        "tls_cert": str(loaded.files.cert),
+        "tls_key": str(loaded.files.key),
+        "tls_identity": ident.names(),
+        "tls_serial": f"{ident.serial:x}",
+        "tls_not_after": f"{ident.not_after:%Y-%m-%d %H:%M} UTC" if ident.not_after else "?",
+    }
+
+
+# --- resolving flags and environment ---------------------------------------------------------
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def resolve(
+    *,
+    ca: str | Path | None = None,
+    cert: str | Path | None = None,
+    key: str | Path | None = None,
+    insecure: bool = False,
+    env: Mapping[str, str] | None = None,
+    what: str = "",
+) -> TLSFiles | None:
+    """TLS files or plaintext, from explicit values first, then the environment.
+
+    Explicit values (flags, ClientConfig fields) win over the environment
+    (``MEMBERSHIP_TLS_CA``, ``MEMBERSHIP_TLS_CERT``, ``MEMBERSHIP_TLS_KEY``,
+    ``MEMBERSHIP_INSECURE=1``). At one level, TLS files and insecure
+    together are an error, as is a partial set of files.
+
+    Returns:
+        The files, or None for plaintext (insecure asked for explicitly).
+
+    Raises:
+        InvalidArgument: neither TLS nor insecure (secure by default), both,
+            or only some of the three files.
+    """
+    prefix = f"{what}: " if what else ""
+    given = {"--tls-ca": ca, "--tls-cert": cert, "--tls-key": key}
+    environ = os.environ if env is None else env
+    source = "flags"
+    if not insecure and not any(given.values()):
+        given = {
+            ENV_CA: environ.get(ENV_CA) or None,
+            ENV_CERT: environ.get(ENV_CERT) or None,
+            ENV_KEY: environ.get(ENV_KEY) or None,
+        }
+        insecure = _truthy(environ.get(ENV_INSECURE))
+        source = "environment"
+    if insecure and any(given.values()):
+        raise InvalidArgument(
+            f"{prefix}both TLS files and insecure given (in the {source}): choose one"
+        )
+    if insecure:
+        return None
+    if not any(given.values()):
+        raise InvalidArgument(f"{prefix}no TLS settings: {HOW_TO_GET}")
+    missing = [name for name, value in given.items() if not value]
+    if missing:
+        raise InvalidArgument(
+            f"{prefix}{', '.join(missing)} missing: mutual TLS needs the CA, a certificate "
+            "and its key"
+        )
+    ca_v, cert_v, key_v = given.values()
+    return TLSFiles(Path(str(ca_v)), Path(str(cert_v)), Path(str(key_v)))
+
+
+def add_tls_flags(p: argparse.ArgumentParser) -> None:
+    """Adds ``--tls-ca --tls-cert --tls-key --insecure`` to a sub-command's parser."""
+    g = p.add_argument_group(
+        "security (mutual TLS by default; flags win over MEMBERSHIP_TLS_CA, MEMBERSHIP_TLS_CERT, "
+        "MEMBERSHIP_TLS_KEY and MEMBERSHIP_INSECURE=1)"
+    )
+    g.add_argument("--tls-ca", metavar="FILE", default=None, help="the cluster CA, PEM")
+    g.add_argument("--tls-cert", metavar="FILE", default=None, help="this member's certificate")
+    g.add_argument("--tls-key", metavar="FILE", default=None, help="its private key, PEM")
+    g.add_argument(
+        "--insecure",
+        action="store_true",
+        default=False,
+        help="plaintext: no TLS, no identities, anyone who reaches a port may do anything",
+    )
+
+
+def config_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`membership._config.ClientConfig` fields of the flags added by
+    :func:`add_tls_flags` (``tls_ca``, ``tls_cert``, ``tls_key``, ``insecure``)."""
+    return {
+        "tls_ca": args.tls_ca,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+        "insecure": args.insecure,
+    }
+
+
+def settings(loaded: LoadedTLS | None) -> dict[str, str]:
+    """``--check-config`` lines of a command's TLS: :func:`describe`, or that it is off."""
+    if loaded is None:
+        return {"tls": "off (--insecure: plaintext, no identities)"}
+    return describe(loaded)
+
+
+def settings_of(config: Any) -> dict[str, str]:
+    """:func:`settings` of a :class:`membership._config.ClientConfig` (files re-read).
+
+    Raises:
+        InvalidArgument: as :meth:`membership._config.ClientConfig.transport_security`
+            and :func:`load`.
+    """
+    files = config.transport_security()
+    return settings(None if files is None else load(files))
+
+
+def resolve_args(args: argparse.Namespace, what: str = "") -> TLSFiles | None:
+    """:func:`resolve` of the flags added by :func:`add_tls_flags`."""
+    return resolve(
+        ca=args.tls_ca, cert=args.tls_cert, key=args.tls_key, insecure=args.insecure, what=what
+    )
+
+
+# --- credentials --------------------------------------------------------------------------
+
+
+def channel_credentials(loaded: LoadedTLS) -> grpc.ChannelCredentials:
+    """Client credentials: trust the cluster CA, present this member's certificate."""
+    return grpc.ssl_channel_credentials(
+        root_certificates=loaded.ca_pem,
+        private_key=loaded.key_pem,
+        certificate_chain=loaded.cert_pem,
+    )
+
+
+def _server_config(loaded: LoadedTLS) -> Any:
+    return grpc.ssl_server_certificate_configuration(
+        [(loaded.key_pem, loaded.cert_pem)], root_certificates=loaded.ca_pem
+    )
+
+
+class ServerCredentials:
+    """A replica's server credentials: mutual TLS (a client certificate is
+    required), re-read from the files on :meth:`reload`.
+
+    gRPC asks :meth:`_fetch` for the configuration at each new handshake
+    (``grpc.dynamic_ssl_server_credentials``); a reload hands it the new
+    files once, so new connections get them and existing ones (and their
+    streams) are not touched.
+
+    Args:
+        loaded: the files as first loaded (:func:`load`).
+    """
+
+    def __init__(self, loaded: LoadedTLS) -> None:
+        self.current = loaded
+        self._pending: Any = None
+        self.credentials = grpc.dynamic_ssl_server_credentials(
+            _server_config(loaded), self._fetch, require_client_authentication=True
+        )
+
+    def _fetch(self) -> Any:
+        pending, self._pending = self._pending, None
+        return pending
+
+    def reload(self, check: Callable[[LoadedTLS], None] | None = None) -> LoadedTLS:
+        """Re-reads the files; new handshakes use them once this returns.
+
+        Args:
+            check: called with the new contents before they are used; it may
+                raise InvalidArgument to refuse them.
+
+        Returns:
+            The new contents.
+
+        Raises:
+            InvalidArgument: a file is missing or bad (the old ones stay in use).
+        """
+        loaded = load(self.current.files)
+        if check is not None:
+            check(loaded)
+        self._pending = _server_config(loaded)
+        self.current = loaded
+        return loaded
