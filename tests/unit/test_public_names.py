@@ -82,3 +82,43 @@ def test_public_names_arbiter_packages_load_no_grpc_until_a_server_is_asked_for(
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["False False", "True arbiter.server.app"], out.stdout
+
+
+# Old module paths of the SDK before it was split into packages (membership._MOVED).
+OLD_PATHS = sorted(membership._MOVED.items())
+
+
+@pytest.mark.parametrize(("old", "new"), OLD_PATHS, ids=[old for old, _ in OLD_PATHS])
+def test_public_names_old_module_path_is_the_moved_module_with_a_warning(
+    old: str, new: str
+) -> None:
+    code = (
+        "import importlib, sys, warnings\n"
+        "warnings.simplefilter('always')\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        f"    old = importlib.import_module({old!r})\n"
+        f"new = importlib.import_module({new!r})\n"
+        "print(old is new, new.__spec__.name, new.__name__)\n"
+        "print([str(w.message) for w in caught if w.category is DeprecationWarning])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    same, warned = out.stdout.splitlines()
+    assert same == f"True {new} {new}"
+    assert f"{old} has moved to {new}" in warned
+
+
+def test_public_names_old_paths_give_the_public_objects() -> None:
+    from membership.admin import remove_node  # type: ignore[import-not-found]
+    from membership.view import JobRanks, View  # type: ignore[import-not-found]
+
+    assert View is membership.View
+    assert JobRanks is membership.JobRanks
+    assert callable(remove_node)
+
+
+def test_public_names_a_path_that_never_existed_is_still_not_found() -> None:
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("membership.no_such_module")
