@@ -403,6 +403,11 @@ async def _run(args: argparse.Namespace, interrupt: Interrupt) -> int:
             if f.name == "ingest_workers" and value == "auto":
                 value = f"auto ({ingest_worker_count(value)} worker processes: usable cores)"
             print(f"  {f.name} = {value}")
+        # Derived: the upper bound of a node's interval_seconds (docs/protocol.md, rule 3).
+        print(
+            f"  interval_ceiling = {config.interval_ceiling!r} (derived, seconds: the longest "
+            f"interval suggested or accepted, the load cap at max_nodes)"
+        )
         return EXIT_OK
     return await _serve(
         args.id,

@@ -140,6 +140,7 @@ def test_cli_arbiter_check_config_accepts_valid_flags() -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "configuration OK" in r.stdout and "  listen = 127.0.0.1:7001" in r.stdout
+    assert "  interval_ceiling = 3.5762786865234375 (derived, seconds:" in r.stdout  # lan
     assert not Path("/nonexistent").exists()
 
 

@@ -5,6 +5,8 @@ only what changed, and acks copied from the template equal acks built in full.""
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,6 +22,7 @@ from arbiter.server.api.heartbeat_path import (
     ClusterMismatch,
     HeartbeatChecks,
     check_interval,
+    interval_bounds,
 )
 from arbiter.server.api.limits import HeartbeatStreamRules
 from arbiter.server.api.replies import cluster_mismatch
@@ -50,7 +53,7 @@ def _reference(rules: HeartbeatStreamRules, req: pb.HeartbeatRequest) -> None:
     validate_status(req.status.phase, req.status.gauges, convert.status_numbers(req.status))
     validate_health_reason(req.status.health_reason)
     validate_gpus(convert.gpu_figures(req.status))
-    check_interval(req.interval_seconds, CFG.heartbeat_interval, CFG.interval_ceiling)
+    check_interval(req.interval_seconds, interval_bounds(CFG))
     rules.check(req.node_id, req.incarnation, req.seq)
     refusal = cluster_mismatch(CLUSTER, "a1", req.cluster, f"node {req.node_id}")
     if refusal is not None:
@@ -162,6 +165,134 @@ def test_heartbeat_path_checks_validate_labels_and_status_only_when_they_change(
     assert calls == ["validate_labels"]
     with pytest.raises(InvalidArgument, match=r"^labels: label key"):
         checks.check(hb(12, {"-a": "2"}, 2.0), 7.2)
+
+
+# --- the declared interval (docs/protocol.md, Heartbeat rule 3) ---------------------------
+
+# At the defaults: heartbeat_interval 0.15 s to the load cap at 10,000 nodes, 0.6 x 1.25^8 s.
+CEILING = 0.6 * 1.25**8  # 3.5762786865234375 s
+
+
+def _interval_refusal(interval: float, config: ArbiterConfig = CFG) -> str | None:
+    """The refusal of ``interval`` as a stream's declared interval (None: accepted)."""
+    checks = HeartbeatChecks(config, CLUSTER, "a1")
+    try:
+        checks.check(
+            pb.HeartbeatRequest(node_id="n1", incarnation=1, seq=1, interval_seconds=interval), 0.0
+        )
+    except InvalidArgument as e:
+        return str(e)
+    return None
+
+
+def test_heartbeat_path_interval_bounds_at_the_defaults_reach_the_ceiling() -> None:
+    assert (
+        interval_bounds(CFG)[:2]
+        == (0.15, CEILING)
+        == (CFG.heartbeat_interval, CFG.interval_ceiling)
+    )
+    assert interval_bounds(ArbiterConfig.lan()) is interval_bounds(CFG)  # one tuple shared
+    for accepted in (0.0, -0.0, 0.15, 0.6, 1.0, 1.118, CEILING):
+        assert _interval_refusal(accepted) is None, accepted
+    for refused in (
+        math.nextafter(CEILING, math.inf),
+        4.0,
+        math.nextafter(0.15, 0.0),
+        0.1,
+        -1.0,
+        math.inf,
+        math.nan,
+    ):
+        message = _interval_refusal(refused)
+        assert message is not None and message.startswith(f"interval_seconds: got {refused!r}, ")
+        assert "outside [0.15, 3.5762786865234375] seconds" in message
+        assert "heartbeat_interval 0.15 s (--heartbeat-interval)" in message
+        assert "interval ceiling 3.5762786865234375 s" in message
+        assert "max_nodes 10000 (--max-nodes)" in message
+        assert "heartbeat_budget 5000/s (--heartbeat-budget)" in message
+        assert "max_heartbeat_interval 0.6 s (--max-heartbeat-interval)" in message
+
+
+def test_heartbeat_path_interval_bounds_move_with_max_nodes() -> None:
+    local = ArbiterConfig.local()  # 1,500 nodes: the ceiling is max_heartbeat_interval
+    assert interval_bounds(local)[:2] == (0.15, 0.6)
+    assert _interval_refusal(0.6, local) is None
+    refusal = _interval_refusal(1.0, local)
+    assert refusal is not None and "outside [0.15, 0.6] seconds" in refusal
+    assert "max_nodes 1500" in refusal
+    big = ArbiterConfig.lan(max_nodes=100_000)
+    assert interval_bounds(big)[1] == pytest.approx(33.3, abs=0.05)
+    assert _interval_refusal(30.0, big) is None
+
+
+@given(
+    st.sampled_from(
+        [ArbiterConfig.lan(), ArbiterConfig.local(), ArbiterConfig.lan(max_nodes=100_000)]
+    ),
+    st.floats(0.0, 1000.0),
+)
+def test_heartbeat_path_interval_message_names_bounds_a_client_may_declare(
+    config: ArbiterConfig, interval: float
+) -> None:
+    """The bounds in the message are exact: a client that declares one is accepted."""
+    message = _interval_refusal(interval, config)
+    lowest, highest, _ = interval_bounds(config)
+    assert (message is None) == (interval == 0 or lowest <= interval <= highest)
+    if message is not None:
+        found = re.search(r"outside \[(\S+), (\S+)\] seconds", message)
+        assert found is not None, message
+        assert (float(found[1]), float(found[2])) == (lowest, highest)
+        assert _interval_refusal(float(found[1]), config) is None
+        assert _interval_refusal(float(found[2]), config) is None
+
+
+def test_heartbeat_path_interval_changed_on_a_stream_is_checked_again() -> None:
+    checks = HeartbeatChecks(CFG, CLUSTER, "a1")
+    for seq, interval in enumerate((0.0, 1.0, CEILING, 0.6), start=1):
+        checks.check(
+            pb.HeartbeatRequest(node_id="n1", incarnation=1, seq=seq, interval_seconds=interval),
+            seq,
+        )
+    with pytest.raises(InvalidArgument, match=r"^interval_seconds: got 4\.0, outside \[0\.15, "):
+        checks.check(
+            pb.HeartbeatRequest(node_id="n1", incarnation=1, seq=9, interval_seconds=4.0), 9.0
+        )
+
+
+_configs = st.builds(
+    lambda base, over, budget, nodes: ArbiterConfig.lan(
+        heartbeat_interval=base,
+        max_heartbeat_interval=base * over,
+        heartbeat_budget=budget,
+        max_nodes=nodes,
+        missed_heartbeats=5.0,
+    ),
+    st.sampled_from([0.1, 0.15, 0.3, 1.0]),
+    st.sampled_from([1.0, 1.5, 4.0, 10.0]),
+    st.sampled_from([500.0, 5000.0, 20_000.0, 1e6]),
+    st.integers(1, 200_000),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    _configs,
+    st.lists(st.tuples(st.integers(0, 400_000), st.floats(0.0, 1.0)), min_size=1, max_size=40),
+)
+def test_heartbeat_path_every_suggested_interval_is_within_the_bounds(
+    config: ArbiterConfig, load: list[tuple[int, float]]
+) -> None:
+    """No ack's ``next_interval_seconds`` is outside what the replica accepts, at any
+    node count (even past max_nodes) and load: a node declaring what it was told is
+    never refused (docs/protocol.md, Heartbeat rules 3 and 4)."""
+    config.validate()
+    governor = config.replica_settings().governor()
+    bounds = interval_bounds(config)
+    for t, (nodes, utilisation) in enumerate(load):
+        governor.observe(utilisation, nodes, now=t * 5.0)
+        suggested = governor.suggest(nodes)
+        check_interval(suggested, bounds)
+        assert bounds.lowest <= suggested <= bounds.highest
 
 
 def _standing(**kw: Any) -> Standing:

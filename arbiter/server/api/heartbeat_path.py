@@ -13,7 +13,9 @@ Rules:
 1. Every rule of a heartbeat stream holds on every heartbeat, in this order
    (so a refusal names the same rule as before): the rate
    (:class:`arbiter.server.api.limits.Throttle`), the node id and incarnation,
-   the labels, the status, the declared interval, then seq and the stream's
+   the labels, the status, the declared interval (:func:`check_interval`: 0 or
+   within :func:`interval_bounds`, ``[heartbeat_interval, interval_ceiling]``
+   seconds, the bounds docs/protocol.md states), then seq and the stream's
    identity (:class:`arbiter.server.api.limits.HeartbeatStreamRules`).
 2. A field is validated when it differs from the same stream's previous
    heartbeat: the node id and incarnation on the first heartbeat (rule 1's
@@ -57,9 +59,11 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Mapping
 from types import MappingProxyType
+from typing import NamedTuple
 
 from arbiter.config import ArbiterConfig
 from arbiter.core.labelsets import LabelSets
@@ -80,7 +84,14 @@ from membership.shared.validation import (
 )
 from membership.v1 import membership_pb2 as pb
 
-__all__ = ["AckBuilder", "ClusterMismatch", "HeartbeatChecks", "check_interval"]
+__all__ = [
+    "AckBuilder",
+    "ClusterMismatch",
+    "HeartbeatChecks",
+    "IntervalBounds",
+    "check_interval",
+    "interval_bounds",
+]
 
 
 # HeartbeatChecks.labels before a stream's first heartbeat (never handed on).
@@ -91,18 +102,51 @@ class ClusterMismatch(Exception):
     """A heartbeat names another cluster: FAILED_PRECONDITION with this message (rule 3)."""
 
 
-def check_interval(interval: float, min_interval: float, max_interval: float) -> None:
-    """Checks a declared ``interval_seconds``: 0 (the arbiter's default) or in
-    ``[min_interval, max_interval]`` seconds.
+class IntervalBounds(NamedTuple):
+    """The ``interval_seconds`` a replica accepts besides 0 (docs/protocol.md, Heartbeat rule 3).
+
+    Attributes:
+        lowest: ``heartbeat_interval``, seconds: the interval of a small cluster.
+        highest: the interval ceiling, seconds: the load cap at ``max_nodes``
+            (interval rule 5), the longest interval any ack of the replica ever
+            suggests (``next_interval_seconds``), so a node that declares what the
+            acks suggest is always inside.
+        why: what sets them, with their flags, for the refusal's message.
+    """
+
+    lowest: float
+    highest: float
+    why: str
+
+
+@functools.lru_cache(maxsize=8)
+def interval_bounds(config: ArbiterConfig) -> IntervalBounds:
+    """The bounds of a declared interval under ``config``: one shared tuple per
+    configuration (a stream keeps a reference, not two floats of its own: rule 5)."""
+    lowest, highest = config.heartbeat_interval, config.interval_ceiling
+    why = (
+        f"from heartbeat_interval {lowest!r} s (--heartbeat-interval) to the interval "
+        f"ceiling {highest!r} s, the longest interval any ack suggests: the load cap at "
+        f"max_nodes {config.max_nodes} (--max-nodes) with heartbeat_budget "
+        f"{config.heartbeat_budget:g}/s (--heartbeat-budget), never below "
+        f"max_heartbeat_interval {config.max_heartbeat_interval!r} s (--max-heartbeat-interval)"
+    )
+    return IntervalBounds(lowest, highest, why)
+
+
+def check_interval(interval: float, bounds: IntervalBounds) -> None:
+    """Checks a declared ``interval_seconds``: 0 (the arbiter's default, ``heartbeat_interval``)
+    or in ``[bounds.lowest, bounds.highest]`` seconds (docs/protocol.md, Heartbeat rule 3).
 
     Raises:
-        InvalidArgument: naming the range.
+        InvalidArgument: ``interval_seconds: got ...``, naming both bounds (seconds, exact:
+            a client may declare either) and what sets them.
     """
-    if not (interval == 0 or min_interval <= interval <= max_interval):
+    lowest, highest, why = bounds
+    if not (interval == 0 or lowest <= interval <= highest):
         raise InvalidArgument(
-            f"interval_seconds must be 0 (the arbiter's default) or in "
-            f"[{min_interval:g}, {max_interval:g}] (an interval the arbiters suggest), "
-            f"got {interval}"
+            f"interval_seconds: got {interval!r}, outside [{lowest!r}, {highest!r}] seconds; "
+            f"send 0 (the arbiter's default) or an interval {why}"
         )
 
 
@@ -110,7 +154,7 @@ class HeartbeatChecks:
     """The checks of one heartbeat stream (module rules 1 to 3). Time is an argument.
 
     Args:
-        config: the replica's configuration (rate, interval bounds).
+        config: the replica's configuration (rate, interval bounds: :func:`interval_bounds`).
         cluster: this replica's cluster identity ("" checks nothing).
         replica_id: this replica's id, for messages.
         labelsets: the label sets every stream of the replica shares (rule 5);
@@ -118,11 +162,10 @@ class HeartbeatChecks:
     """
 
     __slots__ = (
+        "_bounds",
         "_cluster",
         "_interval",
         "_labelsets",
-        "_max_interval",
-        "_min_interval",
         "_replica_id",
         "_status",
         "labels",
@@ -141,8 +184,7 @@ class HeartbeatChecks:
         self._labelsets = LabelSets() if labelsets is None else labelsets
         self.rules = HeartbeatStreamRules()
         self.throttle = Throttle(config.max_heartbeat_rate, config.heartbeat_rate_margin)
-        self._min_interval = config.heartbeat_interval
-        self._max_interval = config.interval_ceiling  # interval rule 5
+        self._bounds = interval_bounds(config)  # interval rule 5
         self._cluster = cluster
         self._replica_id = replica_id
         # The stream's node id and the labels last validated, shared (rule 5); set
@@ -188,7 +230,7 @@ class HeartbeatChecks:
                 validate_gpus(convert.gpu_figures(status))
         self._status = status  # this request's, never an older one's (rule 5)
         if req.interval_seconds != self._interval:
-            check_interval(req.interval_seconds, self._min_interval, self._max_interval)
+            check_interval(req.interval_seconds, self._bounds)
             self._interval = req.interval_seconds
         first = rules.check(node_id, incarnation, req.seq)
         if first:
