@@ -5,9 +5,10 @@ with a ``node_id`` does besides watching: it answers the heartbeat links'
 questions (:class:`membership._node.heartbeats.LinkOwner`: what to send, what an
 ack means), feeds the acks to the sans-I/O session core
 (:mod:`membership._node.session`), turns session events into log lines and the
-application's ``on_event`` callback, wakes when a lease runs out (the fence
-timer), and, while it reaches fewer than a quorum of arbiters, says which
-ones and why every ``reachability_log_interval`` seconds.
+application's ``on_event`` callback, logs which arbiters' leases it holds
+when that changes, wakes when a lease runs out (the fence timer), and, while
+it reaches fewer than a quorum of arbiters, says which ones and why every
+``reachability_log_interval`` seconds.
 
 It follows the arbiter set its acks carry (:mod:`membership._arbiters.arbiterset`):
 a new configuration (a higher ``config_index``) opens a heartbeat link to each
@@ -34,7 +35,7 @@ from membership._arbiters.arbiterset import ArbiterFollower
 from membership._arbiters.identity import ClusterCheck
 from membership._arbiters.transport import Channels
 from membership._config import ClientConfig
-from membership._node.eventlog import log_session_event
+from membership._node.eventlog import LeaseLog, log_session_event
 from membership._node.heartbeats import HeartbeatLink
 from membership._node.linkrules import LinkTimings, odd_one_out
 from membership._node.session import (
@@ -126,6 +127,7 @@ class NodeAgent:
         self.link_tasks: dict[str, asyncio.Task[None]] = {}
         self.settled: asyncio.Event | None = None
         self.check = check  # the client's cluster identity check
+        self.lease_log = LeaseLog(node_id, voters=len(self.arbiters))
         self._denied: dict[str, str] = {}  # arbiter address -> its PERMISSION_DENIED
         self._discovery = discovery
         self.channels = channels
@@ -413,7 +415,8 @@ class NodeAgent:
     # --- session events -------------------------------------------------------------
 
     def dispatch(self, events: list[SessionEvent]) -> None:
-        """Logs session events, passes them to ``on_event``, and notices the session's end."""
+        """Logs session events (and the leases held, when they changed: :class:`LeaseLog`),
+        passes them to ``on_event``, and notices the session's end."""
         for ev in events:
             log_session_event(self.node_id, ev)
             if isinstance(ev, (StateChanged, Superseded)):
@@ -425,6 +428,8 @@ class NodeAgent:
                     self._on_event(ev)
                 except Exception:
                     log.exception("on_event callback failed")
+        s = self.session  # every change of the leases held passes here (acks, fence ticks)
+        self.lease_log.note(s.holders(time.monotonic()), s.voters, s.quorum, self.check.ids)
         if self.session.ended and not self.ended.is_set():
             self.ended.set()
             self.state_changed.set()
@@ -432,6 +437,9 @@ class NodeAgent:
     async def _fence_timer(self) -> None:
         while True:
             deadline = self.session.next_deadline()
+            expiry = self.session.next_expiry(time.monotonic())  # for lease_log: any lease's end
+            if deadline is not None and expiry is not None:
+                deadline = min(deadline, expiry)
             delay = 0.05 if deadline is None else max(0.0, deadline - time.monotonic())
             await asyncio.sleep(delay)
             self.dispatch(self.session.tick(time.monotonic()))

@@ -337,7 +337,29 @@ class NodeSession:
         return self._update_fence(now, None)
 
     def _holding(self, now: float) -> int:
-        return sum(1 for k, a in self._arbiters.items() if k in self._voters and a.until() > now)
+        return len(self.holders(now))
+
+    def holders(self, now: float) -> list[str]:
+        """The voters (as the shell names them, sorted) whose unexpired lease or grace
+        window (rule 10) covers the node at ``now`` (monotonic seconds): the node is
+        fenced while they are fewer than :attr:`quorum` (rule 3). Each ack renews its
+        arbiter's lease well before it runs out, so the list changes only when an
+        arbiter starts or stops granting (or the voters change), not at each renewal."""
+        return sorted(k for k, a in self._arbiters.items() if k in self._voters and a.until() > now)
+
+    @property
+    def voters(self) -> int:
+        """How many arbiters' leases count (rule 9: the configuration's voters)."""
+        return len(self._voters)
+
+    def next_expiry(self, now: float) -> float | None:
+        """When (monotonic seconds) the first lease or grace window that covers the node
+        at ``now`` runs out unless renewed: when :meth:`holders` may next shrink; None
+        while none covers it."""
+        return min(
+            (a.until() for k, a in self._arbiters.items() if k in self._voters and a.until() > now),
+            default=None,
+        )
 
     def end_grace(self, now: float) -> list[SessionEvent]:
         """Stops counting every grace window (rule 10) until :meth:`grace_answered`: call

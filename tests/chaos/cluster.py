@@ -9,7 +9,8 @@ own ``membership`` process in its own host namespace; replicas listen on
 with a snapshot, change epochs are contiguous (several changes may share an
 epoch, a later snapshot may jump ahead), no change arrives twice.
 :class:`NodeLog` reads what one node printed (ALIVE, fenced, unfenced,
-rejoining).
+rejoining); :meth:`ChaosCluster.holds_every_lease` what it logged of the
+leases it holds.
 
 Time bounds used by the scenarios are here, each with its reasoning. The
 figures at default settings are small (D = 0.75 s, a new leader 1 to 2.5 s
@@ -92,6 +93,8 @@ SETTLE_WITHIN = ClientConfig().stream_idle_timeout + REJOIN_WITHIN
 
 _ALIVE = re.compile(r"^(?P<id>\S+): incarnation (?P<inc>\d+) is (?P<state>\w+)$")
 _FENCE = re.compile(r"^(?P<id>\S+): (?P<word>fenced|unfenced) \(fencing epoch (?P<epoch>\d+)\)$")
+# Logged (stderr) when the set of arbiters whose leases the node holds changes.
+_LEASES = re.compile(r" holds leases from (?P<held>\d+) of (?P<voters>\d+) arbiters ")
 _REJOIN = re.compile(
     r"^(?P<id>\S+): incarnation (?P<old>\d+) over \((?P<reason>[^)]*)\); rejoining as (?P<new>\d+)$"
 )
@@ -438,8 +441,9 @@ class ChaosCluster:
     def start(
         self, nodes: Iterable[str], watchers: dict[str, str] | None = None, arbiters: int = 3
     ) -> dict[str, Any]:
-        """Starts replicas and nodes, waits for a leader and every node ALIVE and
-        unfenced; then starts the subscribers (see :meth:`add_watchers`).
+        """Starts replicas and nodes, waits for a leader and every node ALIVE,
+        unfenced and holding a lease from every replica (:meth:`wait_every_lease`);
+        then starts the subscribers (see :meth:`add_watchers`).
 
         Args:
             nodes: node ids.
@@ -456,6 +460,7 @@ class ChaosCluster:
         for nid in node_ids:
             self.wait_node(nid, lambda log: log.unfenced(), START_WITHIN, "unfenced")
         view = self.wait_agreed(START_WITHIN, expect=dict.fromkeys(node_ids, "ALIVE"))
+        self.wait_every_lease(START_WITHIN)
         if watchers:
             view = self.add_watchers(watchers)
         return view
@@ -499,6 +504,26 @@ class ChaosCluster:
     ) -> None:
         """Waits until ``pred`` holds for what node ``node_id`` printed."""
         wait_until(lambda: pred(self.node_log(node_id)), timeout, f"{node_id} {what}")
+
+    def holds_every_lease(self, node_id: str) -> bool:
+        """True when node ``node_id``'s latest "holds leases from N of M arbiters" log
+        line has N == M (False before any)."""
+        found = list(_LEASES.finditer(self.nodes[node_id].stderr()))
+        return bool(found) and found[-1]["held"] == found[-1]["voters"]
+
+    def wait_every_lease(self, timeout: float) -> None:
+        """Waits until every node holds a lease from every replica. Before a replica is
+        lost on purpose: ALIVE is not enough, a replica grants a lease only once it
+        applied the node's ALIVE, so a node may hold two of three (and be fenced when
+        one of those goes while the third's commit waits for an election)."""
+        for nid, proc in self.nodes.items():
+            if proc.alive():
+                wait_until(
+                    lambda nid=nid: self.holds_every_lease(nid),
+                    timeout,
+                    f"{nid} to hold a lease from every replica",
+                    interval=0.1,
+                )
 
     def wait_feed_at(self, name: str, view: dict[str, Any], timeout: float) -> Feed:
         """Waits until subscriber ``name`` holds ``view`` (epoch and members)."""

@@ -11,6 +11,7 @@ nodes heartbeat: no false death, no fencing.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from typing import Any
@@ -67,6 +68,29 @@ def _fenced_after_joining(node_lines: list[str]) -> bool:
     return False
 
 
+_LEASES = re.compile(r" holds leases from (\d+) of (\d+) arbiters ")
+
+
+def _holds_every_lease(node_lines: list[str]) -> bool:
+    """True when the node's latest "holds leases from N of M arbiters" line has N == M."""
+    found = [m for line in node_lines if (m := _LEASES.search(line))]
+    return bool(found) and found[-1][1] == found[-1][2]
+
+
+def _wait_every_lease(c: ProcCluster) -> None:
+    """Waits until every node holds a lease from every voter. ALIVE alone is not enough
+    when a replica goes next: a replica grants the node a lease only once it applied
+    the node's ALIVE, so a node may hold two of three; and if the replica that goes
+    is the one leading, the third's commit waits for an election (1 to 2 s), while
+    the node, down to one lease, is fenced."""
+    for n in NODES:
+        wait_until(
+            lambda n=n: _holds_every_lease(c.procs[n].stderr().splitlines()),
+            20,
+            f"{n} to hold a lease from every replica",
+        )
+
+
 def _epoch(c: ProcCluster, rid: str) -> int:
     return int((c.view(rid) or {}).get("epoch", -1))
 
@@ -79,6 +103,7 @@ def test_reconfig_replace_a_replica_whose_machine_is_gone(cluster: ProcCluster) 
         c.start_node(n)
     w = c.start_watch("w", first="a1")
     wait_until(lambda: alive_set(w) == set(NODES), 20, "every node ALIVE")
+    _wait_every_lease(c)  # a3 goes next: the nodes must keep a quorum without it
     epoch = _epoch(c, "a1")
     a3 = c.arbiters["a3"]
 
@@ -138,6 +163,9 @@ def test_reconfig_grow_to_five_and_shrink_back_while_nodes_heartbeat(cluster: Pr
         c.start_node(n)
     w = c.start_watch("w", first="a1")
     wait_until(lambda: alive_set(w) == set(NODES), 20, "every node ALIVE")
+    # a4's promotion raises the lease quorum to 3 of 4 voters: a node that holds
+    # leases from only two of a1, a2 and a3 then depends on a4's.
+    _wait_every_lease(c)
     epoch = _epoch(c, "a1")
     for rid in ("a4", "a5"):
         _join(c, rid, via=["a1", "a2", "a3"])

@@ -244,3 +244,42 @@ def test_session_lease_guard_fences_that_much_before_the_arbiters_promise() -> N
     assert s.next_deadline() == pytest.approx(0.9)
     with pytest.raises(ValueError):
         NodeSession(node_id="n1", incarnation=10, arbiters=ARBITERS, lease_guard=-0.1)
+
+
+def test_session_holders_are_the_voters_whose_leases_are_unexpired() -> None:
+    s = _session(lease_guard=0.1)
+    assert s.holders(0.0) == [] and s.voters == 3 and s.next_expiry(0.0) is None
+    for arb, lease in (("a3", 1.0), ("a1", 0.5)):
+        seq, _ = s.heartbeat(arb, 0.0)
+        _ack(s, arb, seq, 0.01, lease=lease)
+    assert s.holders(0.1) == ["a1", "a3"]  # sorted, whatever order the acks came in
+    assert s.next_expiry(0.1) == pytest.approx(0.4)  # a1's: 0.0 + 0.5 - 0.1
+    assert s.holders(0.4) == ["a3"] and s.fenced(0.4)  # rule 3: what fencing counts
+    assert s.next_expiry(0.4) == pytest.approx(0.9)
+    assert s.holders(0.9) == [] and s.next_expiry(0.9) is None
+    # Rule 9: a learner's lease is not held; the voters are the configuration's.
+    seq, _ = s.heartbeat("a2", 1.0)
+    _ack(s, "a2", seq, 1.0, lease=1.0)
+    s.configure(["a1", "a3", "a4", "a5"], ["a2"], 7, 1.0)
+    assert s.holders(1.0) == [] and s.voters == 4 and s.next_expiry(1.0) is None
+
+
+def test_session_holders_stay_put_through_renewals_and_drop_when_one_stops_granting() -> None:
+    # At the defaults (interval 0.15 s, lease 0.75 s, guard 0.1 s) every lease is
+    # renewed long before it ends: the holders change only when a3 stops granting.
+    s = _session(lease_guard=0.1)
+    seen: list[list[str]] = []
+    t = 0.0
+    while t < 3.0:
+        for arb in ARBITERS if t < 1.5 else ("a1", "a2"):
+            seq, _ = s.heartbeat(arb, t)
+            _ack(s, arb, seq, t + 0.02, lease=0.75)
+        for now in (t + 0.02, t + 0.1):
+            s.tick(now)
+            if not seen or seen[-1] != s.holders(now):
+                seen.append(s.holders(now))
+        t = round(t + 0.15, 6)
+    assert seen == [["a1", "a2", "a3"], ["a1", "a2"]]
+    # a3's last renewal was sent at 1.35 s: it ends at 1.35 + 0.75 - 0.1.
+    assert s.holders(1.99) == ["a1", "a2", "a3"]
+    assert s.holders(2.0) == ["a1", "a2"]
