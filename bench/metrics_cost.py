@@ -132,7 +132,7 @@ def bookkeeping_ns(n: int = 200_000) -> dict[str, float]:
     """Nanoseconds per heartbeat of the servicer's metrics bookkeeping: ours, prometheus-client."""
     from prometheus_client import CollectorRegistry, Counter, Histogram
 
-    from arbiter.server.ops.metrics import INTERARRIVAL_BUCKETS, Counters
+    from arbiter.server.consensus.counters import INTERARRIVAL_BUCKETS, Counters
 
     c = Counters()
 
