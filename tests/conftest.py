@@ -53,6 +53,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     from tests.sim.test_sim import CI_CHUNK, CI_SECONDS
 
     session.config.stash[sim_runs_key] = None
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # Under pytest-xdist every worker collects every test: the seed tests
+        # run their seeds themselves, on whichever worker they land.
+        return
     firsts = [
         item.callspec.params["first"]
         for item in session.items
