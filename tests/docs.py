@@ -112,8 +112,7 @@ def blocks(page: Path) -> list[Block]:
         if end == len(lines):
             raise ValueError(f"{page}:{i + 1}: a fence that is never closed")
         body = [
-            line[len(indent) :] if line.startswith(indent) else line
-            for line in lines[i + 1 : end]
+            line[len(indent) :] if line.startswith(indent) else line for line in lines[i + 1 : end]
         ]
         found.append(Block(page, i + 1, lang, "\n".join(body) + "\n", directives))
         i = end + 1

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs import RUN, ROOT, blocks, run_page
+from tests.docs import ROOT, RUN, blocks, run_page
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs import RUN, ROOT, PageFailed, PageRun, blocks, covering_test, run_page
+from tests.docs import ROOT, RUN, PageFailed, PageRun, blocks, covering_test, run_page
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
