@@ -58,6 +58,11 @@ RUN = ("sh", "python")
 DEFAULT_TIMEOUT = 120.0
 _DIRECTIVE = re.compile(r"^<!--\s*doctest:\s*([a-z ]+?)\s*:\s*(.*?)\s*-->\s*$")
 _PORT = re.compile(r"\b(127\.0\.0\.1|localhost):(70\d\d|91\d\d)\b")
+# Runs its arguments with SIGINT at its default (rule 6, "interrupt after").
+_SIGINT_DEFAULT = (
+    f"{sys.executable} -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+    "os.execvp(sys.argv[1], sys.argv[1:])'"
+)
 _COVER = re.compile(r"covered by (tests/[\w/]+\.py)::(test_\w+)")
 
 
@@ -290,7 +295,12 @@ class PageRun:
         if until is not None:
             lines = [line for line in _logical_lines(script) if line.strip()]
             last = lines[-1]
-            script = "\n".join(lines[:-1]) + f"\n{last} > last-{n}.txt 2>&1 &\n__doc_pid=$!\n"
+            # A background command of a non-interactive bash ignores SIGINT:
+            # it starts with SIGINT at its default, as from a terminal.
+            script = (
+                "\n".join(lines[:-1])
+                + f"\n{_SIGINT_DEFAULT} {last} > last-{n}.txt 2>&1 &\n__doc_pid=$!\n"
+            )
         self._last_script = script
         (self.dir / f"block-{n}.sh").write_text(script)
         out = self.dir / f"out-{n}.txt"
