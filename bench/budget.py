@@ -19,7 +19,7 @@ replica's busy fraction taken as rate x (cost per heartbeat measured in part
 to 100,000 nodes, and with the cost doubled (a contended machine).
 
 ``--hogs K`` runs K busy-loop processes beside each real run (a contended
-machine: the busy fraction counts the wait for a CPU, rule 1 of load.py).
+machine: the busy fraction counts the wait for a CPU, rule 1 of monitor.py).
 
 Usage: python bench/budget.py [--nodes 100,300] [--seconds 24] [--budget 1000] [--hogs 0]
 """

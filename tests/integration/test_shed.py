@@ -4,7 +4,7 @@ that long and joins once the load is gone (arbiter/server/api/shedding.py, heart
 One replica that is its own quorum runs in this process; the test plays its load with a
 load source (``LoadMonitor.add_source``), so nothing here depends on the machine's speed.
 A replica made late by a test hook (its loop-lag monitor reporting the loop late for
-much of the last 2 s) sheds on that backlog alone, its CPU time low (load.py rule 4).
+much of the last 2 s) sheds on that backlog alone, its CPU time low (monitor.py rule 4).
 The same through an ingest worker (``ingest_workers=1``): the consensus process decides,
 the worker ends the stream with the same status and hint (ingest/pool.py rule 3).
 """

@@ -85,7 +85,7 @@ def test_load_observer_refuses_negative_lateness() -> None:
             obs.tick(1.0, state, lateness=bad)
 
 
-# --- the measurement (load.py rule 1) ----------------------------------------------
+# --- the measurement (monitor.py rule 1) ----------------------------------------------
 
 
 def test_load_monitor_utilisation_is_busy_time_over_wall_time_averaged() -> None:
@@ -111,7 +111,7 @@ def test_load_monitor_utilisation_is_busy_time_over_wall_time_averaged() -> None
     assert m.samples == 3 and m.cost >= 0
 
 
-# --- lateness (load.py rule 3) -------------------------------------------------------
+# --- lateness (monitor.py rule 3) -------------------------------------------------------
 
 
 class _Lag:

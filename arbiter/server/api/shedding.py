@@ -1,13 +1,13 @@
-"""Shedding: new heartbeat streams refused while the replica is loaded (load.py's figures).
+"""Shedding: new heartbeat streams refused while the replica is loaded (monitor.py's figures).
 
 Rule (:func:`check_shedding`): a heartbeat stream whose first
 heartbeat names a node the replica does not know (no opinion, no record
-in the view) is refused while the loop thread's time *on a CPU* (load.py rule 1
+in the view) is refused while the loop thread's time *on a CPU* (monitor.py rule 1
 without the wait for one: the replica's own work, not its neighbours')
 is above ``shed_utilisation`` of the time (1.0: never; through an ingest
 worker, the maximum of the replica's and that worker's, as its latest
 batch gave it), or its backlog is at least ``shed_lateness`` seconds
-(load.py rule 4: the loop's lateness averaged over the last 2 s, or an
+(monitor.py rule 4: the loop's lateness averaged over the last 2 s, or an
 ingest backlog; a short stall counts little, being short). The backlog is
 what makes shedding fire on a replica that falls behind while it *waits*
 for a CPU: a starved loop's time on a CPU stays low, but its acks are late.

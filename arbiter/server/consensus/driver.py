@@ -399,12 +399,12 @@ class Driver(Proposing):
 
     def add_lateness_source(self, fn: Callable[[float], float], backlog: bool = True) -> None:
         """Adds ``fn(now) -> seconds`` this replica is late (an ingest backlog): no
-        node is suspected for that silence (observer rule 6; load.py rule 3).
-        ``backlog=False``: not read by shedding (load.py rule 4)."""
+        node is suspected for that silence (observer rule 6; monitor.py rule 3).
+        ``backlog=False``: not read by shedding (monitor.py rule 4)."""
         self.health.add_source(fn, backlog)
 
     def lateness(self, now: float) -> float:
-        """Seconds of the recent past this replica could not hear (load.py rule 3)."""
+        """Seconds of the recent past this replica could not hear (monitor.py rule 3)."""
         return self.health.lateness(now, self.loop_lag)
 
     def local_suspects(self) -> list[str]:

@@ -30,7 +30,7 @@ Rules:
    its inter-arrival histogram in the driver's.
    Its load is the worker's latest: the driver's load monitor reads the
    maximum over the workers serving (:meth:`IngestPool.utilisation`,
-   :meth:`IngestPool.cpu`; load.py rule 1), so the suggested interval follows
+   :meth:`IngestPool.cpu`; monitor.py rule 1), so the suggested interval follows
    the load of the processes that carry the heartbeats.
 4. Local health: :class:`arbiter.server.ingest.lateness.Horizon` is the
    driver's lateness source; a worker overdue by more than

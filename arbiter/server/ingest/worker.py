@@ -20,7 +20,7 @@ Rules:
    changed on the stream (:func:`arbiter.server.fanout.statusboard.changed`) or
    ``STATUS_REFRESH`` seconds passed, its labels only when they changed.
    Refusals come back in the verdict too (``max_nodes``, and shedding, which
-   the consensus process decides for a stream's first heartbeat: load.py
+   the consensus process decides for a stream's first heartbeat: monitor.py
    rule 4): the stream ends with RESOURCE_EXHAUSTED, the message and, for a
    shed, the trailing ``grpc-retry-pushback-ms``, as in-process.
 3. Every other method is forwarded to the consensus process
@@ -42,7 +42,7 @@ Rules:
    UNAVAILABLE at its next heartbeat and stops the server with the shutdown
    grace; RELOAD_TLS re-reads the TLS files for new connections (SIGHUP).
 6. Load: a :class:`arbiter.server.load.monitor.LoadMonitor` samples this worker's
-   loop (load.py rule 1) and every batch carries its latest value: the
+   loop (monitor.py rule 1) and every batch carries its latest value: the
    consensus process's interval and shedding follow the workers' load.
 """
 
