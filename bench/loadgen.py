@@ -113,6 +113,7 @@ class Process:
         argv: Sequence[str],
         log: Path,
         on_event: Callable[[dict[str, Any]], None] | None = None,
+        nice: int = 0,
     ) -> None:
         self.name = name
         self.report: dict[str, Any] = {}
@@ -123,7 +124,7 @@ class Process:
         self._on_event = on_event
         errlog = open(log.with_suffix(".err"), "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [str(binary()), *argv],
+            [*(["nice", "-n", str(nice)] if nice else []), str(binary()), *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=errlog,
@@ -233,6 +234,7 @@ class Fleet:
         processes: loadgen processes (the nodes are spread evenly).
         logdir: each process logs to ``<name>-<i>.log`` (stdout) and ``.err``.
         extra: more ``hb`` flags (``--wait-join``, ``--interval-rule own`` ...).
+        nice: the processes' nice value (0: this script's).
     """
 
     def __init__(
@@ -246,6 +248,7 @@ class Fleet:
         name: str = "loadgen",
         prefix: str = "n",
         on_event: Callable[[dict[str, Any]], None] | None = None,
+        nice: int = 0,
     ) -> None:
         self.count = count
         self.prefix = prefix
@@ -265,7 +268,7 @@ class Fleet:
                 (
                     first,
                     n,
-                    Process(procs, f"{name}-{i}", argv, logdir / f"{name}-{i}.log", on_event),
+                    Process(procs, f"{name}-{i}", argv, logdir / f"{name}-{i}.log", on_event, nice),
                 )
             )
             first += n
@@ -300,6 +303,30 @@ class Fleet:
                 p.send(f"kill {node}")
                 return p
         raise KeyError(node)
+
+    def gaps(self, nodes: Sequence[str], timeout: float = 10.0) -> dict[str, dict[str, Any]]:
+        """Each node's longest own send gaps (the ``gaps`` command of hb.go): per node
+        ``{"max_ratio": gap / interval, "links": [{"addr", "max_gap_s", "max_ratio",
+        "interval_s"}]}``; a node whose process did not answer within ``timeout``
+        seconds is left out."""
+        out: dict[str, dict[str, Any]] = {}
+        since = time.monotonic()
+        asked: list[tuple[str, Process]] = []
+        for v in nodes:
+            i = int(v[len(self.prefix) :])
+            for first, n, p in self.parts:
+                if first <= i < first + n:
+                    p.send(f"gaps {v}")
+                    asked.append((v, p))
+        deadline = since + timeout
+        for v, p in asked:
+            e = p.find(
+                lambda e, v=v: e.get("ev") == "gaps" and e.get("node") == v and e["_t"] >= since,
+                max(0.0, deadline - time.monotonic()),
+            )
+            if e is not None:
+                out[v] = e
+        return out
 
     def cpu(self) -> float:
         """CPU seconds of every loadgen process so far."""

@@ -42,7 +42,14 @@ For every N, one after the other (never two systems at once), on loopback:
    DELETE (bench/scale_etcd.py; docs/scale.md, "The etcd column").
 
 ``--hogs K`` runs K busy-loop processes for the whole run (the issue's
-"CPU hogs on both cores"). Every figure is of this run; the load generator's
+"CPU hogs on both cores"), at ``--hog-nice`` (0: the replicas' priority);
+``--loadgen-nice -10`` puts the load generator above them, so that a
+starved replica is not taken for a starved client. The load generator
+records each node's own send gaps (between two heartbeats it created on a
+link that had granted a lease), and a false DEATH is split: ``fD late`` counts
+those whose node had a gap longer than ``LATE_RATIO`` (1.5) times its
+interval (the node itself was late), the rest are the replicas' fault.
+Every figure is of this run; the load generator's
 own figures (rate achieved against the rate the intervals in force require,
 the lateness of its sends, its CPU) are in the table so that a limit of the
 load is never taken for one of the server. Writes bench/results/scale.txt
@@ -88,6 +95,7 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
         f"{'N':>6} {'system':<15} {'iv s':>5} {'hb/s':>6} {'cores':>5} {'us/hb':>6} {'ratio':>5} "
         f"{'hb/s/core':>9} {'KiB/node':>8} {'ack p50/p99 ms':>14} {'join s/epochs':>13} "
         f"{'commit->sub p50/p99 ms':>22} {'kill->DEAD p50/p99 s':>20} {'elect':>5} {'falseD':>6} "
+        f"{'fD late':>7} "
         f"{'subs':>6} "
         f"{'| loadgen sent/required/s':>25} {'late p99 ms':>11} {'stale/s':>7} {'lg cores':>8}"
     )
@@ -120,6 +128,7 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
                 f"{commit:>22} "
                 f"{_f(o['kill_p50_s'], '.2f') + '/' + _f(o['kill_p99_s'], '.2f'):>20} "
                 f"{o['elections']:>5} {len(o['false_deaths']):>6} "
+                f"{_f(o.get('false_deaths_late_count')):>7} "
                 f"{o['subs_min']:>6} "
                 f"{'| ' + _f(a1['sent_rate']) + '/' + _f(a1['required_rate']):>25} "
                 f"{_f(a1['late_p99_ms'], '.1f'):>11} {_f(a1.get('stale_per_s')):>7} "
@@ -174,7 +183,9 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
         "over the kills (steady state); in brackets the p99 over the whole run, join storm",
         "included. subs: the fewest subscribers that received an epoch within 5 s of the first.",
         "kill->DEAD: p50 at the first subscriber, p99 at the last. elect = Raft term changes after",
-        "the first election. falseD = DEAD of a node not killed. iv s: the heartbeat interval",
+        "the first election. falseD = DEAD of a node not killed; fD late = of those, nodes",
+        "whose own send gaps exceeded 1.5 intervals (the rest: the replicas' fault).",
+        "iv s: the heartbeat interval",
         "(ours: N / the rate a1's suggestions require; etcd: the renewal period, see below).",
         f"(loaded): above N = {args.full_load_max} a1 alone is fully loaded; a2 and a3 run "
         "light, at --heartbeat-interval "
@@ -291,8 +302,8 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     try:
         if args.hogs:
-            start_hogs(procs, args.hogs)
-            say(f"{args.hogs} CPU hogs running")
+            start_hogs(procs, args.hogs, args.hog_nice)
+            say(f"{args.hogs} CPU hogs running at nice {args.hog_nice}")
         for n in args.sizes:
             row: dict[str, Any] = {"n": n}
             rows.append(row)
@@ -368,6 +379,11 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             p.error(f"--{name.replace('_', '-')} must be a finite number > 0, got {value}")
     if not (args.ingest_workers == "auto" or args.ingest_workers.isdigit()):
         p.error(f"--ingest-workers must be 'auto' or a count >= 0, got {args.ingest_workers!r}")
+    for name in ("hog_nice", "loadgen_nice"):
+        if not -20 <= getattr(args, name) <= 19:
+            p.error(f"--{name.replace('_', '-')} must be in -20..19, got {getattr(args, name)}")
+    if min(args.hog_nice, args.loadgen_nice) < 0 and os.geteuid() != 0:
+        p.error("a negative --hog-nice or --loadgen-nice needs root")
     if not (args.settle >= 0 and math.isfinite(args.settle)):
         p.error(f"--settle must be a finite number >= 0, got {args.settle}")
     for flag, path in (("--out", args.out), ("--keep-logs", args.keep_logs)):
@@ -417,6 +433,15 @@ def main() -> int:
         help="seconds within which the storm's nodes start (overrides --join-rate)",
     )
     p.add_argument("--hogs", type=int, default=0, help="busy-loop processes for the whole run")
+    p.add_argument(
+        "--hog-nice", type=int, default=0, help="nice value of the hogs (0: the replicas')"
+    )
+    p.add_argument(
+        "--loadgen-nice",
+        type=int,
+        default=0,
+        help="nice value of the load generator processes (-10: above the hogs; needs root below 0)",
+    )
     p.add_argument(
         "--ingest-workers",
         default="0",

@@ -16,6 +16,7 @@ from detection_common import Procs, cpu_seconds
 __all__ = [
     "cpu_seconds",
     "histogram_quantile",
+    "niced",
     "pct",
     "process_tree",
     "rss_bytes",
@@ -145,9 +146,16 @@ def histogram_delta(
     return {key: [(lab, v - old.get(lab["le"], 0.0)) for lab, v in after.get(key, ())]}
 
 
-def start_hogs(procs: Procs, k: int) -> list[Any]:
-    """``k`` busy-loop processes (one Python ``while True: pass`` each), killed with ``procs``."""
-    return [procs.spawn(f"hog-{i}", [sys.executable, "-c", "while True: pass"]) for i in range(k)]
+def start_hogs(procs: Procs, k: int, nice: int = 0) -> list[Any]:
+    """``k`` busy-loop processes (one Python ``while True: pass`` each) at ``nice``,
+    killed with ``procs``."""
+    argv = [*niced(nice), sys.executable, "-c", "while True: pass"]
+    return [procs.spawn(f"hog-{i}", argv) for i in range(k)]
+
+
+def niced(nice: int) -> list[str]:
+    """The argv prefix that runs a command at ``nice`` (coreutils ``nice``; none for 0)."""
+    return ["nice", "-n", str(nice)] if nice else []
 
 
 def victims(n: int, k: int, gone: set[str]) -> list[str]:

@@ -30,6 +30,10 @@ from scale_common import (
 from membership.testing.localcluster import LocalCluster, free_ports
 
 BENCH = Path(__file__).resolve().parent
+# A node is late itself when one of its own send gaps (hb.go's gaps command: between
+# two heartbeats it created on a link that had granted a lease) exceeded this many
+# intervals; a false DEATH of a node that was not is the replicas' fault.
+LATE_RATIO = 1.5
 
 
 def light(args: argparse.Namespace, n: int) -> bool:
@@ -137,7 +141,7 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
             raise RuntimeError(f"{args.subscribers} subscriptions not open within 60 s")
         extra_hb = ["--wait-join", "--start-spread", str(res["join_spread_s"])]
         extra_hb += ["--interval-rule", "own"] if lightly else []
-        fleet = Fleet(procs, addrs, n, args.procs, workdir, *extra_hb)
+        fleet = Fleet(procs, addrs, n, args.procs, workdir, *extra_hb, nice=args.loadgen_nice)
         fleet.wait_ready()
         time.sleep(1.0)  # the replicas' memory at rest, subscribers open
         rss0 = {r: tree_rss_bytes(p) for r, p in pids.items()}
@@ -256,6 +260,18 @@ def run_ours(args: argparse.Namespace, n: int, procs: Procs, workdir: Path) -> d
                 if e["first"] < kill_t.get(d, float("inf"))
             }
         )
+        # split by the nodes' own send gaps: late when one exceeded LATE_RATIO intervals
+        gaps = fleet.gaps(res["false_deaths"])
+        res["false_deaths_gaps"] = {v: round(g["max_ratio"], 2) for v, g in gaps.items()}
+        res["false_deaths_late"] = sorted(v for v, r in gaps.items() if r["max_ratio"] > LATE_RATIO)
+        res["false_deaths_late_count"] = len(res["false_deaths_late"])
+        if res["false_deaths"]:
+            say(
+                f"ours N={n}: {len(res['false_deaths'])} false DEATHs, "
+                f"{res['false_deaths_late_count']} of nodes late themselves (gap > "
+                f"{LATE_RATIO} intervals); the longest gap / interval of each: "
+                f"{res['false_deaths_gaps']}"
+            )
         res["rejoins"] = fleet.totals()["rejoins"]
         res["errors"] = {a["addr"]: a["errors"] for a in fleet.totals()["arbiters"]}
         return res

@@ -431,7 +431,8 @@ func (g *etcdGen) kill(ids []string) {
 	}
 }
 
-func (g *etcdGen) join(int) {}
+func (g *etcdGen) join(int)      {}
+func (g *etcdGen) gaps([]string) {}
 
 // period is the renewal period at TTL ttl: clientv3's (with answers faster
 // than the remainder) is the first 500 ms pass after TTL/3; fixed: TTL/3.

@@ -83,6 +83,15 @@ type hbStream struct {
 	wasDown   bool        // shard only: the link was down at the last look
 	mu        sync.Mutex  // guards st, cancel, mbox (set by the opening goroutine)
 	next      float64     // scheduled time of the next send
+	// the node's own send gaps (shard only): between two heartbeats created on one
+	// opening of the link after it granted a lease, the time from one to the next
+	lastAt     float64 // when the last heartbeat was created (0: none on this opening)
+	lastGen    uint64  // the opening it was created on
+	lastLeased bool    // the link had granted a lease when it was created
+	lastIv     float64 // the interval in force when it was created
+	maxGap     float64 // the longest gap, seconds
+	maxRatio   float64 // the longest gap over the interval in force at its end
+	gapIv      float64 // that interval, seconds
 }
 
 type hbNode struct {

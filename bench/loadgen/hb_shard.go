@@ -121,6 +121,7 @@ func (sh *hbShard) serve(n *hbNode, now float64) {
 				stepped = true
 			}
 			g.late.add(now - s.next)
+			s.noteGap(now, iv)
 			atomic.StoreInt32(&s.inflight, 1)
 			s.seq++
 			// a fresh buffer each time: gRPC keeps the slice until its writer sent it
@@ -165,6 +166,60 @@ func (sh *hbShard) serve(n *hbNode, now float64) {
 		wake = math.Ceil(wake/g.tick) * g.tick
 	}
 	n.due = wake
+}
+
+// noteGap records the gap since the heartbeat last created on this opening of the
+// link, counted only when the link had granted a lease at both (in slow start the
+// node waits for the replica's ack: the replica's time, not the node's).
+func (s *hbStream) noteGap(now, iv float64) {
+	gen := atomic.LoadUint64(&s.gen)
+	leased := atomic.LoadUint64(&s.leasedGen) == gen
+	// both ends leased: a heartbeat sent in slow start waits for the replica's ack
+	if leased && s.lastLeased && s.lastGen == gen && s.lastAt > 0 {
+		gap := now - s.lastAt
+		if gap > s.maxGap {
+			s.maxGap = gap
+		}
+		// the next heartbeat was due one interval after the last: the interval
+		// declared then, or the one in force now when that is longer
+		due := iv
+		if s.lastIv > due {
+			due = s.lastIv
+		}
+		if r := gap / due; r > s.maxRatio {
+			s.maxRatio, s.gapIv = r, due
+		}
+	}
+	s.lastAt, s.lastGen, s.lastLeased, s.lastIv = now, gen, leased, iv
+}
+
+// gaps reports the longest send gaps of each node in ids, per link (one "gaps"
+// line per node), from the node's shard: a node is late when a gap is longer
+// than its interval allows (bench/scale.py reads the ratio).
+func (g *hbGen) gaps(ids []string) {
+	for _, id := range ids {
+		n, ok := g.byID[id]
+		if !ok {
+			emit(map[string]interface{}{"ev": "error", "error": "gaps: no node " + id})
+			continue
+		}
+		done := make(chan map[string]interface{})
+		n.shard.cmds <- func() {
+			links := []interface{}{}
+			worst := 0.0
+			for _, s := range n.links {
+				links = append(links, map[string]interface{}{
+					"addr": s.arb.addr, "max_gap_s": s.maxGap, "max_ratio": s.maxRatio,
+					"interval_s": s.gapIv,
+				})
+				if s.maxRatio > worst {
+					worst = s.maxRatio
+				}
+			}
+			done <- map[string]interface{}{"ev": "gaps", "node": id, "t": mono(), "max_ratio": worst, "links": links}
+		}
+		emit(<-done)
+	}
 }
 
 type nodeHeap []*hbNode

@@ -65,6 +65,7 @@ func cpuSeconds() float64 {
 type commander interface {
 	kill(ids []string)
 	join(k int)
+	gaps(ids []string)
 	final()
 }
 
@@ -86,6 +87,8 @@ func serveCommands(c commander) {
 					fmt.Sscan(f[1], &k)
 				}
 				c.join(k)
+			case "gaps":
+				c.gaps(f[1:])
 			case "quit":
 				close(done)
 				return

@@ -94,6 +94,7 @@ func runSubscribers(argv []string) {
 
 func (g *subGen) kill([]string) {}
 func (g *subGen) join(int)      {}
+func (g *subGen) gaps([]string) {}
 func (g *subGen) final()        { g.flush(true) }
 
 func (g *subGen) follow(i int, conn *grpc.ClientConn) {

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import shutil
+import signal
 import sys
 import time
 from collections import defaultdict
@@ -249,6 +250,47 @@ async def test_loadgen_waits_for_the_retry_hint_of_a_replica_that_sheds(
         await wait_async(lambda: len(rec.requests["h0"]) >= 2, 15, "h0 heartbeating again")
         first, second = rec.opened["h0"][:2]
         assert second - first >= HINT_MS / 1000 - 0.05
+
+
+async def test_loadgen_gaps_report_the_nodes_own_lateness_when_its_process_stalls(
+    server: tuple[str, Recorder],
+) -> None:
+    addr, rec = server
+    async with _child("hb", "--arbiters", addr, "--prefix", "g", "--count", "1") as lg:
+        await wait_async(
+            lambda: any(r.interval_seconds == SUGGESTED for r in rec.requests["g0"]),
+            10,
+            "g0 declaring the suggested interval",
+        )
+
+        async def gaps() -> dict[str, Any]:
+            seen = sum(1 for x in lg.lines if x.get("ev") == "gaps")
+            await lg.send("gaps g0")
+            await wait_async(
+                lambda: sum(1 for x in lg.lines if x.get("ev") == "gaps") > seen, 5, "gaps"
+            )
+            last = lg.last("gaps")
+            assert last is not None
+            return last
+
+        before = len(rec.requests["g0"])
+        await wait_async(lambda: len(rec.requests["g0"]) >= before + 3, 10, "leased heartbeats")
+        ok = await gaps()
+        (link,) = ok["links"]
+        assert link["addr"] == addr and link["max_gap_s"] > 0
+        assert link["interval_s"] == pytest.approx(SUGGESTED)
+        # The node's own process stops for 1.5 s (six of its intervals): the gap is its own,
+        # and the ratio says so.
+        lg.proc.send_signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep(1.5)  # the length of the stall is the fault itself
+        finally:
+            lg.proc.send_signal(signal.SIGCONT)
+        await wait_async(lambda: len(rec.requests["g0"]) >= before + 5, 10, "g0 sending again")
+        late = await gaps()
+        assert late["links"][0]["max_gap_s"] >= 1.4
+        assert late["max_ratio"] >= 1.4 / SUGGESTED
+        assert late["max_ratio"] > ok["max_ratio"]
 
 
 async def test_loadgen_subscribers_decode_the_snapshot_and_a_death(
