@@ -723,6 +723,7 @@ class Delivered:
     restored: Snapshot | None
     applied: tuple[tuple[Entry, ApplyResult], ...]
 
+
 if TYPE_CHECKING:
     from arbiter.core.observer import Observer
     from arbiter.core.tally import MembershipState

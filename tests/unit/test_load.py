@@ -164,13 +164,18 @@ def test_load_lateness_covers_a_stall_for_as_long_as_it_lasted_then_sources() ->
 
 
 def _driver(utilisation: float, lateness: float, known: bool = False) -> SimpleNamespace:
+    refusals: list[tuple[str, float, float]] = []  # what the observer was told (rule 5)
     return SimpleNamespace(
         config=ArbiterConfig.lan(),
         replica_id="a1",
         load=SimpleNamespace(cpu=utilisation, shed=0, shed_since=None, last_shed=-math.inf),
         health=SimpleNamespace(backlog=lambda now: lateness),
-        observer=SimpleNamespace(opinion=lambda n: Opinion.ALIVE if known else None),
+        observer=SimpleNamespace(
+            opinion=lambda n: Opinion.ALIVE if known else None,
+            refused=lambda n, until, now: refusals.append((n, until, now)),
+        ),
         state=SimpleNamespace(member=lambda n: None),
+        refusals=refusals,
     )
 
 
@@ -182,6 +187,8 @@ def test_load_shedding_refuses_new_nodes_with_a_jittered_retry_hint() -> None:
     assert 1000 <= e.value.pushback_ms < 2000  # shed_retry_after 1 s, x1 to x2
     assert e.value.trailing == ((PUSHBACK_KEY, str(e.value.pushback_ms)),)
     assert d.load.shed == 1
+    # the observer holds n1 until it may come back (observer rule 5, refusals)
+    assert d.refusals == [("n1", e.value.pushback_ms / 1000, 0.0)]
     with pytest.raises(Shed, match=r"backlog 0\.500s"):
         check_shedding(_driver(0.1, 0.5), "n1", 0.0)  # type: ignore[arg-type]
 
@@ -208,8 +215,10 @@ def test_load_shedding_hint_doubles_while_an_episode_lasts_and_starts_again_afte
 
 
 def test_load_shedding_never_refuses_a_known_node_nor_below_the_thresholds() -> None:
-    check_shedding(_driver(0.95, 5.0, known=True), "n1", 0.0)  # type: ignore[arg-type]
-    check_shedding(_driver(0.89, 0.09), "n1", 0.0)  # type: ignore[arg-type]
+    known, light = _driver(0.95, 5.0, known=True), _driver(0.89, 0.09)
+    check_shedding(known, "n1", 0.0)  # type: ignore[arg-type]
+    check_shedding(light, "n1", 0.0)  # type: ignore[arg-type]
+    assert known.refusals == light.refusals == []  # nothing refused, nothing held
 
 
 @pytest.mark.parametrize(

@@ -155,3 +155,45 @@ def test_readlag_a_member_known_only_from_the_log_gets_the_lease_of_the_suggeste
     assert rep.observer.suspects() == ["n1"]
     rep.tick(12.02)
     assert rep.observer.unheard_hold == pytest.approx(0.5)  # the replica's own suggestion
+
+
+@pytest.mark.parametrize("shed_here", [False, True])
+def test_readlag_a_node_this_replica_shed_is_not_suspected_before_its_retry_hint(
+    shed_here: bool,
+) -> None:
+    # Observer rule 5, refusals: a1 shed n1's stream at 10.0 with a 4 s retry
+    # hint; a2 and a3 admitted it, and a1 learns from the log at 10.5 that n1
+    # is ALIVE. n1 may not come back before 14.0: a1 holds it until then plus
+    # unheard_hold (2 s), not 2 s from the view (bench/scale.py --hogs 4: two
+    # replicas did this to one node, and it was DEAD though it never stopped).
+    log = Log()
+    for r in ("a2", "a3"):
+        log.commit(r, (Observation(node_id="n1", incarnation=1, opinion=Opinion.ALIVE, seq=1),))
+    rep = _replica()
+    rep.observer.unheard_hold = 2.0
+    if shed_here:
+        rep.observer.refused("n1", 14.0, 10.0)
+    rep.observer.tick(10.5, log.state)  # syncs the view: n1 tracked, unheard
+    rep.observer.tick(12.6, log.state)
+    assert rep.observer.suspects() == ([] if shed_here else ["n1"])
+    rep.observer.tick(15.9, log.state)
+    assert rep.observer.suspects() == ([] if shed_here else ["n1"])
+    rep.observer.tick(16.01, log.state)  # never came back: a silence is a silence
+    assert rep.observer.suspects() == ["n1"]
+
+
+def test_readlag_refusals_are_bounded_and_a_stale_one_holds_nothing() -> None:
+    # The map of refusals forgets the stale ones once it grows past 4,096 nodes,
+    # and a refusal whose hint ran out long ago adds no hold.
+    log = Log()
+    log.commit("a2", (Observation(node_id="n1", incarnation=1, opinion=Opinion.ALIVE, seq=1),))
+    log.commit("a3", (Observation(node_id="n1", incarnation=1, opinion=Opinion.ALIVE, seq=1),))
+    rep = _replica()
+    rep.observer.unheard_hold = 2.0
+    rep.observer.refused("n1", 1.0, 0.0)  # told to wait 1 s, at 0.0
+    for i in range(5000):
+        rep.observer.refused(f"x{i}", 100.0 + i * 1e-3, 99.0 + i * 1e-3)
+    assert len(rep.observer._refused) <= 4097
+    rep.observer.tick(100.0, log.state)
+    rep.observer.tick(102.01, log.state)
+    assert rep.observer.suspects() == ["n1"]

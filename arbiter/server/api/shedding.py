@@ -92,6 +92,8 @@ def check_shedding(
     hint = min(MAX_PUSHBACK / 2, base * 2 ** min(16, int((now - load.shed_since) / base)))
     pushback = int(hint * 1000 * (1.0 + (rng or random).random()))
     load.shed += 1
+    # the node's silence here until it may come back is ours (observer rule 5)
+    driver.observer.refused(node_id, now + pushback / 1000, now)
     raise Shed(
         f"shedding: arbiter {driver.replica_id} is loaded (cpu {u:.2f}, "
         f"shed_utilisation {cfg.shed_utilisation:g}; backlog {late:.3f}s, shed_lateness "
