@@ -12,6 +12,12 @@ result from the file, waiting for the seeds not yet done; without a
 background process (the test run alone, or the process gone) it runs its
 seeds itself.
 
+Under pytest-xdist (the README's ``-n 2``) the controller starts the process
+once the first worker has collected (``tests/conftest.py``) and the workers
+*attach* to it (:meth:`SeedRuns.attach`, by its pid file): a seed test there
+takes the seeds already done and runs the rest itself at once rather than
+wait, since its worker is a CPU the other tests need.
+
 Run as ``python -m tests.sim.background OUT FIRST COUNT SECONDS``: one JSON
 line per seed in OUT, ``{"seed": 7, "error": null, "replay": "..."}``.
 """
@@ -19,6 +25,7 @@ line per seed in OUT, ``{"seed": 7, "error": null, "replay": "..."}``.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -37,11 +44,15 @@ class SeedRuns:
 
     Args:
         out: the JSON-lines file it writes, one line per finished seed.
-        proc: the process.
+        proc: the process (None in a process that attached to it).
+        pid: its pid (also in ``out``.pid).
+        patience: seconds a seed test waits for its seeds before it runs the rest itself.
     """
 
     out: Path
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | None
+    pid: int
+    patience: float = 60.0
 
     @classmethod
     def start(cls, out: Path, first: int, count: int, seconds: float) -> SeedRuns:
@@ -58,7 +69,28 @@ class SeedRuns:
             )
         finally:
             err.close()
-        return cls(out=out, proc=proc)
+        out.with_suffix(".pid").write_text(str(proc.pid))
+        return cls(out=out, proc=proc, pid=proc.pid)
+
+    @classmethod
+    def attach(cls, out: Path) -> SeedRuns | None:
+        """The run another process started into ``out`` (its pid file), waiting for
+        nothing (``patience`` 0); None when no run was started there."""
+        try:
+            pid = int(out.with_suffix(".pid").read_text())
+        except (OSError, ValueError):
+            return None
+        return cls(out=out, proc=None, pid=pid, patience=0.0)
+
+    def running(self) -> bool:
+        """Whether the process still runs (a zombie has ended)."""
+        if self.proc is not None:
+            return self.proc.poll() is None
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except OSError:
+            return os.path.exists(f"/proc/{self.pid}")  # no procfs: assume it runs
+        return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
     def results(self) -> dict[int, str | None]:
         """Seed -> its error (None: every invariant held), for the seeds finished so far."""
@@ -77,16 +109,14 @@ class SeedRuns:
         deadline = time.monotonic() + timeout
         while True:
             done = self.results()
-            if (
-                all(s in done for s in seeds)
-                or self.proc.poll() is not None
-                or time.monotonic() > deadline
-            ):
+            if all(s in done for s in seeds) or not self.running() or time.monotonic() >= deadline:
                 return {s: done[s] for s in seeds if s in done}
             time.sleep(0.05)
 
     def stop(self) -> None:
-        """Ends the process (kill), if it still runs, and reaps it."""
+        """Ends the process (kill), if it still runs, and reaps it (only its starter can)."""
+        if self.proc is None:
+            return
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()

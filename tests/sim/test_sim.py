@@ -45,8 +45,9 @@ REGRESSION_SEEDS = (142, 731)
 def test_sim_ci_seeds_hold_every_invariant(first: int, sim_seed_runs: SeedRuns | None) -> None:
     seeds = range(first, first + CI_CHUNK)
     # Run ahead by tests/sim/background.py when the whole suite runs; here otherwise (or
-    # for what it could not finish in time).
-    done = sim_seed_runs.wait_for(seeds, timeout=60) if sim_seed_runs is not None else {}
+    # for what it had not finished: under xdist a worker does not wait for it).
+    runs = sim_seed_runs
+    done = runs.wait_for(seeds, runs.patience) if runs is not None else {}
     failures = []
     for seed in seeds:
         if seed in KNOWN_BUG_SEEDS:
@@ -66,7 +67,12 @@ def test_sim_background_seed_runs_give_the_inline_results(tmp_path: Path) -> Non
     finally:
         runs.stop()
     assert done == {s: run_seed(s, 20.0).error for s in (3, 4)}
-    assert runs.proc.returncode is not None
+    assert runs.proc is not None and runs.proc.returncode is not None
+    # A process that attaches by the pid file reads the same results and sees it ended.
+    attached = SeedRuns.attach(runs.out)
+    assert attached is not None and attached.pid == runs.pid and not attached.running()
+    assert attached.wait_for(range(3, 5), attached.patience) == done
+    assert SeedRuns.attach(tmp_path / "none.jsonl") is None
 
 
 def test_sim_same_seed_gives_same_trace() -> None:
