@@ -205,9 +205,10 @@ class PageRun:
     @staticmethod
     def _mirror_venv(venv: Path, mirror: Path) -> None:
         """``mirror`` as the virtualenv ``venv`` (module rule 2), whose ``pip``
-        installs the real checkout: ``pip install -e '.[bench]'`` run in the page's
+        is ``tests/docs_pip.py``: ``pip install -e '.[bench]'`` run in the page's
         folder would otherwise point the tests' own install at that folder, which
-        is removed when the page ends."""
+        is removed when the page ends, and reinstalling the checkout while other
+        tests start ``membership`` races them (they saw its entry points twice)."""
         mirror.mkdir()
         for entry in venv.iterdir():
             if entry.name != "bin":
@@ -217,17 +218,13 @@ class PageRun:
             if tool.name in {"pip", "pip3", f"pip3.{sys.version_info.minor}"}:
                 continue
             (mirror / "bin" / tool.name).symlink_to(tool)
-        pip = (
-            "#!/usr/bin/env bash\n"
-            "# tests/docs.py: a page's pip installs the checkout, not the page's folder.\n"
-            "args=()\n"
-            'for a in "$@"; do\n'
-            '  case "$a" in .|.\\[*) args+=("' + str(ROOT) + '${a#.}") ;; *) args+=("$a") ;; esac\n'
-            "done\n"
-            'exec "' + str(venv / "bin" / "python") + '" -m pip "${args[@]}"\n'
+        script = str(ROOT / "tests" / "docs_pip.py")
+        shim = (
+            f"#!{venv / 'bin' / 'python'}\n"
+            f"import runpy\nrunpy.run_path({script!r}, run_name='__main__')\n"
         )
         for name in ("pip", "pip3", f"pip3.{sys.version_info.minor}"):
-            (mirror / "bin" / name).write_text(pip)
+            (mirror / "bin" / name).write_text(shim)
             (mirror / "bin" / name).chmod(0o755)
 
     def substitute(self, text: str) -> str:

@@ -380,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     # The server registers its own sub-command, so that this package never imports it.
     for ep in entry_points(group="membership.commands"):
+        if ep.name in sub.choices:  # the metadata found twice on sys.path (a checkout's
+            continue  # egg-info beside an install): one command, registered once
         try:
             ep.load()(sub)
         except ImportError as e:  # pragma: no cover - broken install

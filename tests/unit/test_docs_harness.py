@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import docs_pip
 from tests.docs import ROOT, RUN, PageFailed, PageRun, blocks, covering_test, run_page
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -275,8 +276,32 @@ def test_harness_the_page_folder_mirrors_the_checkout_and_pip_installs_the_check
         assert (work / "bench" / "results").is_dir()
         assert not any((work / "bench" / "results").iterdir())  # the committed figures stay
         pip = (work / ".venv" / "bin" / "pip").read_text()
-        assert str(ROOT) in pip and "-m pip" in pip
+        assert str(ROOT / "tests" / "docs_pip.py") in pip
         assert (work / ".venv" / "bin" / "python").resolve() == Path(sys.executable).resolve()
     finally:
         session.close()
     assert os.path.isdir(work)
+
+
+def test_harness_a_pages_pip_adds_the_extras_and_never_reinstalls_the_checkout() -> None:
+    dist = docs_pip._installed_editable(ROOT)
+    assert dist is not None, "the tests run from an editable install of this checkout"
+    bench = [r.split(";")[0].strip() for r in dist.requires or [] if 'extra == "bench"' in r]
+    assert bench  # matplotlib, py-spy, uvloop
+    assert docs_pip.rewrite(["install", "-q", "-e", ".[bench]"], ROOT, dist) == [
+        "install",
+        "-q",
+        *bench,
+    ]
+    assert docs_pip.rewrite(["install", "-e", "."], ROOT, dist) == ["install"]
+    # Not installed from here: the checkout itself, by its real path.
+    assert docs_pip.rewrite(["install", "-e", ".[bench]"], ROOT, None) == [
+        "install",
+        "-e",
+        f"{ROOT}[bench]",
+    ]
+    assert docs_pip.rewrite(["list", "--format", "json"], ROOT, dist) == [
+        "list",
+        "--format",
+        "json",
+    ]
