@@ -7,6 +7,7 @@ import asyncio
 import marshal
 import random
 import struct
+import time
 import types
 
 import pytest
@@ -164,6 +165,35 @@ async def test_ingest_batcher_batches_answers_in_order_and_fails_when_closed() -
             await f
     with pytest.raises(ChannelClosed):
         b.ask((3, "n", 1, None, 0.0, False, None))
+
+
+async def test_ingest_a_late_worker_stamps_its_batch_with_what_it_has_heard() -> None:
+    """Batcher rule 2, lateness rule 1: a worker that woke from a 2 s stall flushes an
+    empty batch at once, before it reads the heartbeats gRPC kept for it. Stamped with
+    its send time, the consensus process would take every node as heard up to now and
+    suspect n1, silent for those 2 s; stamped with now minus the worker's lateness it
+    suspects nobody. The same silence with the worker on time is a suspicion."""
+    sent: list[bytes] = []
+    b = Batcher(sent.append, lambda items: [])
+    rep = _replica()
+    t0 = time.monotonic()
+    rep.heartbeat("n1", 1, {}, t0 - 2.2)  # heard once, then the worker stalled 2 s
+    h = Horizon()
+    h.joined(0, t0 - 2.2)
+    b.lateness = lambda now: 2.0  # LocalHealth: a 2 s stall that just ended
+    b.flush()
+    (batch,) = frames.FrameDecoder().feed(sent[-1])
+    assert batch[2] == pytest.approx(time.monotonic() - 2.0, abs=0.05)
+    h.heard(0, batch[2])
+    now = time.monotonic()
+    rep.tick(now, h.lateness(now))
+    assert rep.observer.suspects() == []
+    b.lateness = lambda now: 0.0  # on time: the same silence is n1's own
+    b.flush()
+    h.heard(0, frames.FrameDecoder().feed(sent[-1])[0][2])
+    now = time.monotonic()
+    rep.tick(now, h.lateness(now))
+    assert rep.observer.suspects() == ["n1"]
 
 
 def test_ingest_ack_from_cached_parts_decodes_as_the_whole_ack() -> None:

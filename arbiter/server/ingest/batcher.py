@@ -11,7 +11,11 @@ Rules:
    once with ``MAX_BATCH`` heartbeats, whichever comes first; with nothing
    to send, an empty batch leaves every ``IDLE_FLUSH`` seconds (the
    consensus process's horizon, :mod:`arbiter.server.ingest.lateness`).
-   Every batch is stamped with its send time.
+   Every batch is stamped with the time up to which this worker has heard
+   its nodes: its send time minus the worker's own lateness (``lateness``:
+   its loop's stalls and its streams' read lag, worker.py rule 7), not the
+   send time alone: a worker starved of CPU wakes, flushes an empty batch
+   on time and only then reads the heartbeats gRPC kept for it.
 3. The counts of heartbeats read, acks written and streams open since the
    last batch ride on each batch, and add up in the consensus process's
    counters (:class:`arbiter.server.consensus.counters.Counters`), and so does the
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from arbiter.server.consensus.counters import INTERARRIVAL_BUCKETS, Buckets
@@ -104,6 +109,9 @@ class Batcher:
         self.streams = 0  # open now
         self.batches = 0
         self.monitor: Any = None  # the worker's LoadMonitor (rule 3); None: load 0
+        # Seconds of the recent past this worker could not hear, at monotonic now
+        # (rule 2; worker.py rule 7).
+        self.lateness: Callable[[float], float] = lambda now: 0.0
         self.interarrival = Buckets(INTERARRIVAL_BUCKETS)  # since the last batch (rule 3)
 
     def ask(self, entry: tuple[Any, ...]) -> asyncio.Future[tuple[Any, ReplicaStatus]]:
@@ -151,8 +159,9 @@ class Batcher:
         if any(ia.counts):
             hist = (tuple(ia.counts), ia.sum)
             self.interarrival = Buckets(INTERARRIVAL_BUCKETS)
+        heard = now - self.lateness(now)  # rule 2
         self._write(
-            frames.encode(frames.BATCH, self._batch_id, now, entries, closed, counts, load, hist)
+            frames.encode(frames.BATCH, self._batch_id, heard, entries, closed, counts, load, hist)
         )
 
     async def run_idle(self) -> None:

@@ -19,8 +19,9 @@ Rules:
    - ``SETUP`` (``<-``, first frame): a dict of the worker's settings.
    - ``HELLO`` (``->``, once serving): worker index, pid, send time.
    - ``FAILED`` (``->``): why the worker cannot serve (its port could not be bound).
-   - ``BATCH`` (``->``): batch id, send time (monotonic seconds, one clock
-     for every process of the machine), the heartbeats (tuples of
+   - ``BATCH`` (``->``): batch id, heard until (monotonic seconds, one clock
+     for every process of the machine: the send time minus the worker's own
+     lateness, :mod:`arbiter.server.ingest.lateness` rule 1), the heartbeats (tuples of
      :data:`ENTRY`'s fields), the stream tokens closed since the last
      batch, the counts (heartbeats read, acks written, streams open)
      since the last batch, and the worker's load (its loop's utilisation and

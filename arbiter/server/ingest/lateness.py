@@ -2,10 +2,13 @@
 
 Rules:
 
-1. Every BATCH carries the worker's send time; everything that worker read
-   before it is in that batch or an earlier one. So, per worker, the
-   consensus process has heard every heartbeat the worker received up to the
-   send time of the latest batch it took in (:meth:`Horizon.heard`), and its
+1. Every BATCH carries the time up to which the worker has heard its
+   nodes: its send time minus the worker's own lateness (its loop's stalls,
+   and the read lag of its streams measured from the heartbeats' send
+   times: worker.py rule 7, batcher rule 2); everything the worker read before the send is in that
+   batch or an earlier one. So, per worker, the consensus process has heard
+   every heartbeat sent to it up to the stamp of the latest batch it took
+   in (:meth:`Horizon.heard`: the latest stamp, never going back), and its
    lateness is ``now`` minus the earliest of those times over the workers
    serving (:meth:`Horizon.lateness`). The driver ticks its detectors no
    later than ``now`` minus that (``Driver.add_lateness_source``): no node
@@ -42,7 +45,8 @@ class Horizon:
         self._until[worker] = now
 
     def heard(self, worker: int, sent_at: float) -> None:
-        """A batch of ``worker`` sent at ``sent_at`` was taken in (rule 1)."""
+        """A batch of ``worker`` stamped ``sent_at`` (heard until, monotonic seconds)
+        was taken in (rule 1)."""
         if sent_at > self._until.get(worker, float("-inf")):
             self._until[worker] = sent_at
 

@@ -40,8 +40,9 @@ Rules:
    the detectors' silence is measured up to ``now`` minus it, bounded by the
    core (``ReplicaSettings.max_lateness``).
 
-The ingest workers are not covered here: their heartbeats reach the consensus
-process with the worker's batch time (``arbiter/server/ingest/lateness.py``).
+Each ingest worker measures its own streams the same way and stamps its
+batches with it (``arbiter/server/ingest/worker.py`` rule 7,
+``arbiter/server/ingest/lateness.py`` rule 1).
 """
 
 from __future__ import annotations
