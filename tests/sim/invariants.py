@@ -43,6 +43,11 @@ S9 Ranks (arbiter/core/ranks.py): none before the first committed Bootstrap
    stays in its job keeps its rank unless the job shrank to it or below
    (ranks rule 2). S4 and S7 compare the ranks too: every replica and every
    subscriber holds the same ranks at the same epoch.
+S10 No false death under starvation (runs of ``starvation``, issue 24): a
+   node that never stopped sending on time, over links that lose nothing,
+   is never DEAD in a committed view, however long its replicas are starved
+   (``replicas`` rule 7). Checked for the nodes in ``Checker.sending`` when
+   a run sets it (other runs' faults make such silences legitimate).
 
 Liveness (checked by ``World`` at set times, bounds in ``faults``):
 
@@ -110,6 +115,7 @@ class Checker:
         self.floors: dict[str, tuple[int, int]] = {}  # node -> (forgotten incarnation, epoch)
         self.forgotten = 0  # records forgotten in the run
         self.ranks_on = False  # S9: a Bootstrap with the ranks rules is committed
+        self.sending: set[str] | None = None  # S10: nodes that keep sending (None: unchecked)
 
     def fail(self, what: str) -> None:
         """Raises :class:`InvariantViolation` with the virtual time."""
@@ -260,6 +266,11 @@ class Checker:
             if c.state is not MemberState.DEAD:
                 continue
             self.dead.add((c.node_id, c.incarnation))
+            if self.sending is not None and c.node_id in self.sending:
+                self.fail(
+                    f"S10: {c.node_id}#{c.incarnation} DEAD at epoch {change.epoch} though it "
+                    "never stopped sending on time"
+                )
             if c.node_id in later:
                 continue  # retired by its next incarnation (rules 3 and 5)
             obs = self.obs.get(c.node_id, {})

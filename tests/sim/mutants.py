@@ -15,6 +15,10 @@ issue's "done when" asks that each is caught within the CI seeds.
 - ``f``: after a configuration change the tally keeps counting the quorum of
   the configuration before it (tally.py, rule 11): grown from three voters
   to five, it declares DEAD on two suspicions.
+- ``g``: a starved replica ticks its detectors without the lateness its own
+  stall gave it (``replicas`` rule 7; observer rule 6). Caught by the
+  starvation runs (``tests/sim/starvation.py``, invariant S10), not by the
+  random CI seeds, which starve no replica.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from tests.sim.world import Mutants
 
 __all__ = ["MUTANTS", "patched"]
 
-MUTANTS = ("a", "b", "c", "d", "e", "f")
+MUTANTS = ("a", "b", "c", "d", "e", "f", "g")
 
 
 @contextlib.contextmanager
@@ -130,4 +134,6 @@ def patched(mutant: str | None) -> tuple[contextlib.AbstractContextManager[None]
         return _forget_without_floor(), Mutants()
     if mutant == "f":
         return _old_quorum_after_change(), Mutants()
+    if mutant == "g":
+        return contextlib.nullcontext(), Mutants(deaf_to_stalls=True)
     raise ValueError(f"unknown mutant {mutant!r}; one of {', '.join(MUTANTS)}")

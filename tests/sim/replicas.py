@@ -29,6 +29,19 @@ Rules:
    (``reconfig``): its process stops for good. A replica whose machine is
    *gone* (disk lost) is never started again under its id. Acks carry the
    configuration in force (as ``arbiter/server/consensus/arbiterset.py`` does).
+7. Starvation (:meth:`SimReplica.starve`): a replica whose process gets no CPU
+   for a while, as on a machine whose neighbours take it (issue 24). It reads
+   nothing and runs no timer: what is sent to it waits (a node's heartbeats
+   held on the sender's side by flow control, so a stamp, if the simulated
+   heartbeat had one, would be late too; Raft messages in its socket). When
+   it runs again its timer fires first, before it reads what waited (the
+   order that blames the nodes: an ingest worker flushes its batch before it
+   reads), then it takes every input in arrival order. Its only knowledge of
+   the stall is its own, the lateness a loop stall gives it in the shell
+   (``arbiter/server/ingest/worker.py`` rule 7, the consensus process's
+   ``LocalHealth``): a stall of L seconds, in progress or ended less than one
+   heartbeat interval ago, makes it L seconds late (observer rule 6; the core
+   bounds it). Mutant ``deaf_to_stalls`` (g) ticks without it.
 """
 
 from __future__ import annotations
@@ -129,6 +142,13 @@ class SimReplica:
         self._spin_at = -1.0
         self._view_moved = False
         self._ack_conf: tuple[object, tuple[str, ...], tuple[str, ...]] = (None, (), ())
+        # Rule 7: inputs held while starved, until when, and the latest stall's
+        # (length, end) in seconds of virtual time.
+        self.starved_until = -math.inf
+        self._held: list[tuple[Any, Any]] = []
+        self.stall = (0.0, -math.inf)
+        self.stalls = 0
+        self._stall_start = -math.inf
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -171,6 +191,7 @@ class SimReplica:
     def crash(self) -> None:
         """Drops the core and all volatile state (rule 2); the disk stays."""
         self.core = None
+        self.starved_until, self._held = -math.inf, []  # rule 7: what waited is lost
         self._token += 1
         self._wake_at = math.inf
         self.disk.pending = None  # never reached the disk
@@ -178,12 +199,53 @@ class SimReplica:
         if feed is not None:
             feed.close()
 
+    # --- starvation (rule 7) ----------------------------------------------------------------
+
+    def starve(self, seconds: float) -> None:
+        """Gives this replica's process no CPU for ``seconds`` from now (rule 7); a
+        starvation under way is extended to end no earlier than that."""
+        if self.core is None or seconds <= 0:
+            return
+        now = self.world.q.now
+        if now >= self.starved_until:
+            self._stall_start = now
+            self._token += 1  # no timer runs while starved
+            self._wake_at = math.inf
+        until = max(self.starved_until, now + seconds)
+        self.starved_until = until
+        self.world.q.at(until, self._fed, until)
+
+    def _fed(self, until: float) -> None:
+        if until != self.starved_until or self.core is None:
+            return  # extended since, or crashed
+        now = self.world.q.now
+        self.starved_until = -math.inf
+        self.stall = (now - self._stall_start, now)
+        self.stalls += 1
+        self._view_moved = True  # the timer first (rule 7)
+        self._wake(self._token)
+        held, self._held = self._held, []
+        for fn, arg in held:
+            fn(arg)
+
+    def lateness(self, now: float) -> float:
+        """Seconds of the recent past this replica could not hear (rule 7)."""
+        if self.world.mutants.deaf_to_stalls:
+            return 0.0
+        length, ended = self.stall
+        # One expression for the end, here and in _schedule (float rounding: a wake-up at
+        # the end must see the lateness over).
+        return length if now < ended + self.world.config.heartbeat_interval else 0.0
+
     # --- inputs --------------------------------------------------------------------------
 
     def on_raft(self, msg: Message) -> None:
         """A Raft message arrives from a peer."""
         core = self.core
         if core is None:
+            return
+        if self.world.q.now < self.starved_until:  # rule 7
+            self._held.append((self.on_raft, msg))
             return
         core.step(msg, self.world.q.now)
         self._after_input()
@@ -195,6 +257,9 @@ class SimReplica:
             return
         w = self.world
         now = w.q.now
+        if now < self.starved_until:  # rule 7
+            self._held.append((self.on_heartbeat, hb))
+            return
         v = core.heartbeat(hb.node_id, hb.incarnation, w.labels, now)
         w.checker.granted(self, hb.node_id, hb.incarnation, v.lease)
         conf = core.configuration
@@ -224,14 +289,15 @@ class SimReplica:
             return
         self._wake_at = math.inf
         now = self.world.q.now
-        if self._view_moved or self.core.next_deadline() <= now:
+        late = self.lateness(now)
+        if self._view_moved or self.core.next_deadline(late) <= now:
             self._view_moved = False
             if now == self._spin_at:
                 self._spins += 1
                 assert self._spins < 10_000, f"{self.id} ticks forever at {now}: livelock"
             else:
                 self._spin_at, self._spins = now, 0
-            self.core.tick(now, wall=now)  # the replicas' wall clocks agree here
+            self.core.tick(now, late, wall=now)  # the replicas' wall clocks agree here
             self._after_input()
         else:
             self._schedule()
@@ -240,7 +306,9 @@ class SimReplica:
 
     def poke(self) -> None:
         """Something was proposed from outside (a node's grace window): flush and reschedule."""
-        if self.core is not None:
+        if self.core is not None and self.world.q.now < self.starved_until:  # rule 7
+            self._held.append((lambda _: self.poke(), None))
+        elif self.core is not None:
             self._after_input()
 
     def _after_input(self) -> None:
@@ -264,7 +332,16 @@ class SimReplica:
     def _schedule(self) -> None:
         core = self.core
         assert core is not None
-        d = self.world.q.now if self._view_moved else core.next_deadline()
+        now = self.world.q.now
+        if now < self.starved_until:
+            return  # rule 7: the timer runs when the replica does
+        if self._view_moved:
+            d = now
+        else:
+            late = self.lateness(now)
+            d = core.next_deadline(late)
+            if late > 0:  # the lateness ends after one interval: look again then
+                d = min(d, self.stall[1] + self.world.config.heartbeat_interval)
         if d < self._wake_at:
             self._wake_at = d
             self._token += 1

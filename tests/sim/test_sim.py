@@ -25,6 +25,7 @@ from arbiter.core.tally import MembershipState
 from tests.sim.background import SeedRuns
 from tests.sim.run import replay_command, run_seed
 from tests.sim.scenario import run_file
+from tests.sim.starvation import starved_run
 
 pytestmark = pytest.mark.sim
 
@@ -118,6 +119,33 @@ def test_sim_catches_deliberate_breakage(mutant: str, invariant: str) -> None:
             assert r.error is not None and f": {invariant}:" in r.error, r.error
             return
     pytest.fail(f"mutant {mutant} not caught by seeds 0-19")
+
+
+STARVATION_SEEDS = range(10)
+
+
+@pytest.mark.parametrize("seed", STARVATION_SEEDS)
+def test_sim_starved_replicas_declare_no_sending_node_dead_and_a_crashed_one_dead(
+    seed: int,
+) -> None:
+    """tests/sim/starvation.py: bursts starve a quorum of replicas (replicas rule 7);
+    S10 and every other invariant hold, and a node that crashes mid-bursts is DEAD
+    within D plus the core's lateness bound plus one burst."""
+    r = starved_run(seed)
+    assert r.ok, f"{r.error} (replay: starved_run({seed}) in tests/sim/starvation.py)"
+    assert r.bursts >= 10 and r.starved_seconds > 10.0, r
+    assert r.kill_to_dead is not None and r.kill_to_dead <= r.bound, r
+
+
+def test_sim_catches_a_replica_deaf_to_its_own_stalls() -> None:
+    """Mutant g (the starved replica ticks without its lateness) breaks S10 in the
+    starvation runs: the check above could fail."""
+    for seed in STARVATION_SEEDS:
+        r = starved_run(seed, mutant="g")
+        if not r.ok:
+            assert r.error is not None and ": S10:" in r.error, r.error
+            return
+    pytest.fail(f"mutant g not caught by starvation seeds {STARVATION_SEEDS}")
 
 
 @pytest.mark.parametrize(

@@ -45,10 +45,13 @@ class Mutants:
         vote_after_send: Ready's hard state reaches the disk only after the
             messages that depend on it were sent (breakage b).
         no_check_quorum: Raft runs without CheckQuorum (breakage d).
+        deaf_to_stalls: a starved replica ticks its detectors without the
+            lateness its own stall gave it (breakage g; ``replicas`` rule 7).
     """
 
     vote_after_send: bool = False
     no_check_quorum: bool = False
+    deaf_to_stalls: bool = False
 
 
 class World:
