@@ -74,9 +74,17 @@ class Scraper:
 
 
 async def run_cluster(
-    tmp: Path, *, metrics: bool, nodes: int, interval: float, window: float, scrape: float
+    tmp: Path,
+    *,
+    metrics: bool,
+    nodes: int,
+    interval: float,
+    window: float,
+    scrape: float,
+    settle: float = 5.0,
 ) -> dict[str, float]:
-    """Replica CPU per heartbeat, with or without metrics served and scraped."""
+    """Replica CPU per heartbeat, with or without metrics served and scraped; ``window``
+    seconds measured after ``settle`` (at least 5 ``interval``s) of heartbeats."""
     cluster = LocalCluster(tmp, merge_output=True)
     ports = free_ports(6)
     cluster.arbiters = {f"a{i + 1}": f"127.0.0.1:{p}" for i, p in enumerate(ports[:3])}
@@ -104,7 +112,7 @@ async def run_cluster(
         if metrics:
             scraper = Scraper(list(endpoints.values()), scrape)
             scraper.start()
-        await asyncio.sleep(max(5.0, 5 * interval))
+        await asyncio.sleep(max(settle, 5 * interval))  # the adaptive interval settles
         pids = [c.pid for c in cluster.children.values()]
         before = sum(cpu_seconds(p) for p in pids)
         acked0 = sum(s.acked for s in gen.stats.values())
@@ -171,6 +179,12 @@ async def main() -> int:
     ap.add_argument("--window", type=float, default=15.0)
     ap.add_argument("--scrape", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=5.0,
+        help="seconds of heartbeats before measuring (at least 5 intervals; default 5)",
+    )
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     runs: dict[str, list[dict[str, float]]] = {"baseline": [], "metrics": []}
@@ -186,6 +200,7 @@ async def main() -> int:
                     interval=args.interval,
                     window=args.window,
                     scrape=args.scrape,
+                    settle=args.settle,
                 )
                 runs[kind].append(res)
                 print(
