@@ -342,8 +342,9 @@ def channel_cost(nodes: int, batch: int, seconds: float = 2.0) -> dict[str, floa
                     for i in range(start, min(n, start + batch))
                 )
                 seq[0] += 1
+                now = time.monotonic()
                 data = frames.encode(
-                    frames.BATCH, seq[0], time.monotonic(), entries, (), (0, 0, 0), (0.0, 0.0), None
+                    frames.BATCH, seq[0], now, entries, (), (0, 0, 0), (0.0, 0.0), None, 0.0
                 )
                 t = time.perf_counter()
                 (msg,) = frames.FrameDecoder().feed(data)

@@ -167,12 +167,13 @@ async def test_ingest_batcher_batches_answers_in_order_and_fails_when_closed() -
         b.ask((3, "n", 1, None, 0.0, False, None))
 
 
-async def test_ingest_a_late_worker_stamps_its_batch_with_what_it_has_heard() -> None:
-    """Batcher rule 2, lateness rule 1: a worker that woke from a 2 s stall flushes an
-    empty batch at once, before it reads the heartbeats gRPC kept for it. Stamped with
-    its send time, the consensus process would take every node as heard up to now and
-    suspect n1, silent for those 2 s; stamped with now minus the worker's lateness it
-    suspects nobody. The same silence with the worker on time is a suspicion."""
+async def test_ingest_a_late_worker_tells_its_lateness_and_nobody_is_suspected_for_it() -> None:
+    """Batcher rule 2, lateness rule 1a: a worker that woke from a 2 s stall flushes an
+    empty batch at once, before it reads the heartbeats gRPC kept for it. Taken as
+    heard up to its send time, n1, silent for those 2 s, would be suspected; with the
+    worker's lateness carried along, nobody is. The same silence with the worker on
+    time is a suspicion. Shedding's backlog (Horizon.lateness) ignores the worker's
+    lateness: a join storm's read lag must not shed the storm."""
     sent: list[bytes] = []
     b = Batcher(sent.append, lambda items: [])
     rep = _replica()
@@ -180,19 +181,22 @@ async def test_ingest_a_late_worker_stamps_its_batch_with_what_it_has_heard() ->
     rep.heartbeat("n1", 1, {}, t0 - 2.2)  # heard once, then the worker stalled 2 s
     h = Horizon()
     h.joined(0, t0 - 2.2)
-    b.lateness = lambda now: 2.0  # LocalHealth: a 2 s stall that just ended
+    b.lateness = lambda now: 2.0  # the worker's loop: a 2 s stall that just ended
     b.flush()
     (batch,) = frames.FrameDecoder().feed(sent[-1])
-    assert batch[2] == pytest.approx(time.monotonic() - 2.0, abs=0.05)
-    h.heard(0, batch[2])
+    assert batch[8] == 2.0 and batch[2] == pytest.approx(time.monotonic(), abs=0.05)
+    h.heard(0, batch[2], batch[8])
     now = time.monotonic()
-    rep.tick(now, h.lateness(now))
+    assert h.lateness(now) < 0.05 and h.hearing(now) == pytest.approx(2.0, abs=0.05)
+    rep.tick(now, max(h.lateness(now), h.hearing(now)))
     assert rep.observer.suspects() == []
     b.lateness = lambda now: 0.0  # on time: the same silence is n1's own
     b.flush()
-    h.heard(0, frames.FrameDecoder().feed(sent[-1])[0][2])
+    (batch,) = frames.FrameDecoder().feed(sent[-1])
+    h.heard(0, batch[2], batch[8])
     now = time.monotonic()
-    rep.tick(now, h.lateness(now))
+    assert h.hearing(now) < 0.05
+    rep.tick(now, max(h.lateness(now), h.hearing(now)))
     assert rep.observer.suspects() == ["n1"]
 
 

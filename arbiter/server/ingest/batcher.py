@@ -11,11 +11,11 @@ Rules:
    once with ``MAX_BATCH`` heartbeats, whichever comes first; with nothing
    to send, an empty batch leaves every ``IDLE_FLUSH`` seconds (the
    consensus process's horizon, :mod:`arbiter.server.ingest.lateness`).
-   Every batch is stamped with the time up to which this worker has heard
-   its nodes: its send time minus the worker's own lateness (``lateness``:
-   its loop's stalls and its streams' read lag, worker.py rule 7), not the
-   send time alone: a worker starved of CPU wakes, flushes an empty batch
-   on time and only then reads the heartbeats gRPC kept for it.
+   Every batch is stamped with its send time and carries the worker's own
+   lateness at that moment (``lateness``: its loop's stalls and its streams'
+   read lag, worker.py rule 7): a worker starved of CPU wakes, flushes an
+   empty batch on time and only then reads the heartbeats gRPC kept for it,
+   so its send time alone says more than it has heard.
 3. The counts of heartbeats read, acks written and streams open since the
    last batch ride on each batch, and add up in the consensus process's
    counters (:class:`arbiter.server.consensus.counters.Counters`), and so does the
@@ -159,9 +159,11 @@ class Batcher:
         if any(ia.counts):
             hist = (tuple(ia.counts), ia.sum)
             self.interarrival = Buckets(INTERARRIVAL_BUCKETS)
-        heard = now - self.lateness(now)  # rule 2
+        late = self.lateness(now)  # rule 2
         self._write(
-            frames.encode(frames.BATCH, self._batch_id, heard, entries, closed, counts, load, hist)
+            frames.encode(
+                frames.BATCH, self._batch_id, now, entries, closed, counts, load, hist, late
+            )
         )
 
     async def run_idle(self) -> None:

@@ -19,16 +19,17 @@ Rules:
    - ``SETUP`` (``<-``, first frame): a dict of the worker's settings.
    - ``HELLO`` (``->``, once serving): worker index, pid, send time.
    - ``FAILED`` (``->``): why the worker cannot serve (its port could not be bound).
-   - ``BATCH`` (``->``): batch id, heard until (monotonic seconds, one clock
-     for every process of the machine: the send time minus the worker's own
-     lateness, :mod:`arbiter.server.ingest.lateness` rule 1), the heartbeats (tuples of
+   - ``BATCH`` (``->``): batch id, send time (monotonic seconds, one clock
+     for every process of the machine), the heartbeats (tuples of
      :data:`ENTRY`'s fields), the stream tokens closed since the last
      batch, the counts (heartbeats read, acks written, streams open)
      since the last batch, and the worker's load (its loop's utilisation and
      time on a CPU, 0 to 1: :class:`arbiter.server.load.monitor.LoadMonitor` on the
      worker's loop, latest sample), then its heartbeats' inter-arrival
      histogram since the last batch (``(bucket counts, sum of seconds)`` on
-     :data:`arbiter.server.consensus.counters.INTERARRIVAL_BUCKETS`, or None: none).
+     :data:`arbiter.server.consensus.counters.INTERARRIVAL_BUCKETS`, or None: none),
+     then the worker's own lateness at the send time (seconds:
+     :mod:`arbiter.server.ingest.lateness` rule 1).
    - ``VERDICTS`` (``<-``): batch id, one verdict per heartbeat in order
      (``(accepted, state, incarnation, lease, grace, grace_id)``: the grace
      window of arbiter/core/grace_windows.py rule 3, or a refusal

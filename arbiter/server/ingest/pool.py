@@ -199,6 +199,8 @@ class IngestPool:
             OSError: a worker could not bind the port, or did not start in time.
         """
         self._server.driver.add_lateness_source(self.horizon.lateness)
+        # lateness rule 1a: for detection only, not shedding's backlog
+        self._server.driver.add_lateness_source(self.horizon.hearing, backlog=False)
         self._server.driver.load.add_source(self.utilisation, self.cpu)
         try:
             await asyncio.gather(*(self._spawn(slot) for slot in self._slots))
@@ -338,7 +340,7 @@ class IngestPool:
 
     def _answer(self, slot: _Slot, msg: tuple[Any, ...]) -> None:
         """Rule 3: one BATCH, answered with its VERDICTS."""
-        _, batch_id, sent_at, entries, closed, counts, (busy, on_cpu), hist = msg
+        _, batch_id, sent_at, entries, closed, counts, (busy, on_cpu), hist, late = msg
         driver = self._server.driver
         api = self._server.api
         labels_of = slot.labels
@@ -373,7 +375,7 @@ class IngestPool:
             verdicts.append(
                 (v.accepted, _STATE[v.state], v.incarnation, v.lease, v.grace, v.grace_id)
             )
-        self.horizon.heard(slot.stats.index, sent_at)
+        self.horizon.heard(slot.stats.index, sent_at, late)
         heartbeats, acks, streams = counts
         counters = driver.counters
         counters.heartbeats += heartbeats

@@ -44,9 +44,10 @@ Rules:
 6. Load: a :class:`arbiter.server.load.monitor.LoadMonitor` samples this worker's
    loop (monitor.py rule 1) and every batch carries its latest value: the
    consensus process's interval and shedding follow the workers' load.
-7. Lateness: the worker measures its own (:func:`_lateness`) and stamps its
-   batches with ``now`` minus it (batcher rule 2), so the consensus process
-   suspects no node for a heartbeat this worker had not read yet. It is the
+7. Lateness: the worker measures its own (:func:`_lateness`) and sends it
+   with every batch (batcher rule 2, lateness rule 1a), so the consensus
+   process suspects no node for a heartbeat this worker had not read yet
+   (shedding does not read it). It is the
    larger of its loop's stall, in progress or ended less than one heartbeat
    interval ago (a :class:`arbiter.server.load.looplag.LoopLagMonitor`; by
    then every node has sent again and what the stall left queued is read),
@@ -54,10 +55,10 @@ Rules:
    each heartbeat's ``send_time_unix``: heartbeats that wait in gRPC's
    buffers while the loop turns on time). Not the consensus process's
    ``LocalHealth``, which counts a stall of L for L seconds after it: under
-   the horizon's rule (the latest stamp holds until the next batch) that
-   piled up, stall after stall (1.2 s stalls every 1.5 s made a killed node
-   DEAD in 8.8 s instead of 3). Cost per heartbeat: one ``time.time()`` and
-   the read lag's ring update.
+   the horizon's rule (what the latest batch said holds until the next one)
+   that piled up, stall after stall (1.2 s stalls every 1.5 s made a killed
+   node DEAD in 8.8 s instead of 1.4). Cost per heartbeat: one
+   ``time.time()`` and the read lag's ring update.
 """
 
 from __future__ import annotations
