@@ -122,11 +122,20 @@ def _node_behind_two_proxies(
 
 
 def _settled(node: Proc, views: _Views, p1: TcpProxy, p2: TcpProxy) -> int:
-    """Waits until n1 is ALIVE, unfenced and acked through both proxies; its incarnation."""
+    """Waits until n1 is ALIVE, unfenced, holds a lease from every replica and is acked
+    through both proxies; its incarnation."""
     wait_until(
         lambda: (m := views.member("a3", "n1")) is not None and m.state == ALIVE, 20, "n1 ALIVE"
     )
     wait_until(lambda: any("unfenced" in line for line in node.lines()), 10, "n1 unfenced")
+    # A link still in slow start (no lease yet) is not hedged nor abandoned early
+    # (membership/_node/linkrules.py rules 3 and 4): wedged then, it would wait out
+    # slow_start_timeout. A clean-clone CI run wedged a1's link 0.4 s before its lease.
+    wait_until(
+        lambda: "holds leases from 3 of 3" in node.stderr(),
+        10,
+        "n1 holding leases from all three replicas",
+    )
     incarnation = views.member("a3", "n1").incarnation  # type: ignore[union-attr]
     # a1 and a2 hear n1 through the proxies: their acks keep coming back.
     for p in (p1, p2):
