@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from arbiter.config import ArbiterConfig
-from arbiter.core.commands import Opinion
+from arbiter.core.commands import Observation, ObserveBatch, Opinion, encode
 from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.observer import Observer
 from arbiter.core.replica import ReplicaSettings
@@ -163,7 +163,9 @@ def test_load_lateness_covers_a_stall_for_as_long_as_it_lasted_then_sources() ->
 # --- shedding (shedding.py) -------------------------------------------------------
 
 
-def _driver(utilisation: float, lateness: float, known: bool = False) -> SimpleNamespace:
+def _driver(
+    utilisation: float, lateness: float, known: bool = False, state: object = None
+) -> SimpleNamespace:
     refusals: list[tuple[str, float, float]] = []  # what the observer was told (rule 5)
     return SimpleNamespace(
         config=ArbiterConfig.lan(),
@@ -174,7 +176,7 @@ def _driver(utilisation: float, lateness: float, known: bool = False) -> SimpleN
             opinion=lambda n: Opinion.ALIVE if known else None,
             refused=lambda n, until, now: refusals.append((n, until, now)),
         ),
-        state=SimpleNamespace(member=lambda n: None),
+        state=MembershipState(("a1", "a2", "a3")) if state is None else state,
         refusals=refusals,
     )
 
@@ -219,6 +221,21 @@ def test_load_shedding_never_refuses_a_known_node_nor_below_the_thresholds() -> 
     check_shedding(known, "n1", 0.0)  # type: ignore[arg-type]
     check_shedding(light, "n1", 0.0)  # type: ignore[arg-type]
     assert known.refusals == light.refusals == []  # nothing refused, nothing held
+
+
+def test_load_shedding_takes_a_node_another_replica_admitted() -> None:
+    # A node is ALIVE only once a quorum admits it (tally rule 3). Refused here
+    # after a2 took it, it waited for two replicas' hints to meet an unloaded
+    # moment: a 1,000-node join under four busy loops took 45 s.
+    state = MembershipState(("a1", "a2", "a3"))
+    seen = Observation(node_id="n1", incarnation=7, opinion=Opinion.ALIVE, seq=1)
+    state.apply(1, encode(ObserveBatch(replica_id="a2", observations=(seen,))))
+    assert state.member("n1") is None  # joining: one replica's ALIVE is no member
+    loaded = _driver(0.95, 5.0, state=state)
+    check_shedding(loaded, "n1", 0.0)  # type: ignore[arg-type]
+    assert loaded.refusals == [] and loaded.load.shed == 0
+    with pytest.raises(Shed):  # a node nobody took is still refused
+        check_shedding(loaded, "n2", 0.0)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
