@@ -16,6 +16,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 	"sync"
@@ -34,6 +35,7 @@ type epochSeen struct {
 	first, last float64
 	subs        int
 	dead, left  []string
+	evidence    map[string]map[string]float64 // dead node -> arbiter id -> its silence, seconds
 	alive       int
 	changes     int
 	printed     bool
@@ -186,6 +188,7 @@ func (g *subGen) change(i int, b []byte, t float64, arbiter string, wall float64
 		id        string
 		state     uint64
 		forgotten bool
+		evidence  map[string]float64 // DEAD: arbiter id -> silence_seconds
 	}
 	var changes []mc
 	eachField(b, func(f field) { // ViewChange: epoch = 1, changes = 2
@@ -200,6 +203,21 @@ func (g *subGen) change(i int, b []byte, t float64, arbiter string, wall float64
 					c.id = string(m.b)
 				case 3:
 					c.state = m.u
+				case 5: // Evidence: arbiter_id = 1, silence_seconds = 2
+					var who string
+					var silence float64
+					eachField(m.b, func(ev field) {
+						switch ev.num {
+						case 1:
+							who = string(ev.b)
+						case 2:
+							silence = math.Float64frombits(ev.u)
+						}
+					})
+					if c.evidence == nil {
+						c.evidence = map[string]float64{}
+					}
+					c.evidence[who] = silence
 				case 7:
 					c.forgotten = m.u != 0
 				}
@@ -240,6 +258,12 @@ func (g *subGen) change(i int, b []byte, t float64, arbiter string, wall float64
 			switch c.state {
 			case 3:
 				e.dead = append(e.dead, c.id)
+				if c.evidence != nil {
+					if e.evidence == nil {
+						e.evidence = map[string]map[string]float64{}
+					}
+					e.evidence[c.id] = c.evidence
+				}
 			case 4:
 				e.left = append(e.left, c.id)
 			}
@@ -268,6 +292,9 @@ func (g *subGen) print(epoch uint64, e *epochSeen) {
 	}
 	if e.recv != nil {
 		line["recv"] = e.recv
+	}
+	if e.evidence != nil {
+		line["evidence"] = e.evidence
 	}
 	emit(line)
 }
