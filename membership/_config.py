@@ -215,7 +215,13 @@ class ClientConfig:
         """
         from membership.shared.tls import resolve
 
-        return resolve(ca=self.tls_ca, cert=self.tls_cert, key=self.tls_key, insecure=self.insecure)
+        return resolve(
+            ca=self.tls_ca,
+            cert=self.tls_cert,
+            key=self.tls_key,
+            insecure=self.insecure,
+            names="config",
+        )
 
     def channel_options(self) -> list[tuple[str, int]]:
         """gRPC channel options for every connection to an arbiter.

@@ -62,6 +62,7 @@ __all__ = [
     "channel_credentials",
     "config_fields",
     "describe",
+    "env_flag",
     "load",
     "resolve",
     "resolve_args",
@@ -252,8 +253,46 @@ def describe(loaded: LoadedTLS) -> dict[str, str]:
 # --- resolving flags and environment ---------------------------------------------------------
 
 
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+# How each setting is named to whoever gave it: command-line flags, or the
+# fields of membership.ClientConfig (the SDK), and the environment variable.
+_FLAG_NAMES = {"ca": "--tls-ca", "cert": "--tls-cert", "key": "--tls-key", "insecure": "--insecure"}
+_FIELD_NAMES = {
+    "ca": "ClientConfig(tls_ca=)",
+    "cert": "ClientConfig(tls_cert=)",
+    "key": "ClientConfig(tls_key=)",
+    "insecure": "ClientConfig(insecure=True)",
+}
+_ENV_NAMES = {"ca": ENV_CA, "cert": ENV_CERT, "key": ENV_KEY, "insecure": ENV_INSECURE}
+
+HOW_TO_GET_SDK = (
+    "pass config=ClientConfig(tls_ca='ca.pem', tls_cert='n1.pem', tls_key='n1-key.pem') "
+    "(or set MEMBERSHIP_TLS_CA, MEMBERSHIP_TLS_CERT, MEMBERSHIP_TLS_KEY; `membership certs "
+    "init DIR --arbiters a1,a2,a3 --nodes n1` makes a development CA and certificates), or "
+    "ClientConfig(insecure=True) (MEMBERSHIP_INSECURE=1) for plaintext"
+)
+
+
+def env_flag(env: Mapping[str, str], name: str) -> bool:
+    """A boolean environment variable: unset, empty, 0/false/no/off are False and
+    1/true/yes/on are True (any case).
+
+    Raises:
+        InvalidArgument: any other value (``MEMBERSHIP_INSECURE=banana`` is not
+            silently false), naming the variable.
+    """
+    value = env.get(name)
+    v = (value or "").strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise InvalidArgument(
+        f"{name}={value!r} is not a boolean: use 1, true, yes or on (or 0, false, no, off, "
+        "or leave it unset)"
+    )
 
 
 def resolve(
@@ -264,49 +303,70 @@ def resolve(
     insecure: bool = False,
     env: Mapping[str, str] | None = None,
     what: str = "",
+    names: str = "flags",
 ) -> TLSFiles | None:
     """TLS files or plaintext, from explicit values first, then the environment.
 
     Explicit values (flags, ClientConfig fields) win over the environment
     (``MEMBERSHIP_TLS_CA``, ``MEMBERSHIP_TLS_CERT``, ``MEMBERSHIP_TLS_KEY``,
-    ``MEMBERSHIP_INSECURE=1``). At one level, TLS files and insecure
-    together are an error, as is a partial set of files.
+    ``MEMBERSHIP_INSECURE``), item by item: ``--tls-ca`` given with
+    ``MEMBERSHIP_TLS_CERT`` and ``MEMBERSHIP_TLS_KEY`` set uses all three. An
+    explicit choice of one mode ignores the other mode's variables: explicit
+    insecure ignores the TLS variables, an explicit TLS file ignores
+    ``MEMBERSHIP_INSECURE``. TLS files and insecure chosen at one level
+    (both explicit, or both in the environment) are an error, as is a
+    partial set of files. Every error names the setting as it was given: the
+    flag (``names="flags"``), the ClientConfig field (``names="config"``), or
+    the environment variable.
 
     Returns:
         The files, or None for plaintext (insecure asked for explicitly).
 
     Raises:
         InvalidArgument: neither TLS nor insecure (secure by default), both,
-            or only some of the three files.
+            only some of the three files, or ``MEMBERSHIP_INSECURE`` not a boolean.
     """
     prefix = f"{what}: " if what else ""
-    given = {"--tls-ca": ca, "--tls-cert": cert, "--tls-key": key}
+    own = _FIELD_NAMES if names == "config" else _FLAG_NAMES
     environ = os.environ if env is None else env
-    source = "flags"
-    if not insecure and not any(given.values()):
-        given = {
-            ENV_CA: environ.get(ENV_CA) or None,
-            ENV_CERT: environ.get(ENV_CERT) or None,
-            ENV_KEY: environ.get(ENV_KEY) or None,
-        }
-        insecure = _truthy(environ.get(ENV_INSECURE))
-        source = "environment"
-    if insecure and any(given.values()):
-        raise InvalidArgument(
-            f"{prefix}both TLS files and insecure given (in the {source}): choose one"
-        )
+    explicit = {"ca": ca, "cert": cert, "key": key}
     if insecure:
+        if any(explicit.values()):
+            given = ", ".join(own[k] for k, v in explicit.items() if v)
+            raise InvalidArgument(
+                f"{prefix}both TLS files ({given}) and {own['insecure']} given: choose one"
+            )
+        return None  # the TLS variables are the other mode's: ignored
+    values: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    for k, v in explicit.items():
+        if v:
+            values[k], source[k] = v, own[k]
+        elif environ.get(_ENV_NAMES[k]):
+            values[k], source[k] = environ[_ENV_NAMES[k]], _ENV_NAMES[k]
+    # nothing explicit: the environment decides the mode
+    if not any(explicit.values()) and env_flag(environ, ENV_INSECURE):
+        if values:
+            given = ", ".join(source.values())
+            raise InvalidArgument(
+                f"{prefix}both TLS files ({given}) and {ENV_INSECURE} given in the "
+                "environment: choose one"
+            )
         return None
-    if not any(given.values()):
-        raise InvalidArgument(f"{prefix}no TLS settings: {HOW_TO_GET}")
-    missing = [name for name, value in given.items() if not value]
+    if not values:
+        how = HOW_TO_GET_SDK if names == "config" else HOW_TO_GET
+        raise InvalidArgument(f"{prefix}no TLS settings: {how}")
+    missing = [k for k in explicit if k not in values]
     if missing:
+        # named as the user gave the others: all from the environment, its variables
+        from_env = all(source[k] == _ENV_NAMES[k] for k in values)
+        first, other = (_ENV_NAMES, own) if from_env else (own, _ENV_NAMES)
         raise InvalidArgument(
-            f"{prefix}{', '.join(missing)} missing: mutual TLS needs the CA, a certificate "
-            "and its key"
+            f"{prefix}{', '.join(first[k] for k in missing)} missing (or "
+            f"{', '.join(other[k] for k in missing)}): mutual TLS needs the CA, a certificate "
+            f"and its key; given: {', '.join(source[k] for k in values)}"
         )
-    ca_v, cert_v, key_v = given.values()
-    return TLSFiles(Path(str(ca_v)), Path(str(cert_v)), Path(str(key_v)))
+    return TLSFiles(Path(str(values["ca"])), Path(str(values["cert"])), Path(str(values["key"])))
 
 
 def add_tls_flags(p: argparse.ArgumentParser) -> None:
@@ -328,7 +388,13 @@ def add_tls_flags(p: argparse.ArgumentParser) -> None:
 
 def config_fields(args: argparse.Namespace) -> dict[str, Any]:
     """The :class:`membership._config.ClientConfig` fields of the flags added by
-    :func:`add_tls_flags` (``tls_ca``, ``tls_cert``, ``tls_key``, ``insecure``)."""
+    :func:`add_tls_flags` (``tls_ca``, ``tls_cert``, ``tls_key``, ``insecure``).
+
+    Raises:
+        InvalidArgument: as :func:`resolve`, its message naming the flags (the
+            client would name its ClientConfig fields, which a CLI user never typed).
+    """
+    resolve_args(args)
     return {
         "tls_ca": args.tls_ca,
         "tls_cert": args.tls_cert,

@@ -485,8 +485,11 @@ def test_tls_sdk_refuses_to_construct_without_tls_or_insecure(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("MEMBERSHIP_INSECURE", raising=False)
-    with pytest.raises(InvalidArgument, match="no TLS settings"):
+    with pytest.raises(InvalidArgument, match="no TLS settings") as e:
         MembershipClient(["127.0.0.1:1"], node_id="n1")
+    # a Python user is told of ClientConfig and the variables, not of CLI flags
+    assert "config=ClientConfig(tls_ca=" in str(e.value) and "MEMBERSHIP_TLS_CA" in str(e.value)
+    assert "--tls-ca" not in str(e.value)
     monkeypatch.setenv("MEMBERSHIP_INSECURE", "1")
     MembershipClient(["127.0.0.1:1"], node_id="n1")  # explicit plaintext: constructed
 

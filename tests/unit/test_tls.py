@@ -168,8 +168,19 @@ def test_tls_resolve_flags_win_over_the_environment() -> None:
         ({}, {"MEMBERSHIP_INSECURE": "0"}, "no TLS settings"),
         ({"ca": "ca.pem", "insecure": True}, {}, "choose one"),
         ({}, {"MEMBERSHIP_INSECURE": "1", "MEMBERSHIP_TLS_CA": "ca.pem"}, "choose one"),
-        ({"ca": "ca.pem", "cert": "n1.pem"}, {}, "--tls-key missing"),
-        ({}, {"MEMBERSHIP_TLS_CERT": "n1.pem"}, "MEMBERSHIP_TLS_CA, MEMBERSHIP_TLS_KEY missing"),
+        ({"ca": "ca.pem", "cert": "n1.pem"}, {}, r"--tls-key missing \(or MEMBERSHIP_TLS_KEY\)"),
+        (
+            {},
+            {"MEMBERSHIP_TLS_CERT": "n1.pem"},
+            r"MEMBERSHIP_TLS_CA, MEMBERSHIP_TLS_KEY missing \(or --tls-ca, --tls-key\): .*"
+            r"given: MEMBERSHIP_TLS_CERT$",
+        ),
+        (
+            {"ca": "ca.pem"},
+            {"MEMBERSHIP_TLS_CERT": "n1.pem"},
+            r"--tls-key missing \(or MEMBERSHIP_TLS_KEY\).*given: --tls-ca, MEMBERSHIP_TLS_CERT$",
+        ),
+        ({}, {"MEMBERSHIP_INSECURE": "banana"}, r"MEMBERSHIP_INSECURE='banana' is not a boolean"),
     ],
 )
 def test_tls_resolve_refuses_neither_both_or_part(
@@ -177,3 +188,33 @@ def test_tls_resolve_refuses_neither_both_or_part(
 ) -> None:
     with pytest.raises(InvalidArgument, match=expect):
         resolve(env=env, **kwargs)  # type: ignore[arg-type]
+
+
+def test_tls_resolve_combines_flags_and_environment_item_by_item() -> None:
+    env = {"MEMBERSHIP_TLS_CA": "/c/ca.pem", "MEMBERSHIP_TLS_CERT": "/c/n1.pem",
+           "MEMBERSHIP_TLS_KEY": "/c/n1-key.pem"}  # fmt: skip
+    # one flag given: the other two still come from the environment
+    assert resolve(cert="/d/n2.pem", key="/d/n2-key.pem", env=env) == TLSFiles(
+        Path("/c/ca.pem"), Path("/d/n2.pem"), Path("/d/n2-key.pem")
+    )
+    # an explicit TLS file chooses TLS: MEMBERSHIP_INSECURE (even malformed) is not read
+    assert resolve(ca="/d/ca.pem", env={**env, "MEMBERSHIP_INSECURE": "banana"}) == TLSFiles(
+        Path("/d/ca.pem"), Path("/c/n1.pem"), Path("/c/n1-key.pem")
+    )
+
+
+def test_tls_resolve_names_what_the_user_gave() -> None:
+    # a variable's mistake names the variable, not a flag nobody typed
+    with pytest.raises(InvalidArgument) as e:
+        resolve(env={"MEMBERSHIP_TLS_CA": "ca.pem", "MEMBERSHIP_INSECURE": "1"})
+    assert "MEMBERSHIP_TLS_CA" in str(e.value) and "MEMBERSHIP_INSECURE" in str(e.value)
+    assert "--tls" not in str(e.value) and "--insecure" not in str(e.value)
+    # the SDK's settings are ClientConfig fields, with the environment variables
+    with pytest.raises(InvalidArgument) as e:
+        resolve(env={}, names="config")
+    msg = str(e.value)
+    assert "ClientConfig(tls_ca=" in msg and "MEMBERSHIP_TLS_CA" in msg and "--tls" not in msg
+    with pytest.raises(
+        InvalidArgument, match=r"ClientConfig\(tls_key=\) missing \(or MEMBERSHIP_TLS_KEY\)"
+    ):
+        resolve(ca="ca.pem", cert="n1.pem", env={}, names="config")
