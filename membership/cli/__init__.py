@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from membership.cli import admin, certs, commands, ctl, filters, top
+from membership.cli.endpoints import add_arbiters_flag, fill_from_env
 from membership.cli.output import event_lines, session_event_line, view_json
 from membership.shared.errors import InvalidArgument, MembershipError
 from membership.shared.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CliError
@@ -243,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     arb_help = "comma-separated arbiter addresses host:port (list every replica)"
     p = sub.add_parser("node", help="run a node: heartbeat to every arbiter until SIGINT/SIGTERM")
     p.add_argument("--id", required=True, help="node id (letters, digits, . _ -; up to 128)")
-    p.add_argument("--arbiters", required=True, type=_arbiters, help=arb_help)
+    add_arbiters_flag(p, _arbiters, arb_help)
     p.add_argument(
         "--label",
         action="append",
@@ -287,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=commands.node, signal_exit=EXIT_OK)
 
     p = sub.add_parser("watch", help="print view events as they happen")
-    p.add_argument("--arbiters", required=True, type=_arbiters, help=arb_help)
+    add_arbiters_flag(p, _arbiters, arb_help)
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument(
         "--since-epoch",
@@ -321,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=commands.watch, signal_exit=EXIT_OK)
 
     p = sub.add_parser("view", help="print the current view")
-    p.add_argument("--arbiters", required=True, type=_arbiters, help=arb_help)
+    add_arbiters_flag(p, _arbiters, arb_help)
     p.add_argument("--json", action="store_true", help="one JSON object")
     p.add_argument(
         "--timeout",
@@ -407,6 +408,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args: argparse.Namespace | None = None
     try:
         args = build_parser().parse_args(argv)
+        fill_from_env(args)  # --arbiters, or MEMBERSHIP_ARBITERS (membership/cli/endpoints.py)
         # A server logs what it decides (elections, deaths); clients stay quiet.
         _setup_logging(
             args.log_level or ("info" if args.command == "arbiter" else "warning"),

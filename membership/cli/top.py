@@ -47,6 +47,7 @@ from membership._arbiters.transport import Channels
 from membership._client import MembershipClient
 from membership._config import ClientConfig
 from membership.cli.admin.status import ask_replica
+from membership.cli.endpoints import add_arbiters_flag
 from membership.cli.filters import MemberFilter
 from membership.cli.output import event_lines
 from membership.cli.top_view import Frame, RecentChange, render
@@ -80,7 +81,7 @@ def register(
         "marks; the recent changes with their evidence. q or Ctrl-C quits. When stdout is not "
         "a terminal it prints plain text frames (no escape codes).",
     )
-    p.add_argument("--arbiters", required=True, type=arbiters, help=arb_help)
+    add_arbiters_flag(p, arbiters, arb_help)
     p.add_argument("--once", action="store_true", help="print one frame and exit")
     p.add_argument(
         "--interval", type=positive, default=1.0, help="seconds between frames (default 1)"

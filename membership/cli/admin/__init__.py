@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from membership.cli.endpoints import add_arbiters_flag
 from membership.shared.interrupt import Interrupt
 from membership.shared.tls import add_tls_flags
 
@@ -54,7 +55,7 @@ def register(
         "(PERMISSION_DENIED), or no arbiter answered.",
     )
     p.add_argument("node", metavar="NODE", help="the node id to remove")
-    p.add_argument("--arbiters", required=True, type=arbiters, help=arb_help)
+    add_arbiters_flag(p, arbiters, arb_help)
     p.add_argument(
         "--incarnation",
         type=whole(0),
@@ -81,7 +82,7 @@ def register(
         "follower's match_index and lag). A replica that does not answer gets a line with "
         "its address and error. Exit 1 when none answered.",
     )
-    p.add_argument("--arbiters", required=True, type=arbiters, help=arb_help)
+    add_arbiters_flag(p, arbiters, arb_help)
     p.add_argument("--json", action="store_true", help="one JSON object per replica and line")
     p.add_argument(
         "--timeout",
@@ -115,7 +116,7 @@ def _add_snapshot(
         "leader answers, or the caller may not administer (PERMISSION_DENIED).",
     )
     p.add_argument("file", metavar="FILE", type=Path, help="the file to write")
-    p.add_argument("--arbiters", required=True, type=arbiters, help=arb_help)
+    add_arbiters_flag(p, arbiters, arb_help)
     p.add_argument("--force", action="store_true", help="replace FILE if it exists")
     p.add_argument("--json", action="store_true", help="print what was saved as one JSON line")
     p.add_argument(

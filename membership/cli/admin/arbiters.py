@@ -39,6 +39,7 @@ import grpc
 from membership._arbiters.transport import Channels
 from membership._config import ClientConfig
 from membership.cli.admin.remove import RETRY_ELSEWHERE, ask_in_rounds
+from membership.cli.endpoints import add_arbiters_flag
 from membership.shared import tls
 from membership.shared.errors import InvalidArgument, RejectedError, UnavailableError
 from membership.shared.exits import EXIT_OK, CliError
@@ -224,7 +225,7 @@ def register(admin_sub: Any, arbiters_type: Any, arb_help: str) -> None:
             q.add_argument("target", metavar="ID")
         else:
             q.add_argument("--json", action="store_true", help="one JSON object per arbiter")
-        q.add_argument("--arbiters", required=True, type=arbiters_type, help=arb_help)
+        add_arbiters_flag(q, arbiters_type, arb_help)
         q.add_argument(
             "--timeout", type=float, default=20.0, help="seconds for the call (default 20)"
         )
