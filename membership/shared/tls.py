@@ -265,7 +265,7 @@ _FIELD_NAMES = {
     "key": "ClientConfig(tls_key=)",
     "insecure": "ClientConfig(insecure=True)",
 }
-_ENV_NAMES = {"ca": ENV_CA, "cert": ENV_CERT, "key": ENV_KEY, "insecure": ENV_INSECURE}
+_ENV_NAMES = {"ca": ENV_CA, "cert": ENV_CERT, "key": ENV_KEY}
 
 HOW_TO_GET_SDK = (
     "pass config=ClientConfig(tls_ca='ca.pem', tls_cert='n1.pem', tls_key='n1-key.pem') "

@@ -251,3 +251,48 @@ def test_cli_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -
     out = capsys.readouterr().out
     for code in ("  0 ", "  1 ", "  2 ", "  3 ", "128+N"):
         assert code in out, out
+
+
+# --- MEMBERSHIP_ARBITERS (membership/cli/endpoints.py): the flag wins, the variable
+# fills in, and an error caused by the variable names it ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["node", "--id", "n1", "--check-config"],
+        ["watch", "--check-config"],
+        ["view", "--check-config"],
+    ],
+)
+def test_cli_endpoints_come_from_membership_arbiters_when_the_flag_is_absent(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MEMBERSHIP_ARBITERS", ARBITERS)
+    assert main(argv) == 0
+    assert f"arbiters = {ARBITERS}" in capsys.readouterr().out
+
+
+def test_cli_endpoints_flag_wins_over_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MEMBERSHIP_ARBITERS", "not an address")  # never read
+    assert main(["view", "--arbiters", "127.0.0.1:7000", "--check-config"]) == 0
+    assert "arbiters = 127.0.0.1:7000" in capsys.readouterr().out
+
+
+def test_cli_endpoints_missing_or_malformed_is_a_usage_error_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("MEMBERSHIP_ARBITERS", raising=False)
+    with pytest.raises(SystemExit) as e:
+        main(["view", "--check-config"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--arbiters (or set MEMBERSHIP_ARBITERS)" in err
+    monkeypatch.setenv("MEMBERSHIP_ARBITERS", "a1:notaport")
+    for argv in (["view"], ["admin", "status"], ["admin", "arbiters", "list"], ["top", "--once"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2, argv
+        assert "MEMBERSHIP_ARBITERS='a1:notaport'" in err and "argument --arbiters" not in err, err
