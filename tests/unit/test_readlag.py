@@ -14,7 +14,7 @@ from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.raft import RaftConfig
 from arbiter.core.replica import Replica, ReplicaSettings
 from arbiter.server.load.monitor import LocalHealth
-from arbiter.server.load.readlag import BASE_BUCKET, ReadLag, StreamBase
+from arbiter.server.load.readlag import BASE_BUCKET, HostBases, ReadLag, StreamBase, host_of
 from tests.unit.test_batching import Log
 
 
@@ -86,6 +86,56 @@ def test_readlag_a_stream_born_behind_starts_from_the_replicas_lag() -> None:
     assert born.queued(offset + 2.501, 1.2, lag) == pytest.approx(2.5)
     assert born.queued(offset + 0.001, 2.0, lag) == 0.0  # caught up: its true base
     assert born.queued(offset + 0.101, 2.1, lag) == pytest.approx(0.1)
+
+
+def test_readlag_a_storm_of_new_streams_reads_its_lag_from_the_hosts_base() -> None:
+    # Rule 1b. A storm whose streams are all born late: without the host's base
+    # each takes its first, late heartbeat for its base (rule 1a reads the lag
+    # of streams that are themselves born late) and the replica reads no lag
+    # while it accepts streams 2 s late; with it, the lag is there.
+    for with_host in (False, True):
+        lag, hosts = ReadLag(window=8, stale=1.0), HostBases()
+        first = StreamBase()  # the host's first stream, born on time
+        host = hosts.of("ipv4:10.0.0.7:40000", 0.0) if with_host else None
+        lag.add(first.queued(0.001, 0.0, lag, host), 0.0)
+        for i in range(8):  # the storm: accepted 2 s after its nodes opened them
+            born = StreamBase()
+            peer_host = hosts.of(f"ipv4:10.0.0.7:{40001 + i}", 1.0) if with_host else None
+            lag.add(born.queued(2.001, 2.0 + i * 0.01, lag, peer_host), 2.0 + i * 0.01)
+        assert lag.lateness(2.1) == (pytest.approx(2.0) if with_host else 0.0)
+
+
+def test_readlag_the_hosts_base_only_lowers_a_new_streams_base() -> None:
+    hosts = HostBases()
+    host = hosts.of("ipv6:[::1]:5000", 0.0)
+    assert host is not None and host.floor(0.0) == math.inf  # nothing seen yet
+    StreamBase().queued(5.0, 0.0, None, host)  # a stream whose first read waited 5 s
+    born = StreamBase()
+    # a faster first heartbeat than anything the host showed is its own base
+    assert born.queued(1.0, 0.1, None, hosts.of("ipv6:[::1]:5001", 0.1)) == 0.0
+    assert host.floor(0.1) == 1.0  # and it lowered the host's
+    # the host's base is forgotten with its buckets: a stream born much later
+    # is its own base again
+    late = 2 * BASE_BUCKET + 1
+    later = hosts.of("ipv6:[::1]:5002", late)
+    assert later is not None and later.floor(late) == math.inf
+    assert StreamBase().queued(7.0, late, None, later) == 0.0
+
+
+def test_readlag_hosts_are_keyed_without_the_port_and_forgotten_when_gone() -> None:
+    assert host_of("ipv4:10.0.0.7:40000") == "ipv4:10.0.0.7"
+    assert host_of("ipv6:[2001:db8::1]:443") == "ipv6:[2001:db8::1]"
+    assert host_of("unix:/run/membership.sock") == "unix:/run/membership.sock"
+    assert host_of("") is None and host_of(None) is None
+    hosts = HostBases()
+    a = hosts.of("ipv4:10.0.0.7:1", 0.0)
+    assert a is hosts.of("ipv4:10.0.0.7:2", 0.0)  # one host, one base
+    assert a is not hosts.of("ipv4:10.0.0.8:1", 0.0)
+    assert a is not None
+    a.see(0.001, 0.0)
+    assert len(hosts) == 2
+    hosts.of("ipv4:10.0.0.9:1", 3 * BASE_BUCKET)  # a prune: both are long gone
+    assert len(hosts) == 1
 
 
 def _replica() -> Replica:

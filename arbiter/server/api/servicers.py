@@ -47,7 +47,7 @@ from arbiter.server.fanout.encoding import ViewEncoder
 from arbiter.server.fanout.frames import EventFrames
 from arbiter.server.fanout.hub import Hub, HubStatus, Marker, NotReading
 from arbiter.server.fanout.statusboard import StatusBoard
-from arbiter.server.load.readlag import ReadLag, StreamBase
+from arbiter.server.load.readlag import HostBases, ReadLag, StreamBase
 from arbiter.server.net.authz import AllowAll, Authorizer, Refusal
 from membership.shared.errors import InvalidArgument
 from membership.shared.validation import validate_incarnation, validate_node_id
@@ -98,6 +98,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         self._pruned_at = time.monotonic()
         # Queueing delay of the heartbeats read (arbiter/server/load/readlag.py): a lateness source.
         self.read_lag = ReadLag()
+        self.host_bases = HostBases()  # readlag rule 1b
         # The configuration in force (set by the server: arbiter/server/consensus/arbiterset.py).
         self.arbiters: Callable[[], ArbiterSet] = lambda: ArbiterSet(voters={})
         self._frames = EventFrames(
@@ -148,6 +149,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
         counters, last_at = driver.counters, None  # metrics: plain ints, no calls
         board, acks, closing, monotonic = self.board, self._acks, self._closing, time.monotonic
         read_lag, base, wall = self.read_lag, StreamBase(), time.time
+        host = self.host_bases.of(context.peer(), time.monotonic())  # readlag rule 1b
         try:
             async for req in request_iterator:
                 if req.__class__ is Undecodable:  # type: ignore[comparison-overlap]
@@ -158,7 +160,7 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 counters.heartbeats += 1
                 now = monotonic()
                 if 0.0 < req.send_time_unix < math.inf:  # readlag rule 1 (NaN: no)
-                    read_lag.add(base.queued(wall() - req.send_time_unix, now, read_lag), now)
+                    read_lag.add(base.queued(wall() - req.send_time_unix, now, read_lag, host), now)
                 if closing.is_set():
                     await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
                 try:

@@ -93,7 +93,7 @@ from arbiter.server.ingest.lifetime import die_with_parent
 from arbiter.server.ingest.proxy import Forwarder
 from arbiter.server.load.looplag import LoopLagMonitor
 from arbiter.server.load.monitor import LoadMonitor
-from arbiter.server.load.readlag import ReadLag, StreamBase
+from arbiter.server.load.readlag import HostBases, ReadLag, StreamBase
 from arbiter.server.net.authz import AllowAll, Authorizer, MutualTLS
 from membership.shared.errors import InvalidArgument
 from membership.v1 import membership_pb2 as pb
@@ -183,6 +183,7 @@ class HeartbeatService:
         self._tokens = 0
         self.streams_served = 0
         self.read_lag = ReadLag()  # rule 7
+        self.host_bases = HostBases()  # readlag rule 1b
 
     def handler(self) -> grpc.RpcMethodHandler:
         """The Heartbeat method: requests decoded by gRPC, acks already bytes (rule 4)."""
@@ -244,6 +245,7 @@ class HeartbeatService:
         ack = self._ack
         last_at = None  # the stream's previous heartbeat (the inter-arrival histogram)
         read_lag, base, wall = self.read_lag, StreamBase(), time.time  # rule 7
+        host = self.host_bases.of(context.peer(), time.monotonic())  # readlag rule 1b
         try:
             async for req in requests:
                 if req.__class__ is Undecodable:  # type: ignore[comparison-overlap]
@@ -259,7 +261,7 @@ class HeartbeatService:
                     batcher.interarrival.observe(now - last_at)
                 last_at = now
                 if 0.0 < req.send_time_unix < math.inf:  # rule 7 (readlag rule 1; NaN: no)
-                    read_lag.add(base.queued(wall() - req.send_time_unix, now, read_lag), now)
+                    read_lag.add(base.queued(wall() - req.send_time_unix, now, read_lag, host), now)
                 try:
                     wait, first = checks.check(req, now)
                 except InvalidArgument as e:

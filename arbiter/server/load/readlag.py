@@ -30,6 +30,20 @@ Rules:
    streams already measured), and falls to any smaller ``d`` later. Without
    this a storm's streams, all born late, each took their own delay for a base
    and the replica read no lag while it was 10 s behind (3,000 nodes).
+1b. Streams from one host share its clock, so they share a base: the host's
+   base is the smallest ``d`` of any of its streams over the last one to two
+   minutes (:class:`HostBases`, keyed by the peer's address without its port),
+   and a new stream's base starts no higher than its host's. Rule 1a alone
+   reads the lag from streams already measured, and in a join storm those are
+   the storm's own streams, every one born late: traced in a 1,000-node join
+   under four busy loops, a replica accepted new streams over 2 s late while
+   reading a lag of a few hundred ms, and suspected the nodes the log said were
+   ALIVE but whose streams it had not read yet (observer rule 5). With the
+   host's base a stream's first heartbeat is measured too, so the time a
+   stream waited to be accepted is lag. A host whose clock runs ahead of
+   another behind the same address (a NAT) makes the other's new streams read
+   late by the difference until their own base takes over (one to two
+   minutes): the replica then suspects later, never sooner.
 2. The replica's read lag is the median queueing delay of the last
    :data:`WINDOW` heartbeats read, when the latest was read less than
    :data:`STALE` seconds ago (else 0: a loop that reads nothing is the loop
@@ -50,7 +64,7 @@ from __future__ import annotations
 import math
 from array import array
 
-__all__ = ["BASE_BUCKET", "STALE", "WINDOW", "ReadLag", "StreamBase"]
+__all__ = ["BASE_BUCKET", "STALE", "WINDOW", "HostBases", "ReadLag", "StreamBase", "host_of"]
 
 # Seconds of one bucket of a stream's base delay history (rule 1).
 BASE_BUCKET = 60.0
@@ -71,7 +85,13 @@ class StreamBase:
         self._previous = math.inf
         self._rotate_at = -math.inf
 
-    def queued(self, delay: float, now: float, lag: ReadLag | None = None) -> float:
+    def queued(
+        self,
+        delay: float,
+        now: float,
+        lag: ReadLag | None = None,
+        host: StreamBase | None = None,
+    ) -> float:
         """The queueing delay of one heartbeat, seconds (>= 0).
 
         Args:
@@ -80,16 +100,84 @@ class StreamBase:
             now: monotonic seconds, for the buckets.
             lag: the replica's read lag, read at the stream's first heartbeat
                 only (rule 1a); None: the first heartbeat is the base.
+            host: the base of the stream's host (rule 1b, from
+                :meth:`HostBases.of`), updated with ``delay``; None: none.
         """
-        if self._rotate_at == -math.inf and lag is not None:  # rule 1a
-            self._current = delay - lag.lateness(now)
+        if self._rotate_at == -math.inf:
+            start = math.inf if lag is None else delay - lag.lateness(now)  # rule 1a
+            if host is not None:
+                floor = host.floor(now)  # rule 1b
+                if floor < start:
+                    start = floor
+            self._current = start
+        if host is not None:
+            host.see(delay, now)
+        self.see(delay, now)
+        base = self._current if self._current < self._previous else self._previous
+        return delay - base
+
+    def see(self, delay: float, now: float) -> None:
+        """Takes one ``receive - send`` (seconds) at ``now`` (monotonic seconds) into
+        the buckets (rule 1)."""
         if now >= self._rotate_at:
             self._previous, self._current = self._current, math.inf
             self._rotate_at = now + BASE_BUCKET
         if delay < self._current:
             self._current = delay
-        base = self._current if self._current < self._previous else self._previous
-        return delay - base
+
+    def floor(self, now: float) -> float:
+        """The base at ``now`` (monotonic seconds), seconds; infinite when nothing was
+        seen in the last one to two buckets."""
+        if now >= self._rotate_at + BASE_BUCKET:
+            return math.inf  # both buckets are older than that
+        if now >= self._rotate_at:
+            return self._current  # the previous bucket has run out
+        return self._current if self._current < self._previous else self._previous
+
+
+def host_of(peer: str | None) -> str | None:
+    """The host part of a gRPC peer address (``ipv4:10.0.0.7:50412`` ->
+    ``ipv4:10.0.0.7``, ``ipv6:[::1]:50412`` -> ``ipv6:[::1]``); a unix socket's
+    address whole; None for no address."""
+    if not peer:
+        return None
+    if peer.startswith(("ipv4:", "ipv6:")):
+        host, sep, port = peer.rpartition(":")
+        if sep and port.isdigit():
+            return host
+    return peer
+
+
+class HostBases:
+    """The base delay of each peer host (rule 1b): one :class:`StreamBase` per host,
+    shared by that host's streams. Hosts not seen for two buckets are forgotten
+    (checked at most once a bucket), so memory follows the hosts of the last
+    two minutes."""
+
+    __slots__ = ("_hosts", "_prune_at")
+
+    def __init__(self) -> None:
+        self._hosts: dict[str, StreamBase] = {}
+        self._prune_at = -math.inf
+
+    def of(self, peer: str | None, now: float) -> StreamBase | None:
+        """The base of ``peer``'s host (a gRPC peer address), None without an address.
+        ``now``: monotonic seconds."""
+        host = host_of(peer)
+        if host is None:
+            return None
+        if now >= self._prune_at:
+            self._prune_at = now + BASE_BUCKET
+            stale = [h for h, b in self._hosts.items() if b.floor(now) == math.inf]
+            for h in stale:
+                del self._hosts[h]
+        base = self._hosts.get(host)
+        if base is None:
+            base = self._hosts[host] = StreamBase()
+        return base
+
+    def __len__(self) -> int:
+        return len(self._hosts)
 
 
 class ReadLag:
