@@ -14,7 +14,14 @@ from arbiter.core.detection import MissedHeartbeatDetector
 from arbiter.core.raft import RaftConfig
 from arbiter.core.replica import Replica, ReplicaSettings
 from arbiter.server.load.monitor import LocalHealth
-from arbiter.server.load.readlag import BASE_BUCKET, HostBases, ReadLag, StreamBase, host_of
+from arbiter.server.load.readlag import (
+    ACCEPT_STALE,
+    BASE_BUCKET,
+    HostBases,
+    ReadLag,
+    StreamBase,
+    host_of,
+)
 from tests.unit.test_batching import Log
 
 
@@ -103,6 +110,50 @@ def test_readlag_a_storm_of_new_streams_reads_its_lag_from_the_hosts_base() -> N
             peer_host = hosts.of(f"ipv4:10.0.0.7:{40001 + i}", 1.0) if with_host else None
             lag.add(born.queued(2.001, 2.0 + i * 0.01, lag, peer_host), 2.0 + i * 0.01)
         assert lag.lateness(2.1) == (pytest.approx(2.0) if with_host else 0.0)
+
+
+def test_readlag_new_streams_waiting_to_be_accepted_are_lag_while_old_ones_read_on_time() -> None:
+    # Rule 2a, the traced case: the old streams are read on time (rule 2's median
+    # stays 0) while each new stream's first heartbeat waited longer than the
+    # last: the replica is late in accepting streams, and says so.
+    lag, hosts = ReadLag(window=64, stale=1.0), HostBases()
+    old = [StreamBase() for _ in range(20)]
+    for b in old:
+        lag.add(b.queued(0.001, 0.0, lag, hosts.of("ipv4:10.0.0.7:1", 0.0)), 0.0)
+    t = 0.0
+    for i, waited in enumerate((0.6, 1.3, 2.1)):
+        t += 0.5
+        for b in old:  # the old streams: on time
+            lag.add(b.queued(0.001, t, lag, hosts.of("ipv4:10.0.0.7:1", t)), t)
+        born = StreamBase()
+        q = born.queued(0.001 + waited, t, lag, hosts.of(f"ipv4:10.0.0.7:{100 + i}", t))
+        lag.add(q, t)
+        assert q == pytest.approx(waited)
+    assert lag.median(t) == 0.0  # rule 2 alone: on time
+    assert lag.accept_lag(t) == pytest.approx(1.3)  # the median of 0.6, 1.3, 2.1
+    assert lag.lateness(t) == pytest.approx(1.3)
+    # no stream accepted for ACCEPT_STALE seconds: no accept lag
+    assert lag.accept_lag(t + ACCEPT_STALE + 0.01) == 0.0
+
+
+def test_readlag_the_accept_lag_does_not_feed_itself_through_new_streams_bases() -> None:
+    # Rule 2a counts only first heartbeats measured against their host's base, and
+    # rule 1a reads rule 2's median: a first heartbeat based by rule 1a on a lag
+    # that includes the accept lag would echo it, and a churn of new streams,
+    # however promptly read, would keep the replica "late" for as long as it lasts.
+    lag, hosts = ReadLag(window=4, stale=1.0), HostBases()
+    old = StreamBase()
+    lag.add(old.queued(0.001, 0.0, lag, hosts.of("ipv4:10.0.0.7:1", 0.0)), 0.0)
+    late = StreamBase()
+    lag.add(late.queued(2.001, 0.1, lag, hosts.of("ipv4:10.0.0.7:2", 0.1)), 0.1)
+    assert lag.accept_lag(0.1) == pytest.approx(2.0)
+    for i in range(40):  # prompt new streams from hosts seen once each, 10 a second
+        t = 0.2 + i * 0.1
+        lag.add(old.queued(0.001, t, lag, hosts.of("ipv4:10.0.0.7:1", t)), t)  # on time
+        born = StreamBase()
+        lag.add(born.queued(5.0, t, lag, hosts.of(f"ipv4:10.0.1.{i}:1", t)), t)
+        assert lag.accept_lag(t) == (pytest.approx(2.0) if t - 0.1 <= ACCEPT_STALE else 0.0)
+    assert lag.lateness(4.1) == 0.0  # the churn goes on, and nobody is late
 
 
 def test_readlag_the_hosts_base_only_lowers_a_new_streams_base() -> None:

@@ -35,12 +35,9 @@ Rules:
    minutes (:class:`HostBases`, keyed by the peer's address without its port),
    and a new stream's base starts no higher than its host's. Rule 1a alone
    reads the lag from streams already measured, and in a join storm those are
-   the storm's own streams, every one born late: traced in a 1,000-node join
-   under four busy loops, a replica accepted new streams over 2 s late while
-   reading a lag of a few hundred ms, and suspected the nodes the log said were
-   ALIVE but whose streams it had not read yet (observer rule 5). With the
-   host's base a stream's first heartbeat is measured too, so the time a
-   stream waited to be accepted is lag. A host whose clock runs ahead of
+   the storm's own streams, every one born late. With the
+   host's base a stream's first heartbeat is measured too: how long the
+   stream waited to be accepted (rule 2a). A host whose clock runs ahead of
    another behind the same address (a NAT) makes the other's new streams read
    late by the difference until their own base takes over (one to two
    minutes): the replica then suspects later, never sooner.
@@ -50,6 +47,19 @@ Rules:
    lag monitor's to see). The median, not the maximum: one node with a slow
    link or a wrong clock delays its own heartbeats only; a replica behind
    delays everyone's.
+2a. The accept lag. A replica behind in *accepting* streams reads its old
+   streams on time, so their delays make the median of rule 2 small, while
+   new streams wait: traced in a 1,000-node join under four busy loops, the
+   first heartbeats a replica read waited 0.6, then 1.3, then 2.1 s over two
+   seconds, its rule-2 lag read 0.07 s, and it suspected 162 nodes the log said
+   were ALIVE but whose streams it had not read yet (observer rule 5); it read
+   them 0.1 s later. So the first heartbeats of streams whose base came from
+   their host (rule 1b: a measured delay, not rule 1a's echo of the lag) are
+   kept apart, the last :data:`ACCEPT_WINDOW` of them, and their median, while
+   the latest was read less than :data:`ACCEPT_STALE` seconds ago, is lag too:
+   a stream waiting now is likely to wait about as long as the ones just
+   accepted. Rule 1a reads only rule 2's median, so the accept lag cannot feed
+   itself through new streams' bases.
 3. The driver takes it as a lateness source (``Driver.add_lateness_source``):
    the detectors' silence is measured up to ``now`` minus it, bounded by the
    core (``ReplicaSettings.max_lateness``).
@@ -64,7 +74,16 @@ from __future__ import annotations
 import math
 from array import array
 
-__all__ = ["BASE_BUCKET", "STALE", "WINDOW", "HostBases", "ReadLag", "StreamBase", "host_of"]
+__all__ = [
+    "ACCEPT_STALE",
+    "ACCEPT_WINDOW",
+    "BASE_BUCKET",
+    "STALE",
+    "WINDOW",
+    "HostBases", "ReadLag",
+    "StreamBase",
+    "host_of",
+]
 
 # Seconds of one bucket of a stream's base delay history (rule 1).
 BASE_BUCKET = 60.0
@@ -72,6 +91,10 @@ BASE_BUCKET = 60.0
 WINDOW = 64
 # Seconds after the latest heartbeat read when the read lag counts no more (rule 2).
 STALE = 1.0
+# First heartbeats whose queueing delays make up the accept lag (rule 2a).
+ACCEPT_WINDOW = 16
+# Seconds after the latest first heartbeat read when the accept lag counts no more.
+ACCEPT_STALE = 2.0
 
 
 class StreamBase:
@@ -99,21 +122,25 @@ class StreamBase:
                 (any sign: the clocks' offset is in it).
             now: monotonic seconds, for the buckets.
             lag: the replica's read lag, read at the stream's first heartbeat
-                only (rule 1a); None: the first heartbeat is the base.
+                only (rule 1a), and given that heartbeat's delay when its base
+                came from its host (rule 2a); None: the first heartbeat is the base.
             host: the base of the stream's host (rule 1b, from
                 :meth:`HostBases.of`), updated with ``delay``; None: none.
         """
+        measured = False  # rule 2a: a first heartbeat whose base came from its host
         if self._rotate_at == -math.inf:
-            start = math.inf if lag is None else delay - lag.lateness(now)  # rule 1a
+            start = math.inf if lag is None else delay - lag.median(now)  # rule 1a
             if host is not None:
                 floor = host.floor(now)  # rule 1b
                 if floor < start:
-                    start = floor
+                    start, measured = floor, True
             self._current = start
         if host is not None:
             host.see(delay, now)
         self.see(delay, now)
         base = self._current if self._current < self._previous else self._previous
+        if measured and lag is not None:
+            lag.accepted(delay - base, now)
         return delay - base
 
     def see(self, delay: float, now: float) -> None:
@@ -191,7 +218,7 @@ class ReadLag:
         ValueError: a window or stale that is not positive.
     """
 
-    __slots__ = ("_at", "_cache", "_i", "_n", "_ring", "stale")
+    __slots__ = ("_accept", "_at", "_cache", "_i", "_n", "_ring", "stale")
 
     def __init__(self, window: int = WINDOW, stale: float = STALE) -> None:
         if window <= 0 or not stale > 0:
@@ -202,6 +229,7 @@ class ReadLag:
         self._at = -math.inf
         self._cache: tuple[float, float] | None = None  # (at, lag) of the last median
         self.stale = stale
+        self._accept = _Median(ACCEPT_WINDOW, ACCEPT_STALE)  # rule 2a
 
     def add(self, queued: float, now: float) -> None:
         """Records one heartbeat's queueing delay (seconds, >= 0) read at ``now``
@@ -214,8 +242,25 @@ class ReadLag:
         self._at = now
         self._cache = None
 
+    def accepted(self, queued: float, now: float) -> None:
+        """Records the queueing delay (seconds, >= 0) of a stream's first heartbeat read
+        at ``now`` (monotonic seconds), measured against its host's base (rule 2a)."""
+        self._accept.add(queued, now)
+
     def lateness(self, now: float) -> float:
-        """The read lag at ``now`` (monotonic seconds), seconds (>= 0): the median of the
+        """The read lag at ``now`` (monotonic seconds), seconds (>= 0): the larger of
+        :meth:`median` and :meth:`accept_lag`."""
+        median = self.median(now)
+        accept = self._accept.value(now)
+        return accept if accept > median else median
+
+    def accept_lag(self, now: float) -> float:
+        """Rule 2a at ``now`` (monotonic seconds), seconds (>= 0): the median delay of the
+        last first heartbeats measured, 0 when none was read for :data:`ACCEPT_STALE` s."""
+        return self._accept.value(now)
+
+    def median(self, now: float) -> float:
+        """Rule 2 at ``now`` (monotonic seconds), seconds (>= 0): the median of the
         kept delays, 0 when nothing was read for ``stale`` seconds."""
         if self._n == 0 or now - self._at > self.stale:
             return 0.0
@@ -223,3 +268,34 @@ class ReadLag:
             kept = sorted(self._ring[: self._n])
             self._cache = (self._at, kept[len(kept) // 2])
         return max(0.0, self._cache[1])
+
+
+class _Median:
+    """The median of the last ``window`` samples while the latest is younger than
+    ``stale`` seconds (rule 2a; fed once per stream, not per heartbeat)."""
+
+    __slots__ = ("_at", "_i", "_ring", "_value", "_window", "stale")
+
+    def __init__(self, window: int, stale: float) -> None:
+        self._ring: list[float] = []
+        self._window = window
+        self._i = 0
+        self._at = -math.inf
+        self._value = 0.0
+        self.stale = stale
+
+    def add(self, sample: float, now: float) -> None:
+        """Takes one sample (seconds) at ``now`` (monotonic seconds)."""
+        ring = self._ring
+        if len(ring) < self._window:
+            ring.append(sample)
+        else:
+            ring[self._i] = sample
+            self._i = (self._i + 1) % self._window
+        self._at = now
+        kept = sorted(ring)
+        self._value = max(0.0, kept[len(kept) // 2])
+
+    def value(self, now: float) -> float:
+        """The median at ``now``, 0 once the latest sample is older than ``stale``."""
+        return self._value if now - self._at <= self.stale else 0.0
