@@ -55,8 +55,8 @@ Rules:
    were ALIVE but whose streams it had not read yet (observer rule 5); it read
    them 0.1 s later. So the first heartbeats of streams whose base came from
    their host (rule 1b: a measured delay, not rule 1a's echo of the lag) are
-   kept apart, the last :data:`ACCEPT_WINDOW` of them, and their median, while
-   the latest was read less than :data:`ACCEPT_STALE` seconds ago, is lag too:
+   kept apart, the last :data:`ACCEPT_WINDOW` of them, and the median of those
+   read in the last :data:`ACCEPT_STALE` seconds is lag too:
    a stream waiting now is likely to wait about as long as the ones just
    accepted. Rule 1a reads only rule 2's median, so the accept lag cannot feed
    itself through new streams' bases.
@@ -80,7 +80,8 @@ __all__ = [
     "BASE_BUCKET",
     "STALE",
     "WINDOW",
-    "HostBases", "ReadLag",
+    "HostBases",
+    "ReadLag",
     "StreamBase",
     "host_of",
 ]
@@ -93,7 +94,7 @@ WINDOW = 64
 STALE = 1.0
 # First heartbeats whose queueing delays make up the accept lag (rule 2a).
 ACCEPT_WINDOW = 16
-# Seconds after the latest first heartbeat read when the accept lag counts no more.
+# Seconds a first heartbeat read counts in the accept lag (rule 2a).
 ACCEPT_STALE = 2.0
 
 
@@ -256,7 +257,8 @@ class ReadLag:
 
     def accept_lag(self, now: float) -> float:
         """Rule 2a at ``now`` (monotonic seconds), seconds (>= 0): the median delay of the
-        last first heartbeats measured, 0 when none was read for :data:`ACCEPT_STALE` s."""
+        last first heartbeats measured that were read in the last :data:`ACCEPT_STALE` s
+        (0 without any)."""
         return self._accept.value(now)
 
     def median(self, now: float) -> float:
@@ -271,31 +273,32 @@ class ReadLag:
 
 
 class _Median:
-    """The median of the last ``window`` samples while the latest is younger than
-    ``stale`` seconds (rule 2a; fed once per stream, not per heartbeat)."""
+    """The median of the last ``window`` samples taken less than ``stale`` seconds ago
+    (rule 2a; fed once per stream, not per heartbeat)."""
 
-    __slots__ = ("_at", "_i", "_ring", "_value", "_window", "stale")
+    __slots__ = ("_at", "_i", "_ring", "_window", "stale")
 
     def __init__(self, window: int, stale: float) -> None:
-        self._ring: list[float] = []
+        self._ring: list[tuple[float, float]] = []  # (monotonic seconds, sample)
         self._window = window
         self._i = 0
         self._at = -math.inf
-        self._value = 0.0
         self.stale = stale
 
     def add(self, sample: float, now: float) -> None:
         """Takes one sample (seconds) at ``now`` (monotonic seconds)."""
         ring = self._ring
         if len(ring) < self._window:
-            ring.append(sample)
+            ring.append((now, sample))
         else:
-            ring[self._i] = sample
+            ring[self._i] = (now, sample)
             self._i = (self._i + 1) % self._window
         self._at = now
-        kept = sorted(ring)
-        self._value = max(0.0, kept[len(kept) // 2])
 
     def value(self, now: float) -> float:
-        """The median at ``now``, 0 once the latest sample is older than ``stale``."""
-        return self._value if now - self._at <= self.stale else 0.0
+        """The median at ``now`` of the samples younger than ``stale``, 0 without any."""
+        if now - self._at > self.stale:
+            return 0.0  # the common case, and the cheap one
+        since = now - self.stale
+        kept = sorted(v for at, v in self._ring if at >= since)
+        return max(0.0, kept[len(kept) // 2]) if kept else 0.0
