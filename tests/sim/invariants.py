@@ -48,6 +48,10 @@ S10 No false death under starvation (runs of ``starvation``, issue 24): a
    is never DEAD in a committed view, however long its replicas are starved
    (``replicas`` rule 7). Checked for the nodes in ``Checker.sending`` when
    a run sets it (other runs' faults make such silences legitimate).
+S11 No suspicion for a stream the replica has not accepted (slow-accept runs of
+   ``starvation``, issue 24): no replica suspects a node in
+   ``Checker.sending`` while that node's stream waits in the replica's own
+   accept queue (``replicas`` rule 8; checked by the replica after each tick).
 
 Liveness (checked by ``World`` at set times, bounds in ``faults``):
 

@@ -19,6 +19,10 @@ issue's "done when" asks that each is caught within the CI seeds.
   stall gave it (``replicas`` rule 7; observer rule 6). Caught by the
   starvation runs (``tests/sim/starvation.py``, invariant S10), not by the
   random CI seeds, which starve no replica.
+- ``h``: a replica slow to accept new streams measures its read lag without
+  the accept lag (``replicas`` rule 8; readlag rule 2a: the median of rule 2
+  alone). Caught by the slow-accept runs (``tests/sim/starvation.py``,
+  invariant S11).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from tests.sim.world import Mutants
 
 __all__ = ["MUTANTS", "patched"]
 
-MUTANTS = ("a", "b", "c", "d", "e", "f", "g")
+MUTANTS = ("a", "b", "c", "d", "e", "f", "g", "h")
 
 
 @contextlib.contextmanager
@@ -136,4 +140,6 @@ def patched(mutant: str | None) -> tuple[contextlib.AbstractContextManager[None]
         return _old_quorum_after_change(), Mutants()
     if mutant == "g":
         return contextlib.nullcontext(), Mutants(deaf_to_stalls=True)
+    if mutant == "h":
+        return contextlib.nullcontext(), Mutants(deaf_to_accepts=True)
     raise ValueError(f"unknown mutant {mutant!r}; one of {', '.join(MUTANTS)}")

@@ -55,6 +55,7 @@ class Heartbeat:
     incarnation: int
     seq: int
     replica_id: str
+    sent_at: float = 0.0  # virtual seconds at sending (its send_time_unix: clocks agree here)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +197,7 @@ class SimNode:
         deliver = w.deliver_heartbeat
         for rid in sorted(session.leases(local)):  # rule 6: the arbiters it knows
             seq, inc = session.heartbeat(rid, local)
-            send(self.id, rid, deliver, Heartbeat(self.id, inc, seq, rid))
+            send(self.id, rid, deliver, Heartbeat(self.id, inc, seq, rid, now))
         self._schedule_beat(now + self.interval)
 
     def on_ack(self, ack: Ack) -> None:

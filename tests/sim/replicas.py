@@ -42,6 +42,19 @@ Rules:
    ``LocalHealth``): a stall of L seconds, in progress or ended less than one
    heartbeat interval ago, makes it L seconds late (observer rule 6; the core
    bounds it). Mutant ``deaf_to_stalls`` (g) ticks without it.
+8. Slow accepts (:attr:`SimReplica.accept_delay`, set by a run): a replica behind
+   in *accepting* streams, as a starved ingest worker is, while it reads the
+   streams it has on time. The first heartbeat of a node's incarnation to this
+   replica opens its stream, which waits ``accept_delay(now)`` seconds before
+   it is read; what the node sends meanwhile waits with it. While a run sets
+   :attr:`SimReplica.read_lag`, the replica measures its lag as the shell
+   does (``arbiter/server/load/readlag.py``, the real ``StreamBase``,
+   ``HostBases`` and ``ReadLag``: every node on one host, whose address
+   :attr:`SimReplica.peer_of` gives; the clocks agree here, so a heartbeat's
+   delay is its receive time minus ``sent_at``), and that lag is lateness too.
+   Mutant ``deaf_to_accepts`` (h) reads rule 2's median alone. Invariant S11
+   is checked after every tick: no replica suspects a node that keeps
+   sending while that node's stream waits in its accept queue.
 """
 
 from __future__ import annotations
@@ -49,11 +62,14 @@ from __future__ import annotations
 import inspect
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from arbiter.core.commands import Opinion
 from arbiter.core.raft import Entry, HardState, Message, Ready, Role
 from arbiter.core.replica import Replica, ReplicaSettings
+from arbiter.server.load.readlag import HostBases, ReadLag, StreamBase
 from tests.sim.nodes import Ack, Heartbeat
 from tests.sim.subscribers import Feed
 
@@ -149,6 +165,14 @@ class SimReplica:
         self.stall = (0.0, -math.inf)
         self.stalls = 0
         self._stall_start = -math.inf
+        # Rule 8: slow accepts and the read lag, when a run sets them.
+        self.accept_delay: Callable[[float], float] | None = None
+        self.read_lag: ReadLag | None = None
+        self.peer_of: Callable[[str], str] = lambda node_id: "ipv4:10.0.0.1:40000"
+        self._streams: dict[tuple[str, int], StreamBase] = {}  # accepted: node, incarnation
+        self._waiting: dict[tuple[str, int], tuple[int, list[Heartbeat]]] = {}
+        self._hosts = HostBases()
+        self._token_streams = 0
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -192,6 +216,9 @@ class SimReplica:
         """Drops the core and all volatile state (rule 2); the disk stays."""
         self.core = None
         self.starved_until, self._held = -math.inf, []  # rule 7: what waited is lost
+        self._streams, self._waiting, self._hosts = {}, {}, HostBases()  # rule 8: streams end
+        if self.read_lag is not None:
+            self.read_lag = ReadLag()
         self._token += 1
         self._wake_at = math.inf
         self.disk.pending = None  # never reached the disk
@@ -229,13 +256,23 @@ class SimReplica:
             fn(arg)
 
     def lateness(self, now: float) -> float:
-        """Seconds of the recent past this replica could not hear (rule 7)."""
+        """Seconds of the recent past this replica could not hear (rules 7 and 8)."""
+        stalled, read = self._stall_lateness(now), self._read_lateness(now)
+        return stalled if stalled > read else read
+
+    def _stall_lateness(self, now: float) -> float:
         if self.world.mutants.deaf_to_stalls:
             return 0.0
         length, ended = self.stall
         # One expression for the end, here and in _schedule (float rounding: a wake-up at
         # the end must see the lateness over).
         return length if now < ended + self.world.config.heartbeat_interval else 0.0
+
+    def _read_lateness(self, now: float) -> float:
+        lag = self.read_lag
+        if lag is None:
+            return 0.0
+        return lag.median(now) if self.world.mutants.deaf_to_accepts else lag.lateness(now)
 
     # --- inputs --------------------------------------------------------------------------
 
@@ -260,6 +297,25 @@ class SimReplica:
         if now < self.starved_until:  # rule 7
             self._held.append((self.on_heartbeat, hb))
             return
+        if self.accept_delay is not None or self.read_lag is not None:  # rule 8
+            key = (hb.node_id, hb.incarnation)
+            stream = self._streams.get(key)
+            if stream is None:
+                waiting = self._waiting.get(key)
+                if waiting is not None:
+                    waiting[1].append(hb)
+                    return
+                delay = 0.0 if self.accept_delay is None else self.accept_delay(now)
+                if delay > 0:
+                    self._token_streams += 1
+                    self._waiting[key] = (self._token_streams, [hb])
+                    w.q.at(now + delay, self._accept, (key, self._token_streams))
+                    return
+                stream = self._streams[key] = StreamBase()
+            lag = self.read_lag
+            if lag is not None:
+                host = self._hosts.of(self.peer_of(hb.node_id), now)
+                lag.add(stream.queued(now - hb.sent_at, now, lag, host), now)
         v = core.heartbeat(hb.node_id, hb.incarnation, w.labels, now)
         w.checker.granted(self, hb.node_id, hb.incarnation, v.lease)
         conf = core.configuration
@@ -284,6 +340,32 @@ class SimReplica:
         w.net.send(self.id, hb.node_id, w.deliver_ack, ack)
         self._schedule()  # a new opinion is owed to the log at once
 
+    def _accept(self, arg: tuple[tuple[str, int], int]) -> None:
+        """Rule 8: a stream that waited is accepted; what it carried is read now."""
+        key, token = arg
+        waiting = self._waiting.get(key)
+        if self.core is None or waiting is None or waiting[0] != token:
+            return  # crashed since: the stream is gone
+        if self.world.q.now < self.starved_until:  # rule 7: read when the replica runs
+            self._held.append((self._accept, arg))
+            return
+        del self._waiting[key]
+        self._streams[key] = StreamBase()
+        for hb in waiting[1]:
+            self.on_heartbeat(hb)
+
+    def _check_accepts(self, core: Replica) -> None:
+        """Invariant S11 (rule 8): nobody sending is suspected while its stream waits here."""
+        sending = self.world.checker.sending
+        if sending is None:
+            return
+        for node_id, incarnation in self._waiting:
+            if node_id in sending and core.observer.opinion(node_id) is Opinion.SUSPECT:
+                self.world.checker.fail(
+                    f"S11: {self.id} suspects {node_id}#{incarnation}, which never stopped "
+                    "sending, while its stream waits to be accepted here"
+                )
+
     def _wake(self, token: int) -> None:
         if token != self._token or self.core is None:
             return
@@ -298,6 +380,8 @@ class SimReplica:
             else:
                 self._spin_at, self._spins = now, 0
             self.core.tick(now, late, wall=now)  # the replicas' wall clocks agree here
+            if self._waiting:
+                self._check_accepts(self.core)
             self._after_input()
         else:
             self._schedule()
@@ -340,8 +424,11 @@ class SimReplica:
         else:
             late = self.lateness(now)
             d = core.next_deadline(late)
-            if late > 0:  # the lateness ends after one interval: look again then
-                d = min(d, self.stall[1] + self.world.config.heartbeat_interval)
+            interval = self.world.config.heartbeat_interval
+            if self._stall_lateness(now) > 0:  # it ends after one interval: look again then
+                d = min(d, self.stall[1] + interval)
+            if self._read_lateness(now) > 0:  # rule 8: it falls as it ages
+                d = min(d, now + interval)
         if d < self._wake_at:
             self._wake_at = d
             self._token += 1

@@ -11,6 +11,15 @@ core allows (``ReplicaSettings.max_lateness``, the longest lease) plus the
 longest burst, which may hold the suspicion's commit.
 
 Used by ``test_sim.py`` (and by mutant g, which it must catch).
+
+The slow-accept runs (:func:`slow_accept_run`, ``replicas`` rule 8, invariant
+S11): a join storm while two replicas are behind in accepting new streams,
+their accept delay ramping up to 2.0 and 0.5 s, the third accepting at once,
+every node on one host. The streams they have are read on time, so the
+median read lag stays near 0; only the accept lag (readlag rule 2a) says the
+replica is late. Its premise: the accept delay changes by less than the hold
+of a node known only from the log (the lease, 0.75 s) within one accept delay
+(here 0.25 s a second, so 0.5 s within 2 s). Mutant h reads the median alone.
 """
 
 from __future__ import annotations
@@ -19,13 +28,20 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from arbiter.server.load.readlag import ReadLag
 from membership.shared.view import MemberState
 from tests.sim.invariants import InvariantViolation
 from tests.sim.mutants import patched
 from tests.sim.network import NetProfile
 from tests.sim.world import World
 
-__all__ = ["LONGEST_BURST", "StarvationResult", "starved_run"]
+__all__ = [
+    "LONGEST_BURST",
+    "SlowAcceptResult",
+    "StarvationResult",
+    "slow_accept_run",
+    "starved_run",
+]
 
 LONGEST_BURST = 2.5  # seconds
 SHORTEST_BURST = 0.3
@@ -139,6 +155,143 @@ def starved_run(
             error=error,
             bursts=bursts,
             starved_seconds=round(starved, 3),
+            kill_to_dead=kill_to_dead,
+            bound=bound,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlowAcceptResult:
+    """What one slow-accept run did (seconds of virtual time).
+
+    Attributes:
+        seed: the seed.
+        error: the first broken invariant (None if none).
+        joined: nodes of the storm ALIVE on every replica by the end.
+        waited: streams that waited to be accepted, per replica id.
+        longest_wait: the longest accept delay a stream met, seconds.
+        kill_to_dead: from a storm node's crash to its DEAD on every replica (None:
+            not DEAD by the end, or the run broke before).
+        bound: what ``kill_to_dead`` may be at most.
+    """
+
+    seed: int
+    error: str | None
+    joined: int
+    waited: dict[str, int]
+    longest_wait: float
+    kill_to_dead: float | None
+    bound: float
+
+    @property
+    def ok(self) -> bool:
+        """True if no invariant broke."""
+        return self.error is None
+
+
+ACCEPT_RAMP = 0.25  # seconds of accept delay gained per second (the module's premise)
+
+
+def slow_accept_run(
+    seed: int, *, settled: int = 4, storm: int = 40, spread: float = 10.0, mutant: str | None = None
+) -> SlowAcceptResult:
+    """One run (module docstring): ``settled`` nodes ALIVE first, then ``storm`` more
+    start within ``spread`` seconds while r1 and r2 accept new streams late; then
+    one of the storm's nodes crashes.
+
+    Raises:
+        AssertionError: the cluster did not start (no leader, nodes not ALIVE).
+    """
+    patch, flags = patched(mutant)
+    with patch:
+        w = World(
+            seed,
+            replicas=3,
+            nodes=settled + storm,
+            subscribers=1,
+            profile=NetProfile(),
+            mutants=flags,
+        )
+        ids = list(w.nodes)
+        first, later = ids[:settled], ids[settled:]
+        reps = w.replicas
+        for r in reps.values():
+            r.read_lag = ReadLag()  # rule 8: every node on one host (peer_of's default)
+            r.start()
+        for nid in first:
+            w.nodes[nid].start()
+        for i, sub in enumerate(w.subs.values()):
+            sub.connect(reps[w.replica_ids[i % len(w.replica_ids)]])
+
+        def alive(node_ids: list[str]) -> bool:
+            return all(
+                r.core is not None
+                and all(
+                    (m := r.core.state.member(n)) is not None and m.state is MemberState.ALIVE
+                    for n in node_ids
+                )
+                for r in reps.values()
+            )
+
+        assert _run_until(w, lambda: alive(first), 20.0), "nodes not ALIVE within 20 s"
+        w.checker.sending = set(ids)
+        t0 = w.q.now
+        waited: dict[str, int] = {}
+        longest = [0.0]
+
+        def ramp(rid: str, peak: float) -> None:
+            def delay(now: float) -> float:
+                d = min(peak, ACCEPT_RAMP * (now - t0))
+                waited[rid] = waited.get(rid, 0) + 1
+                longest[0] = max(longest[0], d)
+                return d
+
+            reps[rid].accept_delay = delay
+
+        ramp("r1", 2.0)
+        ramp("r2", 0.5)
+        starts = random.Random(f"{seed}/accept")
+        for nid in later:
+            node = w.nodes[nid]
+            node.phase = starts.uniform(1.0, 1.0 + spread)
+            node.start()
+        d = w.config.heartbeat_interval * w.config.missed_heartbeats
+        bound = d + w.settings.max_lateness
+        error, kill_to_dead = None, None
+        victim = later[0]
+        try:
+            _run_until(w, lambda: alive(later), spread + 20.0)
+            w.checker.sending.discard(victim)
+            w.crash_node(victim)
+            crashed = w.q.now
+
+            def victim_dead() -> bool:
+                return all(
+                    r.core is not None
+                    and (m := r.core.state.member(victim)) is not None
+                    and m.state is MemberState.DEAD
+                    for r in reps.values()
+                )
+
+            if _run_until(w, victim_dead, bound + 5.0):
+                kill_to_dead = w.q.now - crashed
+        except InvariantViolation as e:
+            error = str(e)
+        joined = sum(
+            all(
+                r.core is not None
+                and (m := r.core.state.member(n)) is not None
+                and m.state is not MemberState.JOINING
+                for r in reps.values()
+            )
+            for n in later
+        )
+        return SlowAcceptResult(
+            seed=seed,
+            error=error,
+            joined=joined,
+            waited=waited,
+            longest_wait=round(longest[0], 3),
             kill_to_dead=kill_to_dead,
             bound=bound,
         )

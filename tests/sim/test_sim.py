@@ -25,7 +25,7 @@ from arbiter.core.tally import MembershipState
 from tests.sim.background import SeedRuns
 from tests.sim.run import replay_command, run_seed
 from tests.sim.scenario import run_file
-from tests.sim.starvation import starved_run
+from tests.sim.starvation import slow_accept_run, starved_run
 
 pytestmark = pytest.mark.sim
 
@@ -245,3 +245,31 @@ def test_sim_forgotten_incarnation_is_refused_when_a_stale_checkpoint_restarts()
     forgotten = text.index("n2#1 forgotten")
     stale = text.index("n2 starts at incarnation 1", forgotten)
     assert text.index("n2 rejoins 1 -> 2 (declared DEAD)", stale) > stale
+
+
+ACCEPT_SEEDS = range(5)
+
+
+@pytest.mark.parametrize("seed", ACCEPT_SEEDS)
+def test_sim_replicas_slow_to_accept_suspect_nobody_waiting_and_a_crashed_node_dead(
+    seed: int,
+) -> None:
+    """tests/sim/starvation.py, slow accepts (replicas rule 8): a join storm while two
+    replicas accept new streams up to 2 s late; S11 and every other invariant hold,
+    every node joins, and one that crashes afterwards is DEAD within D plus the
+    core's lateness bound."""
+    r = slow_accept_run(seed)
+    assert r.ok, f"{r.error} (replay: slow_accept_run({seed}) in tests/sim/starvation.py)"
+    assert r.joined == 40 and r.longest_wait >= 1.5, r
+    assert r.kill_to_dead is not None and r.kill_to_dead <= r.bound, r
+
+
+def test_sim_catches_a_replica_deaf_to_its_accept_lag() -> None:
+    """Mutant h (the read lag without readlag rule 2a) breaks S11 in the slow-accept
+    runs: the check above could fail."""
+    for seed in ACCEPT_SEEDS:
+        r = slow_accept_run(seed, mutant="h")
+        if not r.ok:
+            assert r.error is not None and ": S11:" in r.error, r.error
+            return
+    pytest.fail(f"mutant h not caught by slow-accept seeds {ACCEPT_SEEDS}")

@@ -47,11 +47,14 @@ class Mutants:
         no_check_quorum: Raft runs without CheckQuorum (breakage d).
         deaf_to_stalls: a starved replica ticks its detectors without the
             lateness its own stall gave it (breakage g; ``replicas`` rule 7).
+        deaf_to_accepts: a replica slow to accept streams reads its lag without
+            the accept lag (breakage h; ``replicas`` rule 8, readlag rule 2a).
     """
 
     vote_after_send: bool = False
     no_check_quorum: bool = False
     deaf_to_stalls: bool = False
+    deaf_to_accepts: bool = False
 
 
 class World:
