@@ -512,15 +512,26 @@ class Observer:
         times: list[float] = []
         d = self._detector.next_deadline()
         if d is not None:
-            times.append(max(d + lateness, self._grace_until))
+            times.append(max(_later(d, lateness), self._grace_until))
         g = self.windows.next_deadline()
         if g is not None:
-            times.append(max(g + lateness, self._grace_until))  # rule 7: a window's end
+            times.append(max(_later(g, lateness), self._grace_until))  # rule 7: a window's end
         if self._fresh:
             times.append(0.0)  # a new opinion may be due at once
         elif self._owed and math.isfinite(self._due_at):
             times.append(self._due_at)  # a retry, or the pacer's release (last scan)
         return min(times) if times else None
+
+
+def _later(deadline: float, lateness: float) -> float:
+    """The earliest ``t`` with ``t - lateness >= deadline`` (seconds): :meth:`Observer.tick`
+    at ``t`` sees the deadline passed. ``deadline + lateness`` alone may round so that
+    ``t - lateness`` falls just short, and a driver woken then would tick, find nothing
+    due, and be told the same deadline again (found by the simulator's slow-accept runs)."""
+    t = deadline + lateness
+    while t - lateness < deadline:
+        t = math.nextafter(t, math.inf)
+    return t
 
 
 @dataclass(slots=True)

@@ -204,6 +204,33 @@ def _replica() -> Replica:
     )
 
 
+def test_readlag_a_late_replica_woken_at_its_deadline_finds_it_passed() -> None:
+    # deadline + lateness may round so that a tick then, at now - lateness, falls
+    # just short of the deadline: the driver would wake, find nothing and be told
+    # the same time again, forever (found by the simulator's slow-accept runs).
+    late = 0.5012408275796174
+    heard = 15.2  # D 0.5: deadlines just below 16, their sums with late just above
+    for _ in range(1000):  # a heartbeat time whose deadline rounds that way
+        rep = _replica()
+        rep.heartbeat("n1", 1, {}, heard)
+        d = rep.observer.detector.next_deadline()
+        assert d is not None
+        if (d + late) - late < d:
+            break
+        heard += 1e-6
+    else:
+        pytest.fail("no such deadline found")
+    assert late <= rep.settings.max_lateness
+    now, same = heard, 0
+    while rep.observer.suspects() != ["n1"]:  # the driver's loop: tick at each deadline
+        due = max(now, rep.next_deadline(late))
+        same = same + 1 if due == now else 0
+        assert same < 10, f"woken at {due} again and again, n1 not suspected"
+        now = due
+        rep.tick(now, late)
+    assert now - late >= d
+
+
 @pytest.mark.parametrize("ack_late", [False, True])
 def test_readlag_slow_start_silence_counts_from_the_ack_that_kept_the_node_waiting(
     ack_late: bool,
