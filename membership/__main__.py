@@ -1,5 +1,5 @@
-"""``python -m membership`` is the ``membership`` command."""
+"""``python -m membership`` is the ``membership`` command (``membership/_entry.py``)."""
 
-from membership.cli import main
+from membership._entry import run
 
-raise SystemExit(main())
+run()

@@ -41,6 +41,7 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 import argparse
 import asyncio
 import contextlib
+import difflib
 import logging
 import math
 import signal
@@ -50,6 +51,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import NoReturn
 
+from membership._entry import stopped_early
 from membership.cli import admin, certs, commands, ctl, filters, top
 from membership.cli.endpoints import add_arbiters_flag, fill_from_env
 from membership.cli.output import event_lines, session_event_line, view_json
@@ -182,7 +184,33 @@ class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (rule 2) and exit code 2."""
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments:"):
+            message += _did_you_mean(self, message.split(":", 1)[1].split())
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    """Every ``--flag`` of ``parser`` and of its sub-commands, at any depth."""
+    found: set[str] = set()
+    for action in parser._actions:
+        found.update(o for o in action.option_strings if o.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                found |= _options(sub)
+    return found
+
+
+def _did_you_mean(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    """``" (did you mean --arbiters?)"`` for a misspelt flag among ``unknown``, else ""."""
+    known = sorted(_options(parser))
+    hints = []
+    for word in unknown:
+        flag = word.split("=", 1)[0]
+        if flag.startswith("--") and flag not in known:
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.75)
+            if close:
+                hints.append(f"{flag}: did you mean {close[0]}?")
+    return f" ({'; '.join(hints)})" if hints else ""
 
 
 def _version() -> str:
@@ -422,9 +450,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 result = runner.run(interrupt.run(result))
         return int(result or 0)
     except Interrupted as e:
+        if args is None:  # before the command started (membership/_entry.py)
+            return stopped_early(sys.argv[1:] if argv is None else argv, e.signum)
         clean = getattr(args, "signal_exit", None)
         return clean if clean is not None else 128 + e.signum
     except KeyboardInterrupt:
+        if args is None:
+            return stopped_early(sys.argv[1:] if argv is None else argv, signal.SIGINT)
         return 128 + signal.SIGINT
     except BrokenPipeError:
         # The reader of our output went away (``membership watch | head -3``):

@@ -207,8 +207,9 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
         reached, _ = await interrupt.race(
             _wait_reachable(client, args.connect_timeout, f"node {args.id}")
         )
-        if not reached:
-            return EXIT_OK  # stopped while connecting: nothing to leave
+        if not reached:  # stopped while connecting: nothing to leave
+            print(f"{args.id}: stopped before joining", file=sys.stderr, flush=True)
+            return EXIT_OK
         await client.start()
         await interrupt.race(_first(client.ended.wait(), left_unasked.wait()))
         if client.ended.is_set() and client.error is not None:
@@ -306,6 +307,7 @@ async def watch(args: argparse.Namespace, interrupt: Interrupt) -> int:
     try:
         reached, _ = await interrupt.race(_wait_reachable(client, args.connect_timeout, "watch"))
         if not reached:
+            print("watch: stopped before connecting", file=sys.stderr, flush=True)
             return EXIT_OK
         if watching_pipe:
             # A pipe's write end polls as an error once its reader is gone:

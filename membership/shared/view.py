@@ -289,6 +289,12 @@ class ViewSnapshot:
     arbiter_id: str = ""
     instance: str = ""
 
+    @property
+    def epoch(self) -> int:
+        """The snapshot's epoch (``view.epoch``), as :attr:`ViewChanged.epoch` gives a
+        change's: code that follows events reads ``event.epoch`` from either."""
+        return self.view.epoch
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ViewChanged:

@@ -321,6 +321,7 @@ async def test_sdk_future_since_epoch_is_refused_or_reset(replicas: list[Arbiter
             resets = [e for e in seen if isinstance(e, ViewReset)]
             assert resets == [ViewReset(since_epoch=9999, cluster_epoch=epoch)]
             assert isinstance(seen[-1], ViewSnapshot) and seen[-1].view.epoch == epoch
+            assert seen[-1].epoch == epoch  # as ViewChanged.epoch (issue 25, item 8)
             assert seen.index(resets[0]) < len(seen) - 1
         finally:
             await watcher.close()

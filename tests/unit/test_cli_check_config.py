@@ -296,3 +296,25 @@ def test_cli_endpoints_missing_or_malformed_is_a_usage_error_naming_the_variable
         err = capsys.readouterr().err
         assert e.value.code == 2, argv
         assert "MEMBERSHIP_ARBITERS='a1:notaport'" in err and "argument --arbiters" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "meant"),
+    [
+        (["node", "--id", "n1", "--arbitres", "127.0.0.1:7000"], "--arbitres", "--arbiters"),
+        (["watch", "--arbiters", "127.0.0.1:7000", "--sinse-epoch", "3"], "--sinse-epoch",
+         "--since-epoch"),
+    ],
+)  # fmt: skip
+def test_cli_a_misspelt_flag_is_named_with_the_flag_meant(
+    argv: list[str], flag: str, meant: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    # Issue 25, item 6: not "--arbiters is required" while the user typed --arbitres.
+    monkeypatch.delenv("MEMBERSHIP_ARBITERS", raising=False)
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert f"unrecognized arguments: {flag}" in err and f"did you mean {meant}?" in err, err
+    assert "required" not in err and "Traceback" not in err
