@@ -51,12 +51,11 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import NoReturn
 
-from membership._entry import stopped_early
 from membership.cli import admin, certs, commands, ctl, filters, top
 from membership.cli.endpoints import add_arbiters_flag, fill_from_env
 from membership.cli.output import event_lines, session_event_line, view_json
 from membership.shared.errors import InvalidArgument, MembershipError
-from membership.shared.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CliError
+from membership.shared.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CliError, stopped_early
 from membership.shared.interrupt import Interrupt, Interrupted
 from membership.shared.tls import add_tls_flags
 from membership.shared.validation import parse_address

@@ -8,7 +8,10 @@ local-cluster helper, which issues certificates with ``membership.cli.certs``).
 
 from __future__ import annotations
 
-__all__ = ["EXIT_ENDED", "EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "CliError"]
+import sys
+from collections.abc import Sequence
+
+__all__ = ["EXIT_ENDED", "EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "CliError", "stopped_early"]
 
 # 0 ok; 1 a runtime failure; 2 a usage error; 3 a node the cluster ended
 # without its asking (membership --help has the whole list).
@@ -21,3 +24,29 @@ class CliError(Exception):
     def __init__(self, message: str, code: int = EXIT_FAILURE) -> None:
         super().__init__(message)
         self.code = code
+
+
+# Commands that stop by a signal and exit 0 then (EXIT_CODES), and what they had
+# not done yet when a signal stops them before they start.
+_BEFORE = {
+    "node": "joining",
+    "watch": "connecting",
+    "top": "connecting",
+    "arbiter": "serving",
+}
+
+
+def stopped_early(argv: Sequence[str], signum: int) -> int:
+    """The exit code of a command stopped by signal ``signum`` before it started: 0
+    for node, watch, top and arbiter (they stop by a signal), saying so on stderr
+    (``membership node: stopped before joining``); ``128 + signum`` for the others.
+
+    Args:
+        argv: the command's arguments (without the program name).
+        signum: the signal number.
+    """
+    command = next((a for a in argv if a in _BEFORE), None)
+    if command is None:
+        return 128 + signum
+    print(f"membership {command}: stopped before {_BEFORE[command]}", file=sys.stderr)
+    return 0
