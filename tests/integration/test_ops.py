@@ -192,6 +192,17 @@ def test_ops_metrics_logs_status_and_health(ops: tuple[ProcCluster, dict[str, st
     assert code == 1 and all("PERMISSION_DENIED" in line["error"] for line in lines), lines
     code, lines = _status(c, *c.certs.files("dash", "observer").flags())
     assert code == 0 and all("error" not in line for line in lines), lines
+    # Listing the arbiters is a read too (issue 25, item 5; etcd's member list): the
+    # observer may, the node may not; neither may change them.
+    listed = _cli("admin", "arbiters", "list", "--arbiters", c.arbiter_list(),
+                  *c.certs.files("dash", "observer").flags())  # fmt: skip
+    assert listed.returncode == 0 and all(r in listed.stdout for r in ids), listed
+    listed = _cli("admin", "arbiters", "list", "--arbiters", c.arbiter_list(),
+                  *c.certs.files("n1").flags())  # fmt: skip
+    assert listed.returncode != 0 and "PERMISSION_DENIED" in listed.stderr, listed
+    added = _cli("admin", "arbiters", "add", "a9=127.0.0.1:1", "--arbiters", c.arbiter_list(),
+                 *c.certs.files("dash", "observer").flags())  # fmt: skip
+    assert added.returncode != 0 and "PERMISSION_DENIED" in added.stderr, added
 
     # One replica killed: its line has an error, the others agree on leader and term.
     victim = next(r for r in ids if r != leaders[0])

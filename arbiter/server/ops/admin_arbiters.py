@@ -2,10 +2,13 @@
 
 Rules:
 
-1. Every one needs an administrator (:meth:`Authorizer.admin`: an ``admin``
-   certificate under mutual TLS); a node's or an arbiter's certificate gets
-   PERMISSION_DENIED. A request naming another cluster identity gets
-   FAILED_PRECONDITION.
+1. A change needs an administrator (:meth:`Authorizer.admin`: an ``admin``
+   certificate under mutual TLS); listing is a read, as etcd's ``member
+   list`` is, and needs what Admin.Status needs (:meth:`Authorizer.operator`:
+   an ``admin`` or an ``observer`` certificate, which sees the configuration
+   in ``admin status`` already). Any other certificate (a node's, an
+   arbiter's) gets PERMISSION_DENIED. A request naming another cluster
+   identity gets FAILED_PRECONDITION.
 2. ListArbiters answers on any replica: the configuration in force there,
    and each arbiter's replication progress when that replica leads.
 3. A change is proposed by the leader only (arbiter/server/ops/reconfig.py rule
@@ -71,9 +74,12 @@ class ArbiterAdmin:
         self._authz = authz
         self._timeout = timeout
 
-    async def _admit(self, context: grpc.aio.ServicerContext, expected: str) -> None:
-        """Rule 1."""
-        await deny(context, self._authz.admin(context), logging.WARNING)
+    async def _admit(
+        self, context: grpc.aio.ServicerContext, expected: str, read: bool = False
+    ) -> None:
+        """Rule 1 (``read``: listing, which an observer may do too)."""
+        authz = self._authz
+        await deny(context, (authz.operator if read else authz.admin)(context), logging.WARNING)
         mismatch = cluster_mismatch(self._cluster, self._me, expected, "administrator")
         if mismatch is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, mismatch)
@@ -82,7 +88,7 @@ class ArbiterAdmin:
         self, request: pb.ListArbitersRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListArbitersResponse:
         """Rule 2."""
-        await self._admit(context, request.cluster)
+        await self._admit(context, request.cluster, read=True)
         conf = self._reconfig.current
         progress = self._reconfig.progress()
         out = []
