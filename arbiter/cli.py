@@ -502,5 +502,6 @@ async def _serve(
     if server.failure is not None:
         print(f"membership arbiter: error: {server.failure}", file=sys.stderr)
         return EXIT_FAILURE
-    print(f"arbiter {replica_id} stopped", file=sys.stderr)
+    if not logging.getLogger("arbiter").isEnabledFor(logging.INFO):
+        print(f"arbiter {replica_id} stopped", file=sys.stderr)  # else its log line says so
     return EXIT_OK

@@ -263,9 +263,13 @@ class ArbiterServer:
         )
         self.driver.after_turn = self.reconfig.refresh
         if not storage.first_start:  # before the port serves anything (stored.py rules 2, 3)
-            warn_if_peers_differ(
-                self.replica_id, given, self.reconfig.current.members, self.reconfig.current.index
-            )
+            if not self.join:  # a --join replica's configuration is the group's, --peers or not
+                warn_if_peers_differ(
+                    self.replica_id,
+                    given,
+                    self.reconfig.current.members,
+                    self.reconfig.current.index,
+                )
             await self._check_own_address()
         self.api.arbiters = lambda: self.reconfig.current
         self.admin_api.arbiters = ArbiterAdmin(
@@ -303,12 +307,12 @@ class ArbiterServer:
         self.transport.start()
         announce_security(self.replica_id, self.listen, self.tls)
         log.info(
-            "arbiter %s listening on %s (peers: %s; %s detector, suspect after %.2fs at the "
-            "%.3gs interval, which grows past %d nodes up to %.3gs: D up to %.2fs; data dir %s; "
-            "metrics %s)",
+            "arbiter %s listening on %s (arbiters in force: %s; %s detector, suspect after "
+            "%.2fs at the %.3gs interval, which grows past %d nodes up to %.3gs: D up to %.2fs; "
+            "data dir %s; metrics %s)",
             self.replica_id,
             self.listen,
-            ", ".join(f"{k}={v}" for k, v in self.peers.items()),
+            ", ".join(f"{k}={v}" for k, v in self.reconfig.current.members.items()),
             cfg.detector_kind,
             cfg.suspect_after,
             cfg.heartbeat_interval,

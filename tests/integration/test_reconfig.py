@@ -190,6 +190,8 @@ def test_reconfig_grow_to_five_and_shrink_back_while_nodes_heartbeat(cluster: Pr
     )
     assert again.popen.wait(20) == 0, again.stderr()
     assert "was removed from the arbiter group" in again.stderr().split("restarting from")[-1]
+    # it was given --join, not --peers: no word of a --peers that differs (issue 25, item 7)
+    assert "--peers" not in again.stderr(), again.stderr()
     assert [ch for ch in changes(w) if ch["epoch"] > epoch] == []
     assert _epoch(c, "a1") == epoch
     for n in NODES:

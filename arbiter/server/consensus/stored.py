@@ -71,9 +71,11 @@ def first_configuration(
     if stored and "" in stored.values():  # a data dir that recorded ids only (old)
         stored = {rid: peers.get(rid, "") for rid in stored}
     log.info(
-        "arbiter %s: restart: the stored configuration wins over --peers (first set %s, "
+        "arbiter %s: restart: the stored configuration %s (first set %s, "
         "cluster identity %s; changes since are in the log)",
         replica_id,
+        # a replica that joined a group is restarted with --join: no --peers to speak of
+        "is used" if storage.joined else "wins over --peers",
         describe(stored) if stored else "none: joined a running group",
         storage.identity,
     )
