@@ -79,12 +79,12 @@ exit status:
            first; an arbiter takes SIGHUP as "reload the TLS files" instead)
   1        runtime failure: no arbiter reachable, leave not committed, data dir or
            listen address unusable; admin remove refused (no such member, already
-           DEAD or LEFT); admin commands refused (PERMISSION_DENIED and the like);
-           admin status: no arbiter answered; admin snapshot save without a leader
-           or onto an existing FILE, snapshot status of a damaged file; arbiter
-           --restore of a bad file or into a non-empty data dir
+           DEAD or LEFT); admin status: no arbiter answered; admin snapshot save
+           without a leader or onto an existing FILE, snapshot status of a damaged
+           file; arbiter --restore of a bad file or into a non-empty data dir
   2        usage: a bad flag or value (also --arbiters of two different clusters, no
-           TLS files nor --insecure, a node's certificate refused for its heartbeats)
+           TLS files nor --insecure); a certificate the arbiters refuse for what it
+           asks (PERMISSION_DENIED: a node's heartbeats, any admin command)
   3        node: the cluster ended it without its asking and it does not rejoin:
            declared DEAD (with --no-rejoin), removed (LEFT: admin remove, or another
            process's leave), or another process took its id over

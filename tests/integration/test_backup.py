@@ -201,7 +201,7 @@ def test_backup_save_under_tls_needs_an_admin_certificate(tls_cluster: ProcClust
         )
 
     denied = save("n1", "node", c.workdir / "n1.snap")
-    assert denied.returncode == 1, denied.stderr
+    assert denied.returncode == 2, denied.stderr  # a refused certificate (issue 25, item 3)
     assert "PERMISSION_DENIED" in denied.stderr and "Traceback" not in denied.stderr
     assert not (c.workdir / "n1.snap").exists()
     ok = save("admin", "admin", c.workdir / "admin.snap")

@@ -187,9 +187,20 @@ def test_ops_metrics_logs_status_and_health(ops: tuple[ProcCluster, dict[str, st
         )
 
     # admin status --json under TLS: a node's certificate is refused by every
-    # replica (exit 1), an observer's is allowed.
+    # replica, an observer's is allowed. All refused is not "none answered": the last
+    # line says which certificate is needed, and the exit is 2 as for a node whose
+    # heartbeats are refused (issue 25, item 3).
     code, lines = _status(c, *c.certs.files("n1").flags())
-    assert code == 1 and all("PERMISSION_DENIED" in line["error"] for line in lines), lines
+    assert code == 2 and all("PERMISSION_DENIED" in line["error"] for line in lines), lines
+    r = _cli("admin", "status", "--timeout", "2", "--arbiters", c.arbiter_list(),
+             *c.certs.files("n1").flags())  # fmt: skip
+    last = r.stderr.splitlines()[-1]
+    assert r.returncode == 2 and "all 3 arbiter(s) refused this certificate" in last, r.stderr
+    assert "an admin or an observer certificate" in last and "answered" not in last, last
+    # and so is every admin command refused its certificate: exit 2, the refusal named
+    r = _cli("admin", "remove", "n2", "--arbiters", c.arbiter_list(),
+             *c.certs.files("dash", "observer").flags())  # fmt: skip
+    assert r.returncode == 2 and "PERMISSION_DENIED" in r.stderr, r.stderr
     code, lines = _status(c, *c.certs.files("dash", "observer").flags())
     assert code == 0 and all("error" not in line for line in lines), lines
     # Listing the arbiters is a read too (issue 25, item 5; etcd's member list): the
@@ -199,10 +210,10 @@ def test_ops_metrics_logs_status_and_health(ops: tuple[ProcCluster, dict[str, st
     assert listed.returncode == 0 and all(r in listed.stdout for r in ids), listed
     listed = _cli("admin", "arbiters", "list", "--arbiters", c.arbiter_list(),
                   *c.certs.files("n1").flags())  # fmt: skip
-    assert listed.returncode != 0 and "PERMISSION_DENIED" in listed.stderr, listed
+    assert listed.returncode == 2 and "PERMISSION_DENIED" in listed.stderr, listed
     added = _cli("admin", "arbiters", "add", "a9=127.0.0.1:1", "--arbiters", c.arbiter_list(),
                  *c.certs.files("dash", "observer").flags())  # fmt: skip
-    assert added.returncode != 0 and "PERMISSION_DENIED" in added.stderr, added
+    assert added.returncode == 2 and "PERMISSION_DENIED" in added.stderr, added
 
     # One replica killed: its line has an error, the others agree on leader and term.
     victim = next(r for r in ids if r != leaders[0])

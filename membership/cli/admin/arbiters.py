@@ -20,8 +20,9 @@ Rules:
    a change is not idempotent, so it is never sent to several at once.
 3. Errors print one line and exit 1 (refused by the group: the status name
    and its message; no arbiter answered); a malformed ``ID=HOST:PORT`` or id
-   is a usage error (exit 2). Under mutual TLS these need an admin
-   certificate (PERMISSION_DENIED otherwise, exit 1).
+   is a usage error (exit 2). Under mutual TLS a change needs an admin
+   certificate, a listing an admin or an observer one (PERMISSION_DENIED
+   otherwise, exit 2 as every refused certificate).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import grpc
 
 from membership._arbiters.transport import Channels
 from membership._config import ClientConfig
-from membership.cli.admin.remove import RETRY_ELSEWHERE, ask_in_rounds
+from membership.cli.admin.remove import RETRY_ELSEWHERE, ask_in_rounds, refusal
 from membership.cli.endpoints import add_arbiters_flag
 from membership.shared import tls
 from membership.shared.errors import InvalidArgument, RejectedError, UnavailableError
@@ -113,7 +114,7 @@ async def list_arbiters(
                 if e.code() in RETRY_ELSEWHERE:
                     errors[addr] = e.code().name
                     return None
-                raise RejectedError(f"{e.code().name}: {e.details()}") from None
+                raise refusal(e) from None
 
         answers = [a for a in await asyncio.gather(*(one(a) for a in arbiters)) if a]
     finally:

@@ -28,7 +28,13 @@ import grpc
 from membership._arbiters.transport import Channels
 from membership._config import ClientConfig
 from membership.shared import tls
-from membership.shared.errors import InvalidArgument, RejectedError, UnavailableError
+from membership.shared.errors import (
+    InvalidArgument,
+    MembershipError,
+    PermissionDenied,
+    RejectedError,
+    UnavailableError,
+)
 from membership.shared.exits import EXIT_OK, CliError
 from membership.shared.interrupt import Interrupt, Interrupted
 from membership.shared.validation import parse_address, validate_node_id
@@ -40,6 +46,17 @@ __all__ = ["RETRY_ELSEWHERE", "Removal", "admin_remove", "ask_in_rounds", "remov
 RETRY_ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 # Seconds between two rounds over the arbiters when none could answer.
 _ROUND_PAUSE = 0.25
+
+
+def refusal(e: grpc.aio.AioRpcError) -> MembershipError:
+    """The error an admin command raises for an arbiter's refusal ``e``: a refused
+    certificate (PERMISSION_DENIED, UNAUTHENTICATED) is :class:`PermissionDenied`,
+    exit 2 as for a node whose heartbeats are refused (one code for one cause); any
+    other refusal :class:`RejectedError`, exit 1."""
+    text = f"{e.code().name}: {e.details()}"
+    if e.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+        return PermissionDenied(text)
+    return RejectedError(text)
 
 T = TypeVar("T")
 
@@ -96,7 +113,7 @@ async def ask_in_rounds(
                 elif e.code() in RETRY_ELSEWHERE:
                     errors[addr] = f"{e.code().name} {e.details()}"
                 else:
-                    raise RejectedError(f"{e.code().name}: {e.details()}") from None
+                    raise refusal(e) from None
         # None could answer (no leader yet, all down): a round again shortly.
         await asyncio.sleep(min(_ROUND_PAUSE, max(0.0, deadline - time.monotonic())))
     detail = "; ".join(f"{a}: {e}" for a, e in errors.items()) or "out of time"

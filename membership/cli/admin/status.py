@@ -36,7 +36,7 @@ from membership._arbiters.transport import Channels
 from membership._config import ClientConfig
 from membership.shared import tls
 from membership.shared.errors import InvalidArgument
-from membership.shared.exits import EXIT_FAILURE, EXIT_OK
+from membership.shared.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
 from membership.shared.interrupt import Interrupt, Interrupted
 from membership.shared.validation import parse_address
 from membership.v1 import membership_pb2 as pb
@@ -182,5 +182,20 @@ async def admin_status(args: argparse.Namespace, interrupt: Interrupt) -> int:
         print(status_table(lines), flush=True)
     if any("error" not in line for line in lines):
         return EXIT_OK
-    print(f"membership admin: error: none of the {len(lines)} arbiter(s) answered", file=sys.stderr)
+    denied = sum(line["error"].startswith(_REFUSED) for line in lines)
+    n = len(lines)
+    if denied == n:  # every one answered, and refused: not an outage (exit 2, as a node's)
+        print(
+            f"membership admin: error: all {n} arbiter(s) refused this certificate "
+            "(PERMISSION_DENIED): admin status needs an admin or an observer certificate of "
+            "this cluster (spiffe://CLUSTER/admin/NAME or spiffe://CLUSTER/observer/NAME; "
+            "docs/security.md)",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    why = f": {denied} refused this certificate (PERMISSION_DENIED)" if denied else ""
+    print(f"membership admin: error: none of the {n} arbiter(s) answered{why}", file=sys.stderr)
     return EXIT_FAILURE
+
+
+_REFUSED = ("PERMISSION_DENIED", "UNAUTHENTICATED")
