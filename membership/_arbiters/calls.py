@@ -36,7 +36,7 @@ from membership._aiotools import reap
 from membership._arbiters.identity import ClusterCheck
 from membership._arbiters.transport import Channels
 from membership._config import ClientConfig
-from membership.shared import convert
+from membership.shared import convert, tls
 from membership.shared.backoff import Backoff
 from membership.shared.errors import (
     ClusterMismatch,
@@ -151,7 +151,8 @@ class Discovery:
         try:
             resp = await self._channels.summary(address, self._config.call_timeout)
         except grpc.aio.AioRpcError as e:
-            self.unreachable[address] = f"{e.code().name}: {e.details()}"
+            hint = tls.handshake_hint(e.details(), insecure=self._config.insecure)
+            self.unreachable[address] = f"{e.code().name}: {e.details()}{hint}"
             return False
         self.unreachable.pop(address, None)
         if not self._check.settled:
@@ -298,7 +299,8 @@ async def get_view(
             if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 channels.discard(addr)
             # The reason too: a refused certificate says which one and why.
-            errors[addr] = f"{e.code().name} {e.details()}".rstrip()
+            hint = tls.handshake_hint(e.details(), insecure=config.insecure)
+            errors[addr] = f"{e.code().name} {e.details()}".rstrip() + hint
             return None
         return resp
 

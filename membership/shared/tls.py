@@ -63,6 +63,7 @@ __all__ = [
     "config_fields",
     "describe",
     "env_flag",
+    "handshake_hint",
     "load",
     "resolve",
     "resolve_args",
@@ -489,3 +490,29 @@ class ServerCredentials:
         self._pending = _server_config(loaded)
         self.current = loaded
         return loaded
+
+
+def handshake_hint(details: str | None, *, insecure: bool) -> str:
+    """What a failed connection's gRPC ``details`` mean for TLS, as a suffix for the
+    error line ("" when they say nothing of it; issue 25, item 3).
+
+    gRPC reports a plaintext client on a TLS port as ``Socket closed`` and a server
+    certificate from another CA as ``TSI_PROTOCOL_FAILURE ... CERTIFICATE_VERIFY_FAILED``,
+    which read as an outage.
+
+    Args:
+        details: the ``AioRpcError.details()`` of the failed call.
+        insecure: True when this client speaks plaintext (``--insecure``).
+    """
+    text = details or ""
+    if insecure and "Socket closed" in text:
+        return (
+            " (the arbiters may expect TLS: this client is --insecure; give --tls-ca, "
+            "--tls-cert and --tls-key, or MEMBERSHIP_TLS_CA, _CERT and _KEY)"
+        )
+    if not insecure and ("CERTIFICATE_VERIFY_FAILED" in text or "TSI_PROTOCOL_FAILURE" in text):
+        return (
+            " (the TLS handshake failed: the arbiter's certificate is not signed by the CA "
+            "this client was given; give this cluster's CA, --tls-ca or MEMBERSHIP_TLS_CA)"
+        )
+    return ""

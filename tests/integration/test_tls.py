@@ -197,6 +197,27 @@ async def test_tls_prefix_certificate_speaks_for_matching_ids_only(
     assert await _heartbeat_code(c.addresses[0], creds, "host8-gpu0") == "PERMISSION_DENIED"
 
 
+async def test_tls_a_client_of_another_ca_is_told_so_not_given_a_raw_handshake_error(
+    tls_cluster: ProcCluster, tmp_path: Path
+) -> None:
+    # Issue 25, item 3: a CA, certificate and key all of another CA read as
+    # "TSI_PROTOCOL_FAILURE ... CERTIFICATE_VERIFY_FAILED"; the line now says what it is.
+    other = CertificateAuthority.create("default")
+    cert = other.issue([identity_uri("default", "node", "n9")])
+    files = _write(tmp_path / "other", "n9", cert.cert_pem, cert.key_pem, other.cert_pem())
+    def view() -> subprocess.CompletedProcess[str] | None:
+        r = _cli(
+            "view", "--timeout", "2", "--arbiters", tls_cluster.addresses[0],
+            *("--tls-ca", str(files.ca), "--tls-cert", str(files.cert)),
+            *("--tls-key", str(files.key)),
+        )  # fmt: skip
+        return None if "Connection refused" in r.stderr else r  # the arbiter not up yet
+
+    r = wait_until(view, 30, "the arbiter to listen")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "not signed by the CA this client was given" in r.stderr, r.stderr
+
+
 async def test_tls_client_without_certificate_is_refused(
     tls_cluster: ProcCluster, admin: MembershipClient
 ) -> None:
@@ -212,10 +233,11 @@ async def test_tls_client_without_certificate_is_refused(
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await pb_grpc.MembershipStub(ch).GetView(pb.GetViewRequest(), timeout=3)
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
-    # The CLI with --insecure against it fails as "no arbiter answered" (exit 1).
+    # The CLI with --insecure against it fails as "no arbiter answered" (exit 1), and
+    # says what "Socket closed" means (issue 25, item 3).
     r = _cli("view", "--insecure", "--timeout", "2", "--arbiters", c.addresses[0])
     assert r.returncode == 1, r.stderr
-    assert "UNAVAILABLE" in r.stderr
+    assert "UNAVAILABLE" in r.stderr and "the arbiters may expect TLS" in r.stderr, r.stderr
     assert (await _member(admin, "n1"))[1] is MemberState.ALIVE
 
 

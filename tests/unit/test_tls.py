@@ -11,7 +11,7 @@ from cryptography import x509
 
 from membership.shared.errors import InvalidArgument
 from membership.shared.grants import Grant, Identity, identity_of_pem, parse_identity
-from membership.shared.tls import TLSFiles, load, resolve
+from membership.shared.tls import TLSFiles, handshake_hint, load, resolve
 from membership.testing.pki import CertificateAuthority, identity_uri
 
 
@@ -218,3 +218,16 @@ def test_tls_resolve_names_what_the_user_gave() -> None:
         InvalidArgument, match=r"ClientConfig\(tls_key=\) missing \(or MEMBERSHIP_TLS_KEY\)"
     ):
         resolve(ca="ca.pem", cert="n1.pem", env={}, names="config")
+
+
+def test_tls_handshake_hint_says_what_grpcs_transport_errors_mean() -> None:
+    # Issue 25, item 3: "Socket closed" to a plaintext client is a TLS port, and a
+    # CERTIFICATE_VERIFY_FAILED is a CA that did not sign the arbiter's certificate.
+    plain = "failed to connect to all addresses; last error: UNAVAILABLE: 1.2.3.4:7: Socket closed"
+    assert "the arbiters may expect TLS" in handshake_hint(plain, insecure=True)
+    assert handshake_hint(plain, insecure=False) == ""  # under TLS it means something else
+    verify = "Tls handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: CERTIFICATE_VERIFY_FAILED"
+    assert "not signed by the CA" in handshake_hint(verify, insecure=False)
+    assert handshake_hint(verify, insecure=True) == ""
+    assert handshake_hint("Connection refused", insecure=True) == ""
+    assert handshake_hint(None, insecure=False) == ""
