@@ -22,7 +22,8 @@ Rules:
    terminal, each frame is printed whole as plain text, with no escape codes
    (borderless tables, as ``top -b``), one every interval.
 4. ``--once`` draws one frame, with the changes of the last ``--history``
-   epochs the arbiter holds, and exits: 0 when an arbiter answered the view,
+   epochs the arbiter holds (never epoch 1: a resume starts after an epoch;
+   a ``snapshot of the view`` line where it holds none that old), and exits: 0 when an arbiter answered the view,
    1 when none did (the frame still shows the replicas' errors).
 """
 
