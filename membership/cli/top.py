@@ -23,8 +23,9 @@ Rules:
    (borderless tables, as ``top -b``), one every interval.
 4. ``--once`` draws one frame, with the changes of the last ``--history``
    epochs the arbiter holds (never epoch 1: a resume starts after an epoch;
-   a ``snapshot of the view`` line where it holds none that old), and exits: 0 when an arbiter answered the view,
-   1 when none did (the frame still shows the replicas' errors).
+   a ``snapshot of the view`` line where it holds none that old), and exits:
+   0 when an arbiter answered the view, 1 when none did (the frame still
+   shows the replicas' errors).
 """
 
 from __future__ import annotations
