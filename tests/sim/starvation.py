@@ -85,6 +85,24 @@ def _run_until(w: World, pred: Callable[[], bool], limit: float) -> bool:
     return True
 
 
+def _crash_to_dead(w: World, victim: str, limit: float) -> float | None:
+    """Crashes ``victim`` (no longer counted as sending) and runs until every replica
+    holds it DEAD: the seconds that took, None if not within ``limit`` seconds."""
+    w.checker.sending.discard(victim)  # type: ignore[union-attr]
+    w.crash_node(victim)
+    crashed = w.q.now
+
+    def dead() -> bool:
+        return all(
+            r.core is not None
+            and (m := r.core.state.member(victim)) is not None
+            and m.state is MemberState.DEAD
+            for r in w.replicas.values()
+        )
+
+    return w.q.now - crashed if _run_until(w, dead, limit) else None
+
+
 def starved_run(
     seed: int, *, nodes: int = 6, starving: float = 30.0, mutant: str | None = None
 ) -> StarvationResult:
@@ -133,20 +151,7 @@ def starved_run(
                     starved += length
                 t += length + rng.uniform(0.05, 0.8)
             w.run_until(end)
-            w.checker.sending.discard(victim)
-            w.crash_node(victim)
-            crashed = w.q.now
-
-            def victim_dead() -> bool:
-                return all(
-                    r.core is not None
-                    and (m := r.core.state.member(victim)) is not None
-                    and m.state is MemberState.DEAD
-                    for r in w.replicas.values()
-                )
-
-            if _run_until(w, victim_dead, bound + 5.0):
-                kill_to_dead = w.q.now - crashed
+            kill_to_dead = _crash_to_dead(w, victim, bound + 5.0)
             w.run_until(t)  # the rest of the bursts: still nobody else DEAD
         except InvariantViolation as e:
             error = str(e)
@@ -261,20 +266,7 @@ def slow_accept_run(
         victim = later[0]
         try:
             _run_until(w, lambda: alive(later), spread + 20.0)
-            w.checker.sending.discard(victim)
-            w.crash_node(victim)
-            crashed = w.q.now
-
-            def victim_dead() -> bool:
-                return all(
-                    r.core is not None
-                    and (m := r.core.state.member(victim)) is not None
-                    and m.state is MemberState.DEAD
-                    for r in reps.values()
-                )
-
-            if _run_until(w, victim_dead, bound + 5.0):
-                kill_to_dead = w.q.now - crashed
+            kill_to_dead = _crash_to_dead(w, victim, bound + 5.0)
         except InvariantViolation as e:
             error = str(e)
         joined = sum(
