@@ -38,8 +38,9 @@ _BEFORE = {
 
 def stopped_early(argv: Sequence[str], signum: int) -> int:
     """The exit code of a command stopped by signal ``signum`` before it started: 0
-    for node, watch, top and arbiter (they stop by a signal), saying so on stderr
-    (``membership node: stopped before joining``); ``128 + signum`` for the others.
+    for node, watch, top and arbiter (they stop by a signal), saying so on stderr as
+    the command itself does (``n1: stopped before joining``, ``watch: stopped before
+    connecting``); ``128 + signum`` for the others.
 
     Args:
         argv: the command's arguments (without the program name).
@@ -48,5 +49,17 @@ def stopped_early(argv: Sequence[str], signum: int) -> int:
     command = next((a for a in argv if a in _BEFORE), None)
     if command is None:
         return 128 + signum
-    print(f"membership {command}: stopped before {_BEFORE[command]}", file=sys.stderr)
+    who = _node_id(argv) if command == "node" else None
+    # the words the command says itself once it runs (membership/cli/commands.py)
+    print(f"{who or command}: stopped before {_BEFORE[command]}", file=sys.stderr)
     return 0
+
+
+def _node_id(argv: Sequence[str]) -> str | None:
+    """The ``--id`` given in ``argv`` (``--id X`` or ``--id=X``), or None."""
+    for i, a in enumerate(argv):
+        if a == "--id" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--id="):
+            return a[len("--id=") :]
+    return None
