@@ -91,16 +91,18 @@ def _crash_to_dead(w: World, victim: str, limit: float) -> float | None:
     w.checker.sending.discard(victim)  # type: ignore[union-attr]
     w.crash_node(victim)
     crashed = w.q.now
+    dead = _run_until(w, lambda: _held(w, [victim], MemberState.DEAD), limit)
+    return w.q.now - crashed if dead else None
 
-    def dead() -> bool:
-        return all(
-            r.core is not None
-            and (m := r.core.state.member(victim)) is not None
-            and m.state is MemberState.DEAD
-            for r in w.replicas.values()
-        )
 
-    return w.q.now - crashed if _run_until(w, dead, limit) else None
+def _held(w: World, node_ids: list[str], state: MemberState) -> bool:
+    """True when every replica is up and holds each of ``node_ids`` in ``state``
+    (unlike ``storm.py``'s check, a replica down counts against it)."""
+    return all(
+        r.core is not None
+        and all((m := r.core.state.member(n)) is not None and m.state is state for n in node_ids)
+        for r in w.replicas.values()
+    )
 
 
 def starved_run(
@@ -116,18 +118,9 @@ def starved_run(
         w = World(seed, replicas=3, nodes=nodes, subscribers=1, profile=NetProfile(), mutants=flags)
         w.boot()
         ids = list(w.nodes)
-
-        def all_alive() -> bool:
-            return all(
-                r.core is not None
-                and all(
-                    (m := r.core.state.member(n)) is not None and m.state is MemberState.ALIVE
-                    for n in ids
-                )
-                for r in w.replicas.values()
-            )
-
-        assert _run_until(w, all_alive, 20.0), "nodes not ALIVE within 20 s"
+        assert _run_until(w, lambda: _held(w, ids, MemberState.ALIVE), 20.0), (
+            "nodes not ALIVE within 20 s"
+        )
         w.checker.sending = set(ids)
         rng = random.Random(f"{seed}/starve")
         t = w.q.now
@@ -228,17 +221,9 @@ def slow_accept_run(
         for i, sub in enumerate(w.subs.values()):
             sub.connect(reps[w.replica_ids[i % len(w.replica_ids)]])
 
-        def alive(node_ids: list[str]) -> bool:
-            return all(
-                r.core is not None
-                and all(
-                    (m := r.core.state.member(n)) is not None and m.state is MemberState.ALIVE
-                    for n in node_ids
-                )
-                for r in reps.values()
-            )
-
-        assert _run_until(w, lambda: alive(first), 20.0), "nodes not ALIVE within 20 s"
+        assert _run_until(w, lambda: _held(w, first, MemberState.ALIVE), 20.0), (
+            "nodes not ALIVE within 20 s"
+        )
         w.checker.sending = set(ids)
         t0 = w.q.now
         waited: dict[str, int] = {}
@@ -265,7 +250,7 @@ def slow_accept_run(
         error, kill_to_dead = None, None
         victim = later[0]
         try:
-            _run_until(w, lambda: alive(later), spread + 20.0)
+            _run_until(w, lambda: _held(w, later, MemberState.ALIVE), spread + 20.0)
             kill_to_dead = _crash_to_dead(w, victim, bound + 5.0)
         except InvariantViolation as e:
             error = str(e)
