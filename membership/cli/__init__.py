@@ -448,15 +448,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             with asyncio.Runner(loop_factory=factory) as runner:
                 result = runner.run(interrupt.run(result))
         return int(result or 0)
-    except Interrupted as e:
+    except (Interrupted, KeyboardInterrupt) as e:
+        signum = e.signum if isinstance(e, Interrupted) else signal.SIGINT
         if args is None:  # before the command started (membership/_entry.py)
-            return stopped_early(sys.argv[1:] if argv is None else argv, e.signum)
+            return stopped_early(sys.argv[1:] if argv is None else argv, signum)
+        if isinstance(e, KeyboardInterrupt):
+            return 128 + signum
         clean = getattr(args, "signal_exit", None)
-        return clean if clean is not None else 128 + e.signum
-    except KeyboardInterrupt:
-        if args is None:
-            return stopped_early(sys.argv[1:] if argv is None else argv, signal.SIGINT)
-        return 128 + signal.SIGINT
+        return clean if clean is not None else 128 + signum
     except BrokenPipeError:
         # The reader of our output went away (``membership watch | head -3``):
         # end quietly, as other command-line tools do.

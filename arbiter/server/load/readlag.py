@@ -251,8 +251,7 @@ class ReadLag:
     def lateness(self, now: float) -> float:
         """The read lag at ``now`` (monotonic seconds), seconds (>= 0): the larger of
         :meth:`median` and :meth:`accept_lag`."""
-        median = self.median(now)
-        accept = self._accept.value(now)
+        median, accept = self.median(now), self.accept_lag(now)
         return accept if accept > median else median
 
     def accept_lag(self, now: float) -> float:

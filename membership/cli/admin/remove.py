@@ -40,10 +40,20 @@ from membership.shared.interrupt import Interrupt, Interrupted
 from membership.shared.validation import parse_address, validate_node_id
 from membership.v1 import membership_pb2 as pb
 
-__all__ = ["RETRY_ELSEWHERE", "Removal", "admin_remove", "ask_in_rounds", "remove_node"]
+__all__ = [
+    "REFUSED",
+    "RETRY_ELSEWHERE",
+    "Removal",
+    "admin_remove",
+    "ask_in_rounds",
+    "refusal",
+    "remove_node",
+]
 
 # Answers that mean "this arbiter cannot say now; ask another".
 RETRY_ELSEWHERE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# A certificate refused for what it asked: exit 2 from every command (refusal()).
+REFUSED = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
 # Seconds between two rounds over the arbiters when none could answer.
 _ROUND_PAUSE = 0.25
 
@@ -54,7 +64,7 @@ def refusal(e: grpc.aio.AioRpcError) -> MembershipError:
     exit 2 as for a node whose heartbeats are refused (one code for one cause); any
     other refusal :class:`RejectedError`, exit 1."""
     text = f"{e.code().name}: {e.details()}"
-    if e.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+    if e.code() in REFUSED:
         return PermissionDenied(text)
     return RejectedError(text)
 

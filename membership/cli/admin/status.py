@@ -34,6 +34,7 @@ import grpc
 
 from membership._arbiters.transport import Channels
 from membership._config import ClientConfig
+from membership.cli.admin.remove import REFUSED
 from membership.shared import tls
 from membership.shared.errors import InvalidArgument
 from membership.shared.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
@@ -182,7 +183,8 @@ async def admin_status(args: argparse.Namespace, interrupt: Interrupt) -> int:
         print(status_table(lines), flush=True)
     if any("error" not in line for line in lines):
         return EXIT_OK
-    denied = sum(line["error"].startswith(_REFUSED) for line in lines)
+    refused = tuple(code.name for code in REFUSED)  # how the lines name them (rule 2)
+    denied = sum(line["error"].startswith(refused) for line in lines)
     n = len(lines)
     if denied == n:  # every one answered, and refused: not an outage (exit 2, as a node's)
         print(
@@ -196,6 +198,3 @@ async def admin_status(args: argparse.Namespace, interrupt: Interrupt) -> int:
     why = f": {denied} refused this certificate (PERMISSION_DENIED)" if denied else ""
     print(f"membership admin: error: none of the {n} arbiter(s) answered{why}", file=sys.stderr)
     return EXIT_FAILURE
-
-
-_REFUSED = ("PERMISSION_DENIED", "UNAUTHENTICATED")
