@@ -17,8 +17,11 @@ Modules, in the order a heartbeat reaches them:
   ``grace_windows.py``: the committed grace windows on this replica's clock.
 * ``detection/``: the failure detectors (missed heartbeats, phi accrual), the
   timing wheel of their deadlines and the interval suggested to nodes.
-* ``commands.py``: the log entries (``ObserveBatch``, ``Leave``, ``Remove``,
-  ``Bootstrap``, ``Forget``, ``Grace``) and their encoding. Raft carries them
+* ``batching.py``: when owed ALIVE observations go out (the leader cuts a
+  join storm into few batches); ``gathering.py``: the leader gathers the
+  others' forwarded ALIVE batches into its cut's entry (one epoch per cut).
+* ``commands.py``: the log entries (``ObserveBatch``, ``ObserveBatches``,
+  ``Leave``, ``Remove``, ``Bootstrap``, ``Forget``, ``Grace``) and their encoding. Raft carries them
   as opaque bytes. ``grace.py``: the Grace command, its record and rules.
 * ``raft/``: Raft consensus (``RaftNode``: tick, step and propose in;
   ``Ready`` out).

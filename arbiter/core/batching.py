@@ -34,6 +34,28 @@ Rules:
    seconds after the previous one (trailing edge). This is a leading-edge
    rate limit, as in Nagle's algorithm (RFC 896) and etcd raft's batching
    of proposals per Ready, applied to the one replica whose log order decides.
+2a. Long storms space out (while gathering, :mod:`arbiter.core.gathering`:
+   then every cut is one epoch). A storm is the run of cuts from a leading
+   edge on, each of whose oldest observation was ready before the previous
+   cut's spacing ran out. The spacing is ``interval`` for the first
+   ``3 x interval`` seconds of a storm, then a third of the time the storm
+   has lasted, at most ``3 x interval``: the tail of a join storm (nodes
+   refused while the replicas were loaded, returning after their growing
+   hints: docs/budget.md, "Shedding") was one epoch per ``interval`` for
+   seconds. Measured with 1,000 joins (docs/scale.md, "Gathering"): no
+   growth, 9 to 14 epochs; a third up to ``3 x interval``, 7 to 10 and the
+   joins no slower; half up to ``5 x interval``, 6 to 10 but a join of 8 s.
+2b. One cut in flight (while gathering): the leader's next cut waits until
+   its last one is applied here, as rule 6 holds a replica's own batches
+   (Nagle's algorithm, RFC 896: one small segment unacknowledged). A cut
+   then carries everything heard while the last one committed, so the cuts
+   come no faster than the log commits them, however slow that is (the
+   bench saw 0.4 to 0.7 s for one cut of 1,000 joins on 2 busy cores), and
+   the epochs of a storm are about its length over the longer of
+   ``interval`` and the commit time. The replica forgets the pending cut
+   when it stops leading or once the observer's longest retry timeout
+   passed (a safety net: a leader's entry commits or the leader steps down;
+   what was lost is proposed again, observer rule 2).
 3. The others follow. On any other replica, held observations wait for the
    leader's batch to commit (they then *follow*, rule 1, and go out in the
    next tick); so every replica's observations of a storm's slice commit
@@ -41,6 +63,11 @@ Rules:
    held observation that did not come to follow within ``2 x interval``
    seconds of being ready (the leader does not hear that node, or there is no
    leader) goes out then, with every other held one.
+3a. While the leader gathers (:mod:`arbiter.core.gathering`, from rules
+   version 3): a follower holds nothing (rule 3 off; its batches wait in the
+   leader's gather instead), and the leader holds what *follows* too (rule
+   1), a refutation excepted: every entry that can move the view is the
+   leader's cut.
 4. ``interval = 0`` proposes everything at once on every tick (rules 1 to 3
    off): the behaviour before this module.
 5. Retries (observer rule 2) are owed observations like new ones: a whole
@@ -92,24 +119,55 @@ class BatchPacer:
     Attributes:
         leading: True while this replica is the Raft leader (set by the
             replica before each tick).
+        gathering: True while the leader gathers the replicas' batches
+            (:mod:`arbiter.core.gathering`, rule 1; set by the replica before
+            each tick): the leader's cuts then wait the gather window after a
+            quiet spell and space out in a long storm (rule 2a).
+        pending: the log index of the gathering leader's last cut until this
+            replica applied it (rule 2b; set and cleared by the replica), else None.
 
     Raises:
         ValueError: ``interval`` is negative or not finite.
     """
 
-    __slots__ = ("_last", "interval", "leading")
+    __slots__ = ("_last", "_storm", "gathering", "interval", "leading", "pending")
 
     def __init__(self, interval: float) -> None:
         if not (math.isfinite(interval) and interval >= 0):
             raise ValueError(f"interval must be a finite number >= 0 seconds, got {interval!r}")
         self.interval = interval
         self.leading = False
+        self.gathering = False
         self._last = -math.inf
+        self._storm = -math.inf  # the first cut of the storm the last cut belongs to
+        # The log index of the gathering leader's last cut until it is applied (rule 2b).
+        self.pending: int | None = None
 
     @property
     def follow_wait(self) -> float:
         """Seconds a follower holds an observation that never comes to follow (rule 3)."""
         return 2 * self.interval
+
+    @property
+    def gather_window(self) -> float:
+        """Seconds a gathering leader's cut after a quiet spell waits for the others'
+        batches of the same heartbeats (``interval / 4``; gathering rule 3)."""
+        return self.interval / 4
+
+    @property
+    def spacing(self) -> float:
+        """Seconds from the leader's last cut to its next one (rules 2, 2a): ``interval``;
+        while gathering, a third of the time the storm has lasted when that is longer, at
+        most ``3 x interval``."""
+        if not self.gathering:
+            return self.interval
+        lasted = self._last - self._storm
+        return max(self.interval, min(3 * self.interval, lasted / 3))
+
+    @property
+    def last(self) -> float:
+        """When held observations last went out (monotonic seconds; -inf: never)."""
+        return self._last
 
     def release_at(self, oldest: float) -> float:
         """The monotonic time at which held observations may go out.
@@ -119,18 +177,33 @@ class BatchPacer:
 
         Returns:
             ``oldest`` itself when pacing is off; on the leader the later of
-            ``oldest`` and the previous held batch plus ``interval``; on any
-            other replica ``oldest + 2 x interval``.
+            ``oldest`` (plus the gather window while gathering) and the previous
+            cut plus :attr:`spacing`, or ``inf`` while gathering and the last cut
+            is :attr:`pending`; on any other replica ``oldest + 2 x interval``.
         """
         if self.interval <= 0:
             return oldest
         if self.leading:
-            return max(oldest, self._last + self.interval)
+            if self.gathering and self.pending is not None:
+                return math.inf  # rule 2b: the last cut is not applied yet
+            first = oldest + self.gather_window if self.gathering else oldest
+            return max(first, self._last + self.spacing)
         return oldest + self.follow_wait
 
-    def released(self, now: float) -> None:
-        """Records that held observations went out at ``now`` (the leader's next cut is
-        ``interval`` later)."""
+    def reset(self) -> None:
+        """Forgets the last release: the next held batch goes out on a leading edge
+        (gathering rule 3: gathering came into force)."""
+        self._last = self._storm = -math.inf
+
+    def released(self, now: float, oldest: float) -> None:
+        """Records a cut at ``now`` whose oldest observation became ready at ``oldest``
+        (seconds). It continues the storm when that observation was ready before the
+        spacing ran out (it waited: a trailing edge); otherwise a storm starts (rule 2a).
+        A second call for the same cut changes nothing."""
+        if now == self._last:
+            return
+        if oldest >= self._last + self.spacing:
+            self._storm = now  # a leading edge
         self._last = now
 
 

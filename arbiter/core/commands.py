@@ -13,6 +13,10 @@ Rule 1. An :class:`Observation` is one replica's opinion of one node at one
     restarts, so (incarnation, seq) orders a replica's observations of a node.
 Rule 2. An :class:`ObserveBatch` carries observations of one replica, in the
     order it made them; the leader appends them as one log entry.
+Rule 2b. An :class:`ObserveBatches` carries the batches of several replicas
+    (each as rule 2) in one log entry: the leader gathers the replicas' ALIVE
+    batches into its cut (:mod:`arbiter.core.gathering`), so that a join
+    storm's slice is one epoch, not one per replica (tally rule 2b).
 Rule 2a. A SUSPECT observation may carry its evidence: seconds since the
     replica last heard the node (``silence``), the detector's level then
     (``suspicion``: phi or missed intervals) and kind; a DEAD change reports
@@ -62,6 +66,7 @@ from arbiter.core.grace import Grace, grace_from_json, grace_to_json
 from arbiter.errors import ArbiterError
 
 __all__ = [
+    "RULES",
     "VERSION",
     "Bootstrap",
     "Command",
@@ -71,6 +76,7 @@ __all__ = [
     "Leave",
     "Observation",
     "ObserveBatch",
+    "ObserveBatches",
     "Opinion",
     "Remove",
     "decode",
@@ -79,6 +85,11 @@ __all__ = [
 
 VERSION = 1
 """The encoding version written by :func:`encode`; :func:`decode` accepts only it."""
+
+RULES = 3
+"""The highest rules version this code applies (rule 3a; a leader raises the state's to it):
+2 keeps the jobs' ranks (``arbiter.core.ranks.RANKS_RULES``), 3 lets the leader gather the
+replicas' batches into ObserveBatches entries (``arbiter.core.gathering.GATHER_RULES``)."""
 
 
 class CommandDecodeError(ArbiterError, ValueError):
@@ -193,6 +204,29 @@ class ObserveBatch:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ObserveBatches:
+    """Batches of several replicas in one log entry, applied in order (rule 2b).
+
+    Attributes:
+        batches: at least two :class:`ObserveBatch`, in the order the leader
+            gathered them (a replica may appear more than once).
+
+    Raises:
+        ValueError: fewer than two batches, or not a tuple of ObserveBatch.
+    """
+
+    batches: tuple[ObserveBatch, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.batches, tuple) or not all(
+            isinstance(b, ObserveBatch) for b in self.batches
+        ):
+            raise ValueError("batches must be a tuple of ObserveBatch")
+        if len(self.batches) < 2:
+            raise ValueError(f"ObserveBatches needs at least 2 batches, got {len(self.batches)}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Leave:
     """A node's graceful leave at an incarnation (rule 3).
 
@@ -278,7 +312,7 @@ class Bootstrap:
             raise ValueError(f"instance must be 1 to 64 hex digits, got {self.instance!r}")
 
 
-Command = ObserveBatch | Leave | Remove | Bootstrap | Forget | Grace
+Command = ObserveBatch | ObserveBatches | Leave | Remove | Bootstrap | Forget | Grace
 
 
 def encode(command: Command) -> bytes:
@@ -297,6 +331,15 @@ def encode(command: Command) -> bytes:
             "type": "observe",
             "replica": command.replica_id,
             "obs": [_encode_observation(o) for o in command.observations],
+        }
+    elif isinstance(command, ObserveBatches):
+        obj = {
+            "v": VERSION,
+            "type": "observe_batches",
+            "batches": [
+                {"replica": b.replica_id, "obs": [_encode_observation(o) for o in b.observations]}
+                for b in command.batches
+            ],
         }
     elif isinstance(command, Leave):
         obj = {
@@ -419,6 +462,20 @@ def _decode_obj(obj: Any) -> Command:
             replica_id=_get(f, "replica", str, "observe"),
             observations=tuple(_decode_observation(o, i) for i, o in enumerate(items)),
         )
+    if kind == "observe_batches":
+        f = _fields(obj, "observe_batches", {"v", "type", "batches"})
+        batches = []
+        for i, b in enumerate(_get(f, "batches", list, "observe_batches")):
+            where = f"observe_batches.batches[{i}]"
+            g = _fields(b, where, {"replica", "obs"})
+            items = _get(g, "obs", list, where)
+            batches.append(
+                ObserveBatch(
+                    replica_id=_get(g, "replica", str, where),
+                    observations=tuple(_decode_observation(o, j) for j, o in enumerate(items)),
+                )
+            )
+        return ObserveBatches(batches=tuple(batches))
     if kind == "leave":
         names = {"v", "type", "node", "inc", "request_id"}
         f = _fields(obj, "leave", names | {"heard"} if "heard" in obj else names)

@@ -153,6 +153,11 @@ class Observer:
         self._held_count = 0
         self._scan_applied = -1
         self._scan_leading = False
+        # True while the leader gathers the replicas' ALIVE batches (gathering rule 1; the
+        # replica sets it before each tick): a follower then holds nothing (gathering rule
+        # 4) and the leader holds its following observations to its cut too.
+        self.gathering = False
+        self._scan_gathering = False
         self._due_at = math.inf
         self._fresh = False
 
@@ -402,22 +407,29 @@ class Observer:
         self._owed.discard(node_id)
         return True
 
-    def observations(self, now: float, state: MembershipState) -> tuple[Observation, ...]:
+    def observations(
+        self, now: float, state: MembershipState, cut: bool = False
+    ) -> tuple[Observation, ...]:
         """The observations to propose now: new ones and those due for a retry, the held
         ones once the pacer releases them (rule 2, :mod:`arbiter.core.batching`).
 
         Args:
             now: monotonic seconds.
             state: the committed state machine, to drop what is committed.
+            cut: the gathering leader cuts now for the batches it gathered
+                (:mod:`arbiter.core.gathering`, rule 3): the held ones go with
+                them, whatever the pacer says of their own age.
 
         Returns:
             Observations sorted by node id, each counted as proposed at ``now``.
         """
         if (
             not self._fresh
+            and not cut
             and now < self._due_at
             and state.applied_index == self._scan_applied
             and self._pacer.leading == self._scan_leading
+            and self.gathering == self._scan_gathering
         ):
             return ()  # nothing new, committed, due or released since the last scan
         chosen: list[tuple[str, OpinionRecord]] = []
@@ -425,6 +437,8 @@ class Observer:
         held: list[tuple[str, OpinionRecord]] = []
         voters = [r for r in state.arbiters if r != self._replica_id]
         pacing = self._pacer.interval > 0
+        gathering, leading = self.gathering, self._pacer.leading
+        me = self._replica_id
         retry_after = self.retry.timeout
         due = math.inf
         in_flight = False  # an ALIVE observation of ours proposed, not committed, not due
@@ -441,6 +455,13 @@ class Observer:
                 continue
             if not pacing or op.opinion is Opinion.SUSPECT:
                 chosen.append((node_id, op))
+            elif gathering and not leading:
+                following.append((node_id, op))  # gathering rule 4: the leader aligns
+            elif gathering:  # the leader: everything to its cut, but a refutation
+                if refutes(node_id, op.incarnation, me, state):
+                    following.append((node_id, op))
+                else:
+                    held.append((node_id, op))
             elif follows(op.opinion, op.incarnation, node_id, self._replica_id, voters, state):
                 following.append((node_id, op))
             else:
@@ -448,9 +469,9 @@ class Observer:
         self._fresh = False
         self._held_since, self._held_count = None, 0
         self._scan_applied, self._scan_leading = state.applied_index, self._pacer.leading
+        self._scan_gathering = gathering
         if in_flight and (following or held):
             # batching rule 6: one ALIVE batch in flight; the rest waits for its commit
-            me = self._replica_id
             refuting = [p for p in following if refutes(p[0], p[1].incarnation, me, state)]
             chosen += refuting
             waiting = len(following) + len(held) - len(refuting)
@@ -464,8 +485,8 @@ class Observer:
                 for _, op in held
             )  # when each became ready: made, or due for a retry
             release = self._pacer.release_at(oldest)
-            if now >= release:
-                self._pacer.released(now)
+            if now >= release or cut:
+                self._pacer.released(now, oldest)
                 chosen += held
             else:
                 self._held_since, self._held_count = oldest, len(held)

@@ -49,13 +49,10 @@ from collections.abc import Iterable, Mapping
 
 from membership.shared.view import JOB_LABEL, Member, MemberState
 
-__all__ = ["RANKS_RULES", "RULES", "assign", "derive", "job_of", "update"]
+__all__ = ["RANKS_RULES", "assign", "derive", "job_of", "update"]
 
 RANKS_RULES = 2
 """The rules version from which the state keeps ranks (rule 6)."""
-
-RULES = RANKS_RULES
-"""The highest rules version this code applies (a leader raises the state's to it)."""
 
 
 def job_of(member: Member | None) -> str:

@@ -11,7 +11,9 @@ Rules:
    (:mod:`arbiter.core.replica`).
 2. ``tick`` ticks Raft and the observer, then proposes the owed observations due
    now as one batch (observer rules 1, 2; :mod:`arbiter.core.batching`: the
-   leader cuts a join storm into few batches, the others follow its commits).
+   leader cuts a join storm into few batches, the others follow its commits;
+   from rules version 3 the leader gathers the others' ALIVE batches,
+   forwarded to it, into its cut's entry: :mod:`arbiter.core.gathering`).
    Without a leader the batch is dropped; the observer proposes it again after
    its retry interval. A replica that is not a member of the applied
    configuration (a joining or removed replica) proposes none. A learner does:
@@ -66,10 +68,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from arbiter.core.commands import Bootstrap, Grace, Leave, ObserveBatch, Opinion, Remove, encode
+from arbiter.core.commands import (
+    RULES,
+    Bootstrap,
+    Grace,
+    Leave,
+    Observation,
+    ObserveBatch,
+    ObserveBatches,
+    Opinion,
+    Remove,
+    encode,
+)
 from arbiter.core.compaction import MIN_COMPACT_BYTES, Compaction
 from arbiter.core.detection import DetectorState, FailureDetector
 from arbiter.core.detection.interval import IntervalGovernor, LoadPolicy, load_cap
+from arbiter.core.gathering import GATHER_RULES, Gather
 from arbiter.core.observer import HeartbeatVerdict, Observer
 from arbiter.core.raft import (
     ArbiterConfiguration,
@@ -80,6 +94,7 @@ from arbiter.core.raft import (
     HardState,
     InvalidInput,
     Message,
+    MessageType,
     ProposalDropped,
     RaftConfig,
     RaftNode,
@@ -90,7 +105,6 @@ from arbiter.core.raft import (
     Snapshot,
     decode_change,
 )
-from arbiter.core.ranks import RULES
 from arbiter.core.restore import RestoreError, restore_state
 from arbiter.core.retention import Retention, RetentionPolicy
 from arbiter.core.tally import ApplyResult, MembershipState
@@ -445,6 +459,8 @@ class Replica(Proposals):
         self.retention = Retention(settings.retention)
         self.interval = settings.governor()  # the suggested interval (detection/interval.py)
         self.proposals_dropped = 0
+        self.gather = Gather()  # the followers' ALIVE batches kept for the next cut
+        self._cut_at = -math.inf  # when the pending cut went out (batching rule 2b)
         # Observations proposed (retries included), for the replica's metrics.
         self.observations_proposed = 0
 
@@ -532,7 +548,15 @@ class Replica(Proposals):
         return self.interval.observe(utilisation, self.observer.tracked(), now)
 
     def step(self, msg: Message, now: float) -> None:
-        """Steps one Raft message from a peer (a forwarded proposal with no leader is dropped)."""
+        """Steps one Raft message from a peer (a forwarded proposal with no leader is dropped;
+        on a gathering leader a forwarded ALIVE batch is kept for its next cut: gathering
+        rule 2)."""
+        if (
+            msg.type is MessageType.PROPOSE
+            and self._gathering()
+            and self.gather.offer(msg.src, msg.entries, now, self.state)
+        ):
+            return
         try:
             self.raft.step(msg, now)
         except ProposalDropped:
@@ -560,17 +584,65 @@ class Replica(Proposals):
                 self.proposals_dropped += 1
         s = self.settings
         self.observer.unheard_hold = s.lease_for(self.suggested_interval())  # observer rule 5
+        in_force = self._gathering(leader=True)  # gathering rules 1, 4
+        if in_force and not self.observer.gathering:
+            self.observer.pacer.reset()  # rule 3: a cut before it does not delay the first
+        self.observer.gathering = self.observer.pacer.gathering = in_force
+        gathering = self._gathering(leader)
+        if not gathering and len(self.gather):
+            self.proposals_dropped += self.gather.drop()  # gathering rule 5
         self.observer.tick(now, self.state, min(lateness, s.max_lateness), wall)
-        owed = self.observer.observations(now, self.state)
-        if owed and not self._joining and self.replica_id in self.state.configuration:
+        self._cut_landed(now, gathering)
+        oldest = self.gather.oldest
+        cut = gathering and oldest is not None and now >= self.observer.pacer.release_at(oldest)
+        owed = self.observer.observations(now, self.state, cut)  # gathering rule 3
+        member = not self._joining and self.replica_id in self.state.configuration
+        if owed and member:
             self.observations_proposed += len(owed)
-            try:
-                self.raft.propose(
-                    encode(ObserveBatch(replica_id=self.replica_id, observations=owed)), now
-                )
-            except ProposalDropped:
-                self.proposals_dropped += 1
-                self.observer.new_leader()  # nothing was sent: no backoff (retry rule 4)
+        mine = ObserveBatch(replica_id=self.replica_id, observations=owed) if owed else None
+        pacer = self.observer.pacer
+        if oldest is not None and gathering and (cut or pacer.last == now):
+            pacer.released(now, oldest)  # gathering rule 3: with the leader's own held
+            batches = self.gather.take()
+            if mine is not None and member and _all_alive(owed):
+                batches.append(mine)
+                mine = None
+            self._propose_observations(batches, now)
+        if mine is not None and member:
+            self._propose_observations([mine], now)
+        if gathering and pacer.last == now and pacer.pending is None:
+            pacer.pending = self.raft.status().last_index  # batching rule 2b
+            self._cut_at = now
+
+    def _cut_landed(self, now: float, gathering: bool) -> None:
+        """Forgets the leader's pending cut once applied here, on losing the lead, or after
+        the observer's longest retry timeout (batching rule 2b)."""
+        pacer = self.observer.pacer
+        if pacer.pending is None:
+            return
+        timeout = self._cut_at + self.observer.retry.ceiling
+        if not gathering or self.state.applied_index >= pacer.pending or now >= timeout:
+            pacer.pending = None
+
+    def _gathering(self, leader: bool | None = None) -> bool:
+        """True while this replica leads and gathers (gathering rule 1)."""
+        if leader is None:
+            leader = self.raft.leader == self.replica_id
+        return (
+            leader
+            and self.state.rules >= GATHER_RULES
+            and self.observer.pacer.interval > 0
+            and not self._joining
+        )
+
+    def _propose_observations(self, batches: Sequence[ObserveBatch], now: float) -> None:
+        """Proposes one entry: the batch, or several as one ObserveBatches (commands rule 2b)."""
+        command = batches[0] if len(batches) == 1 else ObserveBatches(batches=tuple(batches))
+        try:
+            self.raft.propose(encode(command), now)
+        except ProposalDropped:
+            self.proposals_dropped += 1
+            self.observer.new_leader()  # nothing was sent: no backoff (retry rule 4)
 
     @property
     def configuration(self) -> ArbiterConfiguration:
@@ -685,15 +757,23 @@ class Replica(Proposals):
         ``lateness`` the next tick will be passed: observer rule 6).
 
         ``-inf`` (due at once) after an apply moved the view: the observer must
-        start tracking members it has not heard (found by the simulator), or
-        while observations are held: some may follow now (batching rule 3).
+        start tracking members it has not heard (found by the simulator), while
+        observations are held: some may follow now (batching rule 3), or once a
+        gathering leader's pending cut is applied (batching rule 2b).
         """
+        pending = self.observer.pacer.pending
         if self.observer.needs_sync(self.state) or self.observer.follow_due(self.state):
             return float("-inf")
+        if pending is not None and self.state.applied_index >= pending:
+            return float("-inf")  # batching rule 2b: the cut landed, the next may go
         d = self.observer.next_deadline(min(lateness, self.settings.max_lateness))
         r = self.raft.next_deadline()
         f = self.retention.next_deadline(leader=self.raft.status().role is Role.LEADER)
-        return min(t for t in (r, d, f) if t is not None)
+        oldest = self.gather.oldest
+        g = None if oldest is None else self.observer.pacer.release_at(oldest)  # gathering 3
+        if pending is not None:  # batching rule 2b: forgotten after the longest retry timeout
+            g = min(g if g is not None else math.inf, self._cut_at + self.observer.retry.ceiling)
+        return min(t for t in (r, d, f, g) if t is not None)
 
     def in_quorum(self, now: float) -> bool:
         """True while this replica has a leader it can reach (itself included)."""
@@ -727,3 +807,8 @@ class Delivered:
 if TYPE_CHECKING:
     from arbiter.core.observer import Observer
     from arbiter.core.tally import MembershipState
+
+
+def _all_alive(owed: Sequence[Observation]) -> bool:
+    """True when every observation is ALIVE (the leader's own batch joins its cut's entry)."""
+    return all(o.opinion is Opinion.ALIVE for o in owed)

@@ -16,6 +16,15 @@ Rule 1. Of replica r's observations of node n only the latest is kept, latest
 Rule 2. An observation below the incarnation of n's record is ignored; so is
     one at the record's incarnation when the record is DEAD or LEFT (final),
     one at or below n's retired incarnation (rule 5) or its floor (rule 12).
+Rule 2b. An ObserveBatches entry (several replicas' batches, commands rule
+    2b) stores every batch's observations in order (rules 1, 2, against the
+    records as they stand before the entry), skipping a batch whose replica
+    is not a member, then tallies every node touched once (rules 3, 4): one
+    epoch for the whole entry (rule 6). The entry decides from each
+    replica's newest observations, as if each had sent one batch: a life
+    that a later batch of the entry supersedes (a restart within one gather)
+    is never ALIVE on its own. Two ALIVE quorums still cannot coexist (each
+    replica keeps one observation per node, and majorities intersect).
 Rule 3. n becomes ALIVE at incarnation i when a quorum of replicas' latest
     observations of n are ALIVE at exactly i and n has no record, or a record
     at an incarnation below i (or, impossible in practice, a non-final record
@@ -103,6 +112,7 @@ from arbiter.core.commands import (
     Grace,
     Leave,
     ObserveBatch,
+    ObserveBatches,
     Opinion,
     Remove,
     decode,
@@ -201,6 +211,19 @@ class MembershipState(TallyRecords):
                 )
             changes = [c for n in sorted(self._store(command)) for c in self._tally(n)]
             return ApplyResult(index=index, change=self._commit(changes))
+        if isinstance(command, ObserveBatches):  # rule 2b
+            touched: set[str] = set()
+            strangers = []
+            for batch in command.batches:
+                if batch.replica_id in self._configuration:
+                    touched |= self._store(batch)
+                else:
+                    strangers.append(batch.replica_id)
+            changes = [c for n in sorted(touched) for c in self._tally(n)]
+            error = f"observations from {sorted(set(strangers))}, not members"
+            return ApplyResult(
+                index=index, change=self._commit(changes), error=error if strangers else None
+            )
         if isinstance(command, Forget):
             return ApplyResult(index=index, change=self._commit(self._forget(command)))
         if isinstance(command, Remove):

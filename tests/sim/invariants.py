@@ -70,7 +70,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from arbiter.core.commands import Bootstrap, ObserveBatch, Opinion, decode
+from arbiter.core.commands import Bootstrap, ObserveBatch, ObserveBatches, Opinion, decode
 from arbiter.core.raft import (
     ArbiterConfiguration,
     Entry,
@@ -234,9 +234,12 @@ class Checker:
         cmd = decode(entry.data)
         if isinstance(cmd, Bootstrap) and cmd.rules >= RANKS_RULES:
             self.ranks_on = True
-        if isinstance(cmd, ObserveBatch) and cmd.replica_id in self.conf:  # tally rule 9
-            r = cmd.replica_id
-            for o in cmd.observations:
+        batches = cmd.batches if isinstance(cmd, ObserveBatches) else (cmd,)  # rule 2b
+        for batch in batches:
+            if not isinstance(batch, ObserveBatch) or batch.replica_id not in self.conf:
+                continue  # tally rule 9
+            r = batch.replica_id
+            for o in batch.observations:
                 latest = self.obs.setdefault(o.node_id, {})
                 old = latest.get(r)
                 if old is None or (o.incarnation, o.seq) > old[:2]:

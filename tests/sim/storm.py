@@ -17,7 +17,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
-from arbiter.core.commands import ObserveBatch, decode
+from arbiter.core.commands import ObserveBatch, ObserveBatches, decode
 from membership.shared.view import MemberState
 from tests.sim.network import NetProfile
 from tests.sim.world import World
@@ -116,9 +116,13 @@ def join_storm(
     def counted(rep, entry, result):  # type: ignore[no-untyped-def]
         if rep.id == w.replica_ids[0] and entry.data:
             command = decode(entry.data)
+            moved = result.change is not None
             if isinstance(command, ObserveBatch):
-                moved = result.change is not None
                 batches.append((q.now - t0, command.replica_id, len(command.observations), moved))
+            elif isinstance(command, ObserveBatches):  # gathered: "a1+a2+a3"
+                who = "+".join(sorted({b.replica_id for b in command.batches}))
+                size = sum(len(b.observations) for b in command.batches)
+                batches.append((q.now - t0, who, size, moved))
         return applied(rep, entry, result)
 
     w.checker.applied = counted  # type: ignore[method-assign]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -58,7 +59,7 @@ def test_batching_pacer_leader_leading_edge_then_trailing_edge() -> None:
     p = BatchPacer(BATCH)
     p.leading = True
     assert p.release_at(5.0) == 5.0  # nothing went out before: at once
-    p.released(5.0)
+    p.released(5.0, 5.0)
     assert p.release_at(5.05) == pytest.approx(5.2)  # within the interval: at its end
     assert p.release_at(5.3) == 5.3  # a quiet interval passed: at once again
 
@@ -72,7 +73,7 @@ def test_batching_pacer_follower_waits_twice_the_interval_for_what_never_follows
 def test_batching_pacer_interval_zero_releases_at_once() -> None:
     p = BatchPacer(0.0)
     p.leading = True
-    p.released(1.0)
+    p.released(1.0, 1.0)
     assert p.release_at(1.01) == 1.01
     p.leading = False
     assert p.release_at(1.01) == 1.01
@@ -265,3 +266,71 @@ def test_batching_a_batch_in_flight_never_holds_a_suspect_or_a_refutation() -> N
         ("n1", Opinion.ALIVE),  # refutes a2's committed SUSPECT
         ("n2", Opinion.SUSPECT),
     ]
+
+
+def test_batching_pacer_gathering_leader_waits_the_gather_window_after_a_quiet_spell() -> None:
+    p = BatchPacer(BATCH)
+    p.leading = p.gathering = True
+    assert p.gather_window == pytest.approx(BATCH / 4)
+    assert p.release_at(5.0) == pytest.approx(5.0 + BATCH / 4)  # the others' batches
+    p.released(5.05, 5.0)
+    assert p.release_at(5.1) == pytest.approx(5.05 + BATCH)  # trailing edge: the interval
+
+
+def test_batching_pacer_gathering_spaces_a_long_storm_out_to_a_third_of_its_age() -> None:
+    # Rule 2a: a storm that never lets up is cut every interval for its first 3 x interval
+    # seconds, then every third of its age, at most 3 x interval apart.
+    p = BatchPacer(BATCH)
+    p.leading = p.gathering = True
+    cuts = []
+    t, ready = 0.0, 0.0
+    while t < 10.0:
+        t = p.release_at(ready)
+        p.released(t, ready)
+        cuts.append(t)
+        ready = t + 0.001  # the next observation is ready at once: the storm goes on
+    gaps = [b - a for a, b in itertools.pairwise(cuts)]
+    assert gaps[0] == pytest.approx(BATCH)
+    assert max(gaps) == pytest.approx(3 * BATCH)
+    assert all(b >= a - 1e-9 for a, b in itertools.pairwise(gaps))  # never closer
+    for start, gap in zip(cuts, gaps, strict=False):
+        assert gap == pytest.approx(max(BATCH, min(3 * BATCH, (start - cuts[0]) / 3)))
+    assert len(cuts) < 10.0 / BATCH / 2  # 50 cuts at the interval alone
+
+
+def test_batching_pacer_gathering_leader_holds_its_next_cut_while_one_is_pending() -> None:
+    # Rule 2b: one cut in flight.
+    p = BatchPacer(BATCH)
+    p.leading = p.gathering = True
+    p.released(1.0, 1.0)
+    p.pending = 7
+    assert p.release_at(1.5) == math.inf
+    p.pending = None
+    assert p.release_at(1.5) == pytest.approx(1.5 + BATCH / 4)
+    p.gathering = False
+    p.pending = 7  # not gathering: the rule is off (the observer's rule 6 holds its own)
+    assert p.release_at(1.5) == 1.5
+
+
+def test_batching_pacer_a_quiet_spell_ends_the_storm() -> None:
+    p = BatchPacer(BATCH)
+    p.leading = p.gathering = True
+    t = 0.0
+    for _ in range(12):  # a storm of about 2 s: spacing past the interval
+        t = p.release_at(t)
+        p.released(t, t - 0.001)
+    assert p.spacing > BATCH
+    late = t + p.spacing + 1.0  # nothing was ready for a while
+    assert p.release_at(late) == pytest.approx(late + BATCH / 4)
+    p.released(late + BATCH / 4, late)
+    assert p.spacing == pytest.approx(BATCH)  # a new storm starts at the interval
+
+
+def test_batching_pacer_without_gathering_keeps_the_interval() -> None:
+    p = BatchPacer(BATCH)
+    p.leading = True
+    t = 0.0
+    for _ in range(30):
+        t = p.release_at(t)
+        p.released(t, t - 0.001)
+    assert p.spacing == BATCH

@@ -6,8 +6,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arbiter.core.commands import Bootstrap, Leave, Observation, ObserveBatch, Opinion, encode
-from arbiter.core.ranks import RULES, assign, derive, update
+from arbiter.core.commands import (
+    RULES,
+    Bootstrap,
+    Leave,
+    Observation,
+    ObserveBatch,
+    Opinion,
+    encode,
+)
+from arbiter.core.ranks import assign, derive, update
 from arbiter.core.tally import MembershipState, SnapshotDecodeError
 from membership.shared.view import JobRanks, Member, MemberState, View
 
@@ -199,7 +207,7 @@ def test_tally_ranks_of_a_fresh_cluster_need_no_derivation() -> None:
 @pytest.mark.parametrize(
     "mutate",
     [
-        lambda s: s.replace('"rules":2', '"rules":1'),  # ranks below rules 2
+        lambda s: s.replace(f'"rules":{RULES}', '"rules":1'),  # ranks below rules 2
         lambda s: s.replace('["n1",0]', '["n1",2]'),  # not dense
         lambda s: s.replace('["n1",0]', '["ghost",0]'),  # no such member
         lambda s: s.replace('"jobs":[["j1"', '"jobs":[["j9"'),  # not that job's member
