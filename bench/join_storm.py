@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # no fork() notices from the children's starts
 
-from arbiter.core.commands import ObserveBatch, decode  # noqa: E402
+from arbiter.core.commands import ObserveBatch, ObserveBatches, decode  # noqa: E402
 from arbiter.server.consensus.storage import DB_NAME  # noqa: E402
 from membership.testing.localcluster import LocalCluster, ViewFollower, wait_leader  # noqa: E402
 
@@ -188,7 +188,8 @@ async def _load(arbiters: list[str], nodes: int, spread: float, seed: int, t0: f
 
 
 def _observe_batches(db: Path, after: int) -> list[tuple[int, str, int]]:
-    """(index, proposing replica, observations) of a1's ObserveBatch entries past ``after``."""
+    """(index, proposing replica, observations) of a1's ObserveBatch and ObserveBatches
+    entries past ``after`` (a gathered cut's replicas joined by "+")."""
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
         rows = conn.execute("SELECT idx, data FROM entries WHERE idx > ? ORDER BY idx", (after,))
@@ -200,6 +201,9 @@ def _observe_batches(db: Path, after: int) -> list[tuple[int, str, int]]:
                 continue
             if isinstance(command, ObserveBatch):
                 out.append((idx, command.replica_id, len(command.observations)))
+            elif isinstance(command, ObserveBatches):  # the leader's gathered cut
+                who = "+".join(sorted({b.replica_id for b in command.batches}))
+                out.append((idx, who, sum(len(b.observations) for b in command.batches)))
         return out
     finally:
         conn.close()
@@ -384,7 +388,7 @@ async def _main(args: argparse.Namespace) -> None:
     print()
     print(
         f"join storm: {args.nodes} nodes starting within {args.spread:g} s, 3 replicas "
-        f"(heartbeat interval {HEARTBEAT_INTERVAL:g} s); entries = ObserveBatch entries "
+        f"(heartbeat interval {HEARTBEAT_INTERVAL:g} s); entries = ObserveBatch(es) entries "
         "committed until 1 s after all ALIVE"
     )
     print(_table(rows))

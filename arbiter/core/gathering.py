@@ -35,25 +35,25 @@ Rules:
    is the product). A later suspicion overtaking a gathered ALIVE of the
    same replica is harmless: the tally keeps each replica's highest
    (incarnation, seq) whatever the order (tally rule 1).
-3. When. The leader cuts when its own held observations go out (batching
-   rule 2) or when :meth:`BatchPacer.release_at` of the oldest gathered
-   batch comes, whichever is first; its own held ones then go too, however
-   young (the leader, the busiest replica, often hears a storm last: its
+3. When. The leader cuts when its own held observations go out (batching rule
+   2) or when :meth:`BatchPacer.release_at` of the oldest gathered batch
+   comes, whichever is first; its own held ones then go too, however young
+   (the leader, the busiest replica, often hears a storm last: its
    observations must not wait for a cut of their own). Everything gathered,
-   with the leader's own batch when that holds ALIVE observations only,
-   goes in one ObserveBatches entry; one cut is in flight at a time
-   (batching rule 2b) and a long storm's cuts space out (batching rule 2a). A cut after a quiet spell (none within
-   ``interval``) waits the *gather window*, ``interval / 4``, after its
-   oldest observation: the replicas hear the same heartbeat within
-   milliseconds of each other, and a cut at once would carry one replica's
-   observation alone and leave the quorum to the next cut, ``interval``
-   later (the simulator's scenarios found it: a lone rejoin took 0.42 s
-   instead of 0.23 s). With the window a lone join is ALIVE after it and
-   one Raft round, where the leader's leading edge and the followers'
-   following took two rounds. The interval counts from the last cut made
-   while gathering: the leader's cut just before gathering came into force
-   (the Bootstrap that raises the rules version commits with a fresh
-   cluster's first joins) does not delay the first gathered one.
+   with the leader's own batch when that holds ALIVE observations only, goes
+   in one ObserveBatches entry; one cut is in flight at a time (batching rule
+   2b) and a long storm's cuts space out (batching rule 2a). A cut after a
+   quiet spell (none within ``interval``) waits the *gather window*,
+   ``interval / 4``, after its oldest observation: the replicas hear the same
+   heartbeat within milliseconds of each other, and a cut at once would carry
+   one replica's observation alone and leave the quorum to the next cut,
+   ``interval`` later (the simulator's scenarios found it: a lone rejoin took
+   0.42 s instead of 0.23 s). With the window a lone join is ALIVE after it
+   and one Raft round, where the leader's leading edge and the followers'
+   following took two rounds. The interval counts from the last cut made while
+   gathering: the leader's cut just before gathering came into force (the
+   Bootstrap that raises the rules version commits with a fresh cluster's
+   first joins) does not delay the first gathered one.
 4. Followers do not wait. While gathering is in force a follower holds
    nothing (batching rule 3 is off): it proposes what it hears at once,
    subject to one batch in flight (batching rule 6), and the leader's cut
@@ -66,9 +66,14 @@ Rules:
 
 Costs: the leader decodes each forwarded proposal once more (a few per
 second per replica, since each follower has one batch in flight); a
-follower's batch commits up to ``interval`` later than when appended at
-once, and its held observations no longer wait up to ``2 x interval`` for the
-leader's; one larger entry instead of up to three.
+follower's batch commits at the leader's next cut, up to the spacing
+(``interval``; at most ``5 x interval`` in a long storm) plus one commit
+later than when appended at once, while its held observations no longer wait
+up to ``2 x interval`` for the leader's; one larger entry instead of up to
+three. A join under a starved leader waits for that leader's cuts, where two
+followers could complete a quorum without it: with four busy loops on 2
+cores, 1,000 joins took 7 to 14 s against 7 to 12 s (docs/scale.md,
+"Gathering"). Deaths do not wait: suspicions are never gathered.
 """
 
 from __future__ import annotations

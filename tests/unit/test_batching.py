@@ -279,7 +279,7 @@ def test_batching_pacer_gathering_leader_waits_the_gather_window_after_a_quiet_s
 
 def test_batching_pacer_gathering_spaces_a_long_storm_out_to_a_third_of_its_age() -> None:
     # Rule 2a: a storm that never lets up is cut every interval for its first 3 x interval
-    # seconds, then every third of its age, at most 3 x interval apart.
+    # seconds, then every third of its age, at most 5 x interval apart.
     p = BatchPacer(BATCH)
     p.leading = p.gathering = True
     cuts = []
@@ -291,11 +291,11 @@ def test_batching_pacer_gathering_spaces_a_long_storm_out_to_a_third_of_its_age(
         ready = t + 0.001  # the next observation is ready at once: the storm goes on
     gaps = [b - a for a, b in itertools.pairwise(cuts)]
     assert gaps[0] == pytest.approx(BATCH)
-    assert max(gaps) == pytest.approx(3 * BATCH)
+    assert max(gaps) == pytest.approx(5 * BATCH)
     assert all(b >= a - 1e-9 for a, b in itertools.pairwise(gaps))  # never closer
     for start, gap in zip(cuts, gaps, strict=False):
-        assert gap == pytest.approx(max(BATCH, min(3 * BATCH, (start - cuts[0]) / 3)))
-    assert len(cuts) < 10.0 / BATCH / 2  # 50 cuts at the interval alone
+        assert gap == pytest.approx(max(BATCH, min(5 * BATCH, (start - cuts[0]) / 3)))
+    assert len(cuts) <= 20  # 50 cuts at the interval alone
 
 
 def test_batching_pacer_gathering_leader_holds_its_next_cut_while_one_is_pending() -> None:
