@@ -59,7 +59,7 @@ from membership._node.agent import NodeAgent
 from membership._node.graces import GraceWindow, ask_grace
 from membership._node.session import EndReason, SessionEvent
 from membership._watch.subscription import Watcher
-from membership.shared import validation
+from membership.shared import tls, validation
 from membership.shared.backoff import Backoff
 from membership.shared.errors import ClosedError, ClusterMismatch, InvalidArgument, MembershipError
 from membership.shared.validation import (
@@ -463,7 +463,7 @@ class MembershipClient(NodeState):
             async with asyncio.timeout(timeout):
                 await self._discovery.settled.wait()
         except TimeoutError:
-            reasons = "; ".join(f"{a}: {r}" for a, r in self._discovery.unreachable.items())
+            reasons = tls.join_reasons(self._discovery.unreachable)
             raise TimeoutError(
                 f"no arbiter answered within {timeout:g}s ({reasons or 'no answer'})"
             ) from None

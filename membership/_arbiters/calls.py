@@ -342,7 +342,7 @@ async def get_view(
     )
     if best is None:
         raise UnavailableError(
-            "no arbiter answered: " + "; ".join(f"{a}: {e}" for a, e in errors.items())
+            "no arbiter answered: " + tls.join_reasons(errors)
         )
     return view_info(best)
 

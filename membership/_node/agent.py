@@ -46,7 +46,7 @@ from membership._node.session import (
     StateChanged,
     Superseded,
 )
-from membership.shared import convert
+from membership.shared import convert, tls
 from membership.shared.backoff import Backoff
 from membership.shared.errors import (
     ClosedError,
@@ -397,7 +397,7 @@ class NodeAgent:
         """Which arbiters the heartbeats reach, and why the others fail, in words."""
         d = self._discovery
         if d is not None and not d.settled.is_set():
-            waiting = "; ".join(f"{a}: {why}" for a, why in d.unreachable.items())
+            waiting = tls.join_reasons(d.unreachable)
             return (
                 f"waits for a majority of its {len(self.arbiters)} arbiters to say which "
                 f"cluster they are before its first heartbeat "
@@ -575,5 +575,5 @@ class NodeAgent:
             await asyncio.sleep(
                 min(self.backoff.delay(attempt), max(0.0, deadline - time.monotonic()))
             )
-        detail = "; ".join(f"{a}: {e}" for a, e in errors.items()) or "no arbiter tried"
+        detail = tls.join_reasons(errors, "no arbiter tried")
         raise UnavailableError(f"leave not committed within {timeout:g}s ({detail})")

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from membership.shared import tls
 from membership.shared.errors import (
     InvalidArgument,
     PermissionDenied,
@@ -150,7 +151,7 @@ async def _ask(agent: NodeAgent, request: pb.GraceRequest, deadline: float) -> p
         await asyncio.sleep(
             min(agent.backoff.delay(attempt), max(0.0, deadline - time.monotonic()))
         )
-    detail = "; ".join(f"{a}: {e}" for a, e in errors.items()) or "no arbiter tried"
+    detail = tls.join_reasons(errors, "no arbiter tried")
     raise UnavailableError(f"grace window not committed in time ({detail})")
 
 

@@ -180,12 +180,35 @@ def _setup_logging(level: str, log_format: str | None = None) -> None:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (rule 2) and exit code 2."""
+    """argparse with one-line errors (rule 2) and exit code 2. An unknown flag is
+    reported by the sub-command it was given to (argparse reports it from the top), and
+    named even when a required flag is missing too (``--arbitres`` for ``--arbiters``)."""
+
+    argv: Sequence[str] = ()  # the command line being parsed (set by main)
 
     def error(self, message: str) -> NoReturn:
         if message.startswith("unrecognized arguments:"):
+            sub = _chosen(self, self.argv)
+            if sub is not self:
+                sub.error(message)
             message += _did_you_mean(self, message.split(":", 1)[1].split())
+        elif message.startswith("the following arguments are required"):
+            known = _options(self)
+            unknown = [w.split("=", 1)[0] for w in self.argv if w.startswith("--")]
+            unknown = [w for w in unknown if w not in known]
+            if unknown:
+                message += f"; unknown {', '.join(unknown)}" + _did_you_mean(self, unknown)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _chosen(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The deepest sub-command parser that ``argv`` names (``parser`` itself for none)."""
+    for word in argv:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction) and word in action.choices:
+                parser = action.choices[word]
+                break
+    return parser
 
 
 def _options(parser: argparse.ArgumentParser) -> set[str]:
@@ -434,6 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     interrupt.install()
     args: argparse.Namespace | None = None
     try:
+        _Parser.argv = list(sys.argv[1:] if argv is None else argv)
         args = build_parser().parse_args(argv)
         fill_from_env(args)  # --arbiters, or MEMBERSHIP_ARBITERS (membership/cli/endpoints.py)
         # A server logs what it decides (elections, deaths); clients stay quiet.

@@ -80,7 +80,7 @@ async def _wait_reachable(client: Any, timeout: float, what: str) -> str:
             identity: str = await client.wait_connected(timeout=min(5.0, max(0.0, left)))
             return identity
         except TimeoutError:
-            reasons = "; ".join(f"{a}: {r}" for a, r in client.unreachable.items()) or "no answer"
+            reasons = tls.join_reasons(client.unreachable, "no answer")
             left = timeout - (time.monotonic() - start)
             if left <= 0:
                 answered = len(client.arbiters) - len(client.unreachable)
@@ -89,7 +89,7 @@ async def _wait_reachable(client: Any, timeout: float, what: str) -> str:
                     f"({answered} of {len(client.arbiters)}; {reasons})"
                 ) from None
             log.warning(
-                "%s: waiting for an arbiter to answer, a majority of them (%s); "
+                "%s: waiting for a majority of the arbiters to answer (%s); "
                 "giving up %.0fs from now",
                 what,
                 reasons,
@@ -162,7 +162,7 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
     leaving = False
 
     def on_event(ev: SessionEvent) -> None:
-        line = session_event_line(args.id, ev)
+        line = session_event_line(args.id, ev, leaving)
         if line is not None:
             _print(line, keep_going=True)
         if isinstance(ev, Superseded):
@@ -230,8 +230,8 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
                     "administrator, or another process's leave); it does not rejoin"
                 )
             raise CliError(f"{args.id} {why}", EXIT_ENDED)
+        leaving = True  # what the join does from now on is not printed (output.py)
         _print(f"{args.id}: leaving", keep_going=True)
-        leaving = True
         try:
             epoch = await client.leave(timeout=args.leave_timeout)
         except MembershipError as e:

@@ -383,8 +383,11 @@ def event_lines(ev: object, as_json: bool) -> list[str]:
     return _other_lines(ev, as_json)
 
 
-def session_event_line(node_id: str, ev: SessionEvent) -> str | None:
+def session_event_line(node_id: str, ev: SessionEvent, leaving: bool = False) -> str | None:
     """How ``membership node`` prints a session event (None for an event it does not print).
+
+    ``leaving``: the node is leaving (``n1: leaving`` was printed): a join that commits
+    meanwhile (``is ALIVE``, ``unfenced``) is not printed, only where the leave ends.
 
     Lines: ``n1: incarnation 7 is ALIVE``, ``n1: fenced (fencing epoch 5)``,
     ``n1: unfenced (...)``, ``n1: incarnation 7 taken over by 8; stopping``,
@@ -403,6 +406,11 @@ def session_event_line(node_id: str, ev: SessionEvent) -> str | None:
             f"{node_id}: incarnation {ev.incarnation} declared DEAD by the cluster "
             f"without asking; {then}"
         )
+    if leaving and (
+        (isinstance(ev, StateChanged) and ev.state in (MemberState.JOINING, MemberState.ALIVE))
+        or (isinstance(ev, Fenced) and not ev.fenced)
+    ):
+        return None  # superseded by the leave under way
     if isinstance(ev, StateChanged):
         return f"{node_id}: incarnation {ev.incarnation} is {ev.state.value}"
     if isinstance(ev, Fenced):

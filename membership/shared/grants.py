@@ -121,7 +121,10 @@ class Identity:
             parts.append("heartbeat and leave as node " + ", ".join(nodes))
         if any(g.role == "admin" for g in grants):
             parts.append("administer")
-        parts.append("read the view")
+        if any(g.role in ("admin", "observer") for g in grants):
+            parts.append("read the view, the replicas' status and the arbiter list")
+        else:
+            parts.append("read the view")
         return "; ".join(parts)
 
 

@@ -149,6 +149,21 @@ def _public_bytes(key: Any) -> bytes:
     )
 
 
+def _key_id(cert: x509.Certificate, authority: bool = False) -> str:
+    """ ", key id AB:CD:..." of a certificate's subject key identifier (its authority key
+    identifier with ``authority``), the first 8 bytes; "" when it has none. Two CAs of
+    one name (two ``membership certs init`` of one cluster) differ in it."""
+    kind = x509.AuthorityKeyIdentifier if authority else x509.SubjectKeyIdentifier
+    try:
+        ext = cert.extensions.get_extension_for_class(kind).value
+    except x509.ExtensionNotFound:
+        return ""
+    digest = ext.key_identifier if authority else ext.digest  # type: ignore[attr-defined]
+    if not digest:
+        return ""
+    return ", key id " + ":".join(f"{b:02X}" for b in digest[:8])
+
+
 def _signed_by(cert: x509.Certificate, issuer: x509.Certificate) -> bool:
     if cert.issuer != issuer.subject:
         return False
@@ -213,9 +228,13 @@ def load(files: TLSFiles, *, now: datetime.datetime | None = None) -> LoadedTLS:
             "(give the -key.pem file written with that certificate)"
         )
     if not any(_signed_by(cert, ca) for ca in cas):
+        issuer = f"issued by {cert.issuer.rfc4514_string()}{_key_id(cert, authority=True)}"
+        trusted = ", ".join(f"{c.subject.rfc4514_string()}{_key_id(c)}" for c in cas)
+        named = any(cert.issuer == c.subject for c in cas)
+        same = " (another CA of the same name)" if named else ""
         raise InvalidArgument(
-            f"--tls-cert {files.cert} ({cert.subject.rfc4514_string()}) is not signed by the CA "
-            f"of --tls-ca {files.ca} ({', '.join(c.subject.rfc4514_string() for c in cas)})"
+            f"--tls-cert {files.cert} ({cert.subject.rfc4514_string()}, {issuer}) is not "
+            f"signed by the CA of --tls-ca {files.ca} ({trusted}){same}"
         )
     at = now or datetime.datetime.now(datetime.UTC)
     if not cert.not_valid_before_utc <= at <= cert.not_valid_after_utc:
@@ -515,4 +534,32 @@ def handshake_hint(details: str | None, *, insecure: bool) -> str:
             " (the TLS handshake failed: the arbiter's certificate is not signed by the CA "
             "this client was given; give this cluster's CA, --tls-ca or MEMBERSHIP_TLS_CA)"
         )
+    if not insecure and "Socket closed" in text:
+        return (
+            " (the arbiter closed the connection: it may not trust this client's certificate; "
+            "it must be signed by the CA the arbiters were given, whatever this client trusts)"
+        )
     return ""
+
+
+def _hint_of(reason: str) -> str:
+    """The trailing " (the ...)" hint of a reason, or ""."""
+    at = reason.rfind(" (the ")
+    return reason[at:] if at >= 0 and reason.endswith(")") else ""
+
+
+def join_reasons(reasons: Mapping[str, str], empty: str = "") -> str:
+    """``"a1: why; a2: why"`` for an error line, or ``empty`` with no reason. A hint that
+    ends every reason alike (" (the ...)", :func:`handshake_hint`) is said once, at the end.
+
+    Args:
+        reasons: arbiter address or id -> why it failed.
+        empty: the text for no reason at all.
+    """
+    if not reasons:
+        return empty
+    hints = {_hint_of(r) for r in reasons.values()}
+    hint = hints.pop() if len(hints) == 1 else ""
+    if not hint or len(reasons) < 2:
+        return "; ".join(f"{a}: {r}" for a, r in reasons.items())
+    return "; ".join(f"{a}: {r[: -len(hint)]}" for a, r in reasons.items()) + hint

@@ -30,7 +30,7 @@ from tests.integration.harness import Proc, ProcCluster, wait_until
 pytestmark = pytest.mark.integration
 
 PROMPT = 2.0  # seconds from the signal to the exit (the bound)
-WAITING = "waiting for an arbiter to answer"
+WAITING = "waiting for a majority of the arbiters to answer"
 
 
 def _exits_within(proc: Proc, seconds: float) -> int:

@@ -318,3 +318,35 @@ def test_cli_a_misspelt_flag_is_named_with_the_flag_meant(
     assert e.value.code == 2
     assert f"unrecognized arguments: {flag}" in err and f"did you mean {meant}?" in err, err
     assert "required" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog"),
+    [
+        (["admin", "status", "--arbiters", "127.0.0.1:7000", "--bogus"], "membership admin status"),
+        (["admin", "arbiters", "list", "--bogus"], "membership admin arbiters list"),
+        (["node", "--id", "n1", "--arbiters", "127.0.0.1:7000", "--bogus"], "membership node"),
+    ],
+)  # fmt: skip
+def test_cli_an_unknown_flag_is_reported_by_its_sub_command(
+    argv: list[str], prog: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A fresh user's trial: argparse reports unknown flags from the top ("membership:").
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert err.startswith(f"{prog}: error: unrecognized arguments: --bogus"), err
+
+
+def test_cli_a_misspelt_flag_is_named_even_when_a_required_one_is_missing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `node --arbitres X` without --id: the missing --id and the flag meant, in one line.
+    monkeypatch.delenv("MEMBERSHIP_ARBITERS", raising=False)
+    with pytest.raises(SystemExit) as e:
+        main(["node", "--arbitres", "127.0.0.1:7000"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert "required: --id" in err and "unknown --arbitres" in err, err
+    assert "did you mean --arbiters?" in err and err.count("\n") == 1, err

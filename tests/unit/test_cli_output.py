@@ -65,3 +65,21 @@ def test_cli_configures_grpc_before_grpc_is_first_imported() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     ).stdout.split()
     assert out[:2] == ["false", "ERROR"], out
+
+
+def test_output_node_lines_while_leaving_leave_out_the_join_that_commits_meanwhile() -> None:
+    # A fresh user's trial: SIGINT while joining printed "leaving", then "is ALIVE" and
+    # "unfenced" (the join committing during the leave), then "LEFT".
+    from membership._node.session import Fenced, StateChanged
+    from membership.cli.output import session_event_line
+
+    alive = StateChanged(state=MemberState.ALIVE, incarnation=7)
+    unfenced = Fenced(fenced=False, epoch=3)
+    left = StateChanged(state=MemberState.LEFT, incarnation=7)
+    assert session_event_line("n1", alive) == "n1: incarnation 7 is ALIVE"
+    assert session_event_line("n1", unfenced) == "n1: unfenced (fencing epoch 3)"
+    assert session_event_line("n1", alive, leaving=True) is None
+    assert session_event_line("n1", unfenced, leaving=True) is None
+    assert session_event_line("n1", left, leaving=True) == "n1: incarnation 7 is LEFT"
+    fenced = Fenced(fenced=True, epoch=4)
+    assert session_event_line("n1", fenced, leaving=True) == "n1: fenced (fencing epoch 4)"

@@ -4,6 +4,7 @@ environment resolved, identities parsed from certificates and matched against wh
 from __future__ import annotations
 
 import datetime
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from cryptography import x509
 
 from membership.shared.errors import InvalidArgument
 from membership.shared.grants import Grant, Identity, identity_of_pem, parse_identity
-from membership.shared.tls import TLSFiles, handshake_hint, load, resolve
+from membership.shared.tls import TLSFiles, handshake_hint, join_reasons, load, resolve
 from membership.testing.pki import CertificateAuthority, identity_uri
 
 
@@ -71,6 +72,9 @@ def test_grants_rights_per_role_only_in_the_certificates_cluster(
         assert got == expected, what
     assert other.may_node("c2", "n1")
     assert "of cluster c2" in other.rights("c1")
+    # a refusal says what the certificate may do: an observer reads status and the list too
+    assert observer.rights("c1") == "read the view, the replicas' status and the arbiter list"
+    assert node.rights("c1") == "heartbeat and leave as node n1; read the view"
 
 
 def test_grants_several_uris_are_a_union_and_odd_uris_grant_nothing(
@@ -131,8 +135,12 @@ def test_tls_load_names_what_is_wrong(ca: CertificateAuthority, tmp_path: Path) 
     with pytest.raises(InvalidArgument, match="is not the key of"):
         load(TLSFiles(files.ca, files.cert, tmp_path / "other-key.pem"))
     (tmp_path / "foreign.pem").write_bytes(foreign.cert_pem())
-    with pytest.raises(InvalidArgument, match="not signed by the CA"):
+    with pytest.raises(InvalidArgument, match="not signed by the CA") as refused:
         load(TLSFiles(tmp_path / "foreign.pem", files.cert, files.key))
+    # two CAs of one name (two `certs init` of one cluster): the key ids tell them apart
+    ids = re.findall(r"key id ([0-9A-F:]{23})", str(refused.value))
+    assert len(ids) == 2 and ids[0] != ids[1], refused.value
+    assert "another CA of the same name" in str(refused.value)
     (tmp_path / "old").mkdir()
     old_files = _files(tmp_path / "old", "n1", old.cert_pem, old.key_pem, ca.cert_pem())
     with pytest.raises(InvalidArgument, match="not now"):
@@ -225,9 +233,21 @@ def test_tls_handshake_hint_says_what_grpcs_transport_errors_mean() -> None:
     # CERTIFICATE_VERIFY_FAILED is a CA that did not sign the arbiter's certificate.
     plain = "failed to connect to all addresses; last error: UNAVAILABLE: 1.2.3.4:7: Socket closed"
     assert "the arbiters may expect TLS" in handshake_hint(plain, insecure=True)
-    assert handshake_hint(plain, insecure=False) == ""  # under TLS it means something else
+    # under TLS it is the arbiter refusing this client's certificate (another CA)
+    assert "may not trust this client's certificate" in handshake_hint(plain, insecure=False)
     verify = "Tls handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: CERTIFICATE_VERIFY_FAILED"
     assert "not signed by the CA" in handshake_hint(verify, insecure=False)
     assert handshake_hint(verify, insecure=True) == ""
     assert handshake_hint("Connection refused", insecure=True) == ""
     assert handshake_hint(None, insecure=False) == ""
+
+
+def test_tls_join_reasons_says_a_hint_common_to_every_arbiter_once() -> None:
+    hint = handshake_hint("Socket closed", insecure=True)
+    same = {"a:1": "UNAVAILABLE Socket closed" + hint, "a:2": "UNAVAILABLE Socket closed" + hint}
+    line = join_reasons(same)
+    assert line.count("(the arbiters may expect TLS") == 1 and line.endswith(hint)
+    assert line.startswith("a:1: UNAVAILABLE Socket closed; a:2: UNAVAILABLE Socket closed (")
+    mixed = {"a:1": "UNAVAILABLE Socket closed" + hint, "a:2": "DEADLINE_EXCEEDED (deadline)"}
+    assert join_reasons(mixed) == "; ".join(f"{a}: {r}" for a, r in mixed.items())
+    assert join_reasons({}, "no arbiter tried") == "no arbiter tried"

@@ -120,7 +120,7 @@ async def list_arbiters(
     finally:
         await channels.close()
     if not answers:
-        detail = "; ".join(f"{a}: {e}" for a, e in errors.items())
+        detail = tls.join_reasons(errors)
         raise UnavailableError(f"no arbiter answered ({detail})")
     best = next((a for a in answers if a.leader_id and a.leader_id == a.arbiter_id), answers[0])
     return _rows(best), best

@@ -126,7 +126,7 @@ async def ask_in_rounds(
                     raise refusal(e) from None
         # None could answer (no leader yet, all down): a round again shortly.
         await asyncio.sleep(min(_ROUND_PAUSE, max(0.0, deadline - time.monotonic())))
-    detail = "; ".join(f"{a}: {e}" for a, e in errors.items()) or "out of time"
+    detail = tls.join_reasons(errors, "out of time")
     raise UnavailableError(f"no {what} within {timeout:g}s ({detail})")
 
 
