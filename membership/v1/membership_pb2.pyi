@@ -1394,19 +1394,25 @@ class FollowerProgress(_message.Message):
 
     MATCH_INDEX_FIELD_NUMBER: _builtins.int
     LAG_FIELD_NUMBER: _builtins.int
+    LAST_HEARD_SECONDS_FIELD_NUMBER: _builtins.int
     match_index: _builtins.int
     """highest log index known to be stored on the follower"""
     lag: _builtins.int
     """the leader's last log index minus match_index (entries)"""
+    last_heard_seconds: _builtins.float
+    """Seconds since the leader last heard the follower answer. A stopped
+    follower shows lag 0 while nothing new is appended: this says it is gone.
+    """
     def __init__(
         self,
         *,
         match_index: _builtins.int = ...,
         lag: _builtins.int = ...,
+        last_heard_seconds: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["lag", b"lag", "match_index", b"match_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["lag", b"lag", "last_heard_seconds", b"last_heard_seconds", "match_index", b"match_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -236,6 +236,16 @@ def test_ops_metrics_logs_status_and_health(ops: tuple[ProcCluster, dict[str, st
     for progress in leader["followers"].values():  # lag is counted from the leader's last index
         assert progress["match_index"] + progress["lag"] == leader["last_index"], leader
     assert leader["followers"][live]["match_index"] > 0
+
+    def silent() -> dict[str, Any] | None:  # a fresh user's trial: the stopped one showed lag 0
+        _, now = _status(c, *admin)
+        lead = next((line for line in now if line.get("role") == "leader"), None)
+        followers = lead.get("followers", {}) if lead else {}
+        gone = followers.get(victim, {}).get("last_heard_seconds", 0.0)
+        return followers if gone > 1.0 else None
+
+    followers = wait_until(silent, 20, "the leader's status showing the killed follower silent")
+    assert followers[live]["last_heard_seconds"] < followers[victim]["last_heard_seconds"]
     for line in lines:
         if "error" in line:
             continue

@@ -186,7 +186,7 @@ def test_admin_status_table_rows_configuration_and_errors() -> None:
             **dict(arbiter="a1", address="h:1", role="leader", term=3, leader="a1"),
             **dict(commit_index=9, applied_index=9, epoch=4, in_quorum=True, version="0.1.0"),
             "configuration": cfg,
-            "followers": {"a2": {"match_index": 9, "lag": 0}},
+            "followers": {"a2": {"match_index": 9, "lag": 0, "last_heard_seconds": 12.44}},
         },
         {
             **dict(arbiter="a2", address="h:2", role="follower", term=3, leader="a1"),
@@ -197,7 +197,7 @@ def test_admin_status_table_rows_configuration_and_errors() -> None:
     ]
     out = status_table(lines).splitlines()
     assert out[0].split()[:4] == ["ARBITER", "ADDRESS", "ROLE", "TERM"]
-    row1 = "a1 h:1 leader 3 a1 9 9 4 yes 0.1.0 a2=9/0"
+    row1 = "a1 h:1 leader 3 a1 9 9 4 yes 0.1.0 a2=9/0/12.4s"
     row2 = "a2 h:2 follower 3 a1 9 8 4 NO 0.1.0 -"
     assert " ".join(out[1].split()) == row1
     assert " ".join(out[2].split()) == row2

@@ -35,7 +35,11 @@ def describe(server: OperatedReplica) -> pb.StatusResponse:
     status = driver.status()
     config = server.configuration()
     followers = {
-        rid: pb.FollowerProgress(match_index=p.match, lag=max(0, st.last_index - p.match))
+        rid: pb.FollowerProgress(
+            match_index=p.match,
+            lag=max(0, st.last_index - p.match),
+            last_heard_seconds=p.last_heard,
+        )
         for rid, p in sorted(st.progress.items())
     }
     return pb.StatusResponse(

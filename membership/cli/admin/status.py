@@ -11,8 +11,10 @@ Rules:
    ``applied_index``, ``last_index``, ``snapshot_index``, ``epoch``,
    ``in_quorum``, ``version``, ``cluster``, ``instance``, ``configuration``
    (``{"voters": {id: address}, "learners": {...}}``) and, on the leader,
-   ``followers`` (``{id: {"match_index": N, "lag": N}}``: the lag in log
-   entries, the leader's last index minus the follower's match index).
+   ``followers`` (``{id: {"match_index": N, "lag": N, "last_heard_seconds":
+   S}}``: the lag in log entries, the leader's last index minus the
+   follower's match index; the seconds since the leader last heard it, so a
+   stopped follower, whose lag stays 0 while nothing is appended, shows).
 3. A replica that did not: ``arbiter`` and ``address`` (both the address
    given) and ``error`` (``"UNAVAILABLE: ..."``, ``"PERMISSION_DENIED:
    ..."``).
@@ -69,7 +71,11 @@ def status_json(address: str, resp: pb.StatusResponse) -> dict[str, Any]:
     }
     if resp.role == "leader":
         line["followers"] = {
-            rid: {"match_index": p.match_index, "lag": p.lag}
+            rid: {
+                "match_index": p.match_index,
+                "lag": p.lag,
+                "last_heard_seconds": round(p.last_heard_seconds, 3),
+            }
             for rid, p in sorted(resp.followers.items())
         }
     return line
@@ -125,7 +131,7 @@ _COLUMNS = (
     ("EPOCH", "epoch"),
     ("QUORUM", "in_quorum"),
     ("VERSION", "version"),
-    ("FOLLOWERS (match/lag)", "followers"),
+    ("FOLLOWERS (match/lag/heard)", "followers"),
 )
 
 
@@ -135,8 +141,16 @@ def _cell(key: str, value: Any) -> str:
     if key == "in_quorum":
         return "yes" if value else "NO"
     if key == "followers":
-        return " ".join(f"{r}={p['match_index']}/{p['lag']}" for r, p in value.items()) or "-"
+        return " ".join(_follower(r, p) for r, p in value.items()) or "-"
     return str(value)
+
+
+def _follower(rid: str, p: dict[str, Any]) -> str:
+    """``a2=41/0/0.1s``: match index, lag, seconds since the leader heard it (an old
+    replica's line has no such field: ``a2=41/0``)."""
+    heard = p.get("last_heard_seconds")
+    cell = f"{rid}={p['match_index']}/{p['lag']}"
+    return cell if heard is None else f"{cell}/{heard:.1f}s"
 
 
 def status_table(lines: Sequence[dict[str, Any]]) -> str:
