@@ -153,10 +153,9 @@ class Observer:
         self._held_count = 0
         self._scan_applied = -1
         self._scan_leading = False
-        # True while the leader gathers the replicas' ALIVE batches (gathering rule 1; the
-        # replica sets it before each tick): a follower then holds nothing (gathering rule
-        # 4) and the leader holds its following observations to its cut too.
-        self.gathering = False
+        # The pacer's gathering at the last scan (the replica sets the pacer's before each
+        # tick): a follower then holds nothing (gathering rule 4) and the leader holds its
+        # following observations to its cut too.
         self._scan_gathering = False
         self._due_at = math.inf
         self._fresh = False
@@ -429,7 +428,7 @@ class Observer:
             and now < self._due_at
             and state.applied_index == self._scan_applied
             and self._pacer.leading == self._scan_leading
-            and self.gathering == self._scan_gathering
+            and self._pacer.gathering == self._scan_gathering
         ):
             return ()  # nothing new, committed, due or released since the last scan
         chosen: list[tuple[str, OpinionRecord]] = []
@@ -437,7 +436,7 @@ class Observer:
         held: list[tuple[str, OpinionRecord]] = []
         voters = [r for r in state.arbiters if r != self._replica_id]
         pacing = self._pacer.interval > 0
-        gathering, leading = self.gathering, self._pacer.leading
+        gathering, leading = self._pacer.gathering, self._pacer.leading
         me = self._replica_id
         retry_after = self.retry.timeout
         due = math.inf
@@ -462,7 +461,7 @@ class Observer:
                     following.append((node_id, op))
                 else:
                     held.append((node_id, op))
-            elif follows(op.opinion, op.incarnation, node_id, self._replica_id, voters, state):
+            elif follows(op.opinion, op.incarnation, node_id, me, voters, state):
                 following.append((node_id, op))
             else:
                 held.append((node_id, op))

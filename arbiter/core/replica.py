@@ -460,7 +460,6 @@ class Replica(Proposals):
         self.interval = settings.governor()  # the suggested interval (detection/interval.py)
         self.proposals_dropped = 0
         self.gather = Gather()  # the followers' ALIVE batches kept for the next cut
-        self._cut_at = -math.inf  # when the pending cut went out (batching rule 2b)
         # Observations proposed (retries included), for the replica's metrics.
         self.observations_proposed = 0
 
@@ -585,9 +584,9 @@ class Replica(Proposals):
         s = self.settings
         self.observer.unheard_hold = s.lease_for(self.suggested_interval())  # observer rule 5
         in_force = self._gathering(leader=True)  # gathering rules 1, 4
-        if in_force and not self.observer.gathering:
+        if in_force and not self.observer.pacer.gathering:
             self.observer.pacer.reset()  # rule 3: a cut before it does not delay the first
-        self.observer.gathering = self.observer.pacer.gathering = in_force
+        self.observer.pacer.gathering = in_force
         gathering = self._gathering(leader)
         if not gathering and len(self.gather):
             self.proposals_dropped += self.gather.drop()  # gathering rule 5
@@ -612,15 +611,15 @@ class Replica(Proposals):
             self._propose_observations([mine], now)
         if gathering and pacer.last == now and pacer.pending is None:
             pacer.pending = self.raft.status().last_index  # batching rule 2b
-            self._cut_at = now
 
     def _cut_landed(self, now: float, gathering: bool) -> None:
         """Forgets the leader's pending cut once applied here, on losing the lead, or after
-        the observer's longest retry timeout (batching rule 2b)."""
+        the observer's longest retry timeout (batching rule 2b). While a cut is pending no
+        other goes out, so the pacer's last release is when it went out."""
         pacer = self.observer.pacer
         if pacer.pending is None:
             return
-        timeout = self._cut_at + self.observer.retry.ceiling
+        timeout = pacer.last + self.observer.retry.ceiling
         if not gathering or self.state.applied_index >= pacer.pending or now >= timeout:
             pacer.pending = None
 
@@ -761,7 +760,8 @@ class Replica(Proposals):
         observations are held: some may follow now (batching rule 3), or once a
         gathering leader's pending cut is applied (batching rule 2b).
         """
-        pending = self.observer.pacer.pending
+        pacer = self.observer.pacer
+        pending = pacer.pending
         if self.observer.needs_sync(self.state) or self.observer.follow_due(self.state):
             return float("-inf")
         if pending is not None and self.state.applied_index >= pending:
@@ -770,9 +770,9 @@ class Replica(Proposals):
         r = self.raft.next_deadline()
         f = self.retention.next_deadline(leader=self.raft.status().role is Role.LEADER)
         oldest = self.gather.oldest
-        g = None if oldest is None else self.observer.pacer.release_at(oldest)  # gathering 3
+        g = None if oldest is None else pacer.release_at(oldest)  # gathering 3
         if pending is not None:  # batching rule 2b: forgotten after the longest retry timeout
-            g = min(g if g is not None else math.inf, self._cut_at + self.observer.retry.ceiling)
+            g = min(g if g is not None else math.inf, pacer.last + self.observer.retry.ceiling)
         return min(t for t in (r, d, f, g) if t is not None)
 
     def in_quorum(self, now: float) -> bool:
