@@ -54,7 +54,7 @@ from typing import NoReturn
 from membership.cli import admin, certs, commands, ctl, filters, top
 from membership.cli.endpoints import add_arbiters_flag, fill_from_env
 from membership.cli.output import event_lines, session_event_line, view_json
-from membership.shared.errors import InvalidArgument, MembershipError
+from membership.shared.errors import InvalidArgument, MembershipError, PermissionDenied
 from membership.shared.exits import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, CliError, stopped_early
 from membership.shared.interrupt import Interrupt, Interrupted
 from membership.shared.tls import add_tls_flags
@@ -73,18 +73,22 @@ __all__ = [
 log = logging.getLogger("membership.cli")
 
 EXIT_CODES = """\
-exit status:
-  0        success; node, watch and arbiter also exit 0 when stopped by SIGINT or
-           SIGTERM or SIGHUP (that is how they stop; a node leaves the cluster
-           first; an arbiter takes SIGHUP as "reload the TLS files" instead)
-  1        runtime failure: no arbiter reachable, leave not committed, data dir or
-           listen address unusable; admin remove refused (no such member, already
-           DEAD or LEFT); admin status: no arbiter answered; admin snapshot save
-           without a leader or onto an existing FILE, snapshot status of a damaged
-           file; arbiter --restore of a bad file or into a non-empty data dir
+exit status (docs/using.md has the same table):
+  0        success; node and watch exit 0 when stopped by SIGINT, SIGTERM or SIGHUP,
+           their normal way to stop, at any moment (a node leaves first; stopped
+           before joining it says "n1: stopped before joining"), and so does arbiter
+           on SIGINT or SIGTERM (it takes SIGHUP as "reload the TLS files")
+  1        runtime failure: fewer than a majority of the arbiters reachable within
+           --connect-timeout, a leave not committed, a data dir or listen address
+           unusable; admin remove refused (no such member, already DEAD or LEFT) or
+           not committed; admin status answered by no replica; a --metrics-listen
+           address that cannot be bound; admin snapshot save with no leader or onto
+           an existing FILE, snapshot status of a damaged file; arbiter --restore of
+           a bad file or into a non-empty data dir
   2        usage: a bad flag or value (also --arbiters of two different clusters, no
-           TLS files nor --insecure); a certificate the arbiters refuse for what it
-           asks (PERMISSION_DENIED: a node's heartbeats, any admin command)
+           TLS files nor --insecure, TLS files missing or not matching); a
+           certificate the arbiters refuse for what it asks (PERMISSION_DENIED: a
+           node's heartbeats, any admin command)
   3        node: the cluster ended it without its asking and it does not rejoin:
            declared DEAD (with --no-rejoin), removed (LEFT: admin remove, or another
            process's leave), or another process took its id over
@@ -97,13 +101,20 @@ exit status:
 
 
 def _arbiters(value: str) -> list[str]:
+    """``host:port[,host:port...]``: an empty item (``a:1,,b:2``, a trailing comma) is
+    an error, as a typo that drops an arbiter would be silent otherwise."""
+    items = [a.strip() for a in value.split(",")]
+    if not any(items):
+        raise argparse.ArgumentTypeError("no arbiter address given")
+    if not all(items):
+        raise argparse.ArgumentTypeError(
+            "an empty address in the list (two commas, or one at an end): give "
+            "host:port[,host:port...]"
+        )
     try:
-        addrs = [parse_address(a) for a in value.split(",") if a.strip()]
+        return [parse_address(a) for a in items]
     except MembershipError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-    if not addrs:
-        raise argparse.ArgumentTypeError("no arbiter address given")
-    return addrs
 
 
 def _label(value: str) -> tuple[str, str]:
@@ -198,6 +209,8 @@ class _Parser(argparse.ArgumentParser):
             unknown = [w for w in unknown if w not in known]
             if unknown:
                 message += f"; unknown {', '.join(unknown)}" + _did_you_mean(self, unknown)
+        elif "invalid choice: " in message and "(choose from " in message:
+            message += _did_you_mean_choice(message)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
@@ -233,6 +246,15 @@ def _did_you_mean(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
             if close:
                 hints.append(f"{flag}: did you mean {close[0]}?")
     return f" ({'; '.join(hints)})" if hints else ""
+
+
+def _did_you_mean_choice(message: str) -> str:
+    """``" (did you mean watch?)"`` for argparse's ``invalid choice: 'wathc' (choose
+    from 'node', 'watch', ...)``, else ""."""
+    word = message.split("invalid choice: ", 1)[1].split(" (choose from", 1)[0].strip("'")
+    choices = [c.strip(" '") for c in message.rsplit("(choose from ", 1)[1].rstrip(")").split(",")]
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def _version() -> str:
@@ -443,8 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _error(command: str | None, message: object) -> None:
-    print(f"membership {command or ''}".rstrip() + f": error: {message}", file=sys.stderr)
+def _error(prog: str, message: object) -> None:
+    """Rule 2: ``membership admin status: error: ...``, named by the sub-command run."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -456,9 +479,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     interrupt = Interrupt()
     interrupt.install()
     args: argparse.Namespace | None = None
+    prog = "membership"  # the sub-command's, once parsed: how its errors begin (rule 2)
     try:
         _Parser.argv = list(sys.argv[1:] if argv is None else argv)
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        prog = _chosen(parser, _Parser.argv).prog
         fill_from_env(args)  # --arbiters, or MEMBERSHIP_ARBITERS (membership/cli/endpoints.py)
         # A server logs what it decides (elections, deaths); clients stay quiet.
         _setup_logging(
@@ -487,13 +513,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     except InvalidArgument as e:
-        _error(getattr(args, "command", None), e)
+        needs = getattr(args, "needs_certificate", None)
+        if isinstance(e, PermissionDenied) and needs:
+            e = PermissionDenied(f"{e}. {needs}")  # which certificate would do (admin status's)
+        _error(prog, e)
         return EXIT_USAGE
     except CliError as e:
-        _error(getattr(args, "command", None), e)
+        _error(prog, e)
         return e.code
     except (MembershipError, OSError) as e:
-        _error(getattr(args, "command", None), e)
+        _error(prog, e)
         return EXIT_FAILURE
     finally:
         interrupt.uninstall()

@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from membership._node.session import SessionEvent, StateChanged, Superseded
+from membership._node.session import EndReason, SessionEvent, StateChanged, Superseded
 from membership.cli.filters import MemberFilter, WatchFilter
 from membership.cli.output import event_lines, session_event_line, view_json, view_text
 from membership.shared import tls
@@ -64,7 +64,8 @@ def _print(line: str, keep_going: bool = False) -> None:
 
 async def _wait_reachable(client: Any, timeout: float, what: str) -> str:
     """Waits until an arbiter answers who it is (the cheap identity question, not a
-    whole view); says why it waits every 5 s.
+    whole view); says why it waits after 1 s (a plaintext client of a TLS cluster
+    learns it then, not at the timeout), then every 5 s.
 
     Returns:
         The cluster identity.
@@ -74,10 +75,11 @@ async def _wait_reachable(client: Any, timeout: float, what: str) -> str:
         ClusterMismatch: the arbiters belong to different clusters.
     """
     start = time.monotonic()
+    every = 1.0
     while True:
         left = timeout - (time.monotonic() - start)
         try:
-            identity: str = await client.wait_connected(timeout=min(5.0, max(0.0, left)))
+            identity: str = await client.wait_connected(timeout=min(every, max(0.0, left)))
             return identity
         except TimeoutError:
             reasons = tls.join_reasons(client.unreachable, "no answer")
@@ -95,6 +97,7 @@ async def _wait_reachable(client: Any, timeout: float, what: str) -> str:
                 reasons,
                 left,
             )
+            every = 5.0
 
 
 # Settings each command depends on, of ClientConfig (rule: print only those).
@@ -162,7 +165,8 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
     leaving = False
 
     def on_event(ev: SessionEvent) -> None:
-        line = session_event_line(args.id, ev, leaving)
+        taken_over = client.end_reason is EndReason.SUPERSEDED
+        line = session_event_line(args.id, ev, leaving, taken_over)
         if line is not None:
             _print(line, keep_going=True)
         if isinstance(ev, Superseded):

@@ -383,11 +383,15 @@ def event_lines(ev: object, as_json: bool) -> list[str]:
     return _other_lines(ev, as_json)
 
 
-def session_event_line(node_id: str, ev: SessionEvent, leaving: bool = False) -> str | None:
+def session_event_line(
+    node_id: str, ev: SessionEvent, leaving: bool = False, taken_over: bool = False
+) -> str | None:
     """How ``membership node`` prints a session event (None for an event it does not print).
 
     ``leaving``: the node is leaving (``n1: leaving`` was printed): a join that commits
     meanwhile (``is ALIVE``, ``unfenced``) is not printed, only where the leave ends.
+    ``taken_over``: the session ended by a takeover (``end_reason`` SUPERSEDED): its
+    incarnation's end (``is DEAD``) is said by the ``taken over`` line that follows.
 
     Lines: ``n1: incarnation 7 is ALIVE``, ``n1: fenced (fencing epoch 5)``,
     ``n1: unfenced (...)``, ``n1: incarnation 7 taken over by 8; stopping``,
@@ -411,6 +415,8 @@ def session_event_line(node_id: str, ev: SessionEvent, leaving: bool = False) ->
         or (isinstance(ev, Fenced) and not ev.fenced)
     ):
         return None  # superseded by the leave under way
+    if taken_over and isinstance(ev, StateChanged) and ev.state is MemberState.DEAD:
+        return None  # "taken over by 8; stopping" says it, next
     if isinstance(ev, StateChanged):
         return f"{node_id}: incarnation {ev.incarnation} is {ev.state.value}"
     if isinstance(ev, Fenced):

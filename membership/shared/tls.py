@@ -38,7 +38,7 @@ import argparse
 import datetime
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -88,11 +88,33 @@ HOW_TO_GET = (
 
 @dataclass(frozen=True, slots=True)
 class TLSFiles:
-    """The three PEM files of a member: the cluster CA, its certificate, its key."""
+    """The three PEM files of a member: the cluster CA, its certificate, its key.
+
+    ``given`` says how the user named each file (a flag such as ``--tls-key``, an
+    environment variable such as ``MEMBERSHIP_TLS_KEY``, or a
+    ``ClientConfig`` field such as ``tls_key``), in the order ca, cert, key: the
+    errors of :func:`load` name each file as it was given. It takes no part in
+    equality.
+    """
 
     ca: Path
     cert: Path
     key: Path
+    given: tuple[str, str, str] = field(
+        default=("--tls-ca", "--tls-cert", "--tls-key"), compare=False
+    )
+
+    def said(self, which: str) -> str:
+        """How the user gave one file (``which``: "ca", "cert" or "key"), for an
+        error message: ``--tls-key k.pem``, ``MEMBERSHIP_TLS_KEY=k.pem`` or
+        ``ClientConfig(tls_key='k.pem')``."""
+        name = self.given[("ca", "cert", "key").index(which)]
+        path = getattr(self, which)
+        if name.startswith("--"):
+            return f"{name} {path}"
+        if name.startswith("MEMBERSHIP_"):
+            return f"{name}={path}"
+        return f"ClientConfig({name}={str(path)!r})"
 
     @classmethod
     def in_dir(cls, folder: Path | str, name: str) -> TLSFiles:
@@ -127,17 +149,18 @@ class LoadedTLS:
     server: bool = False
 
 
-def _read(path: Path, what: str) -> bytes:
+def _read(path: Path, said: str) -> bytes:
+    """The bytes of one PEM file; ``said`` is how the user gave it (TLSFiles.said)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise InvalidArgument(f"{what} {path}: no such file") from None
+        raise InvalidArgument(f"{said}: no such file") from None
     except IsADirectoryError:
-        raise InvalidArgument(f"{what} {path}: is a folder, not a PEM file") from None
+        raise InvalidArgument(f"{said}: is a folder, not a PEM file") from None
     except OSError as e:
-        raise InvalidArgument(f"{what} {path}: cannot read it: {e.strerror or e}") from None
+        raise InvalidArgument(f"{said}: cannot read it: {e.strerror or e}") from None
     if b"-----BEGIN " not in data:
-        raise InvalidArgument(f"{what} {path}: not PEM (no -----BEGIN line)")
+        raise InvalidArgument(f"{said}: not PEM (no -----BEGIN line)")
     return data
 
 
@@ -203,28 +226,28 @@ def load(files: TLSFiles, *, now: datetime.datetime | None = None) -> LoadedTLS:
     Raises:
         InvalidArgument: one line naming the file and what is wrong.
     """
-    ca_pem = _read(files.ca, "--tls-ca")
-    cert_pem = _read(files.cert, "--tls-cert")
-    key_pem = _read(files.key, "--tls-key")
+    ca_pem = _read(files.ca, files.said("ca"))
+    cert_pem = _read(files.cert, files.said("cert"))
+    key_pem = _read(files.key, files.said("key"))
     try:
         cas = x509.load_pem_x509_certificates(ca_pem)
     except ValueError as e:
-        raise InvalidArgument(f"--tls-ca {files.ca}: not a PEM certificate ({e})") from None
+        raise InvalidArgument(f"{files.said('ca')}: not a PEM certificate ({e})") from None
     try:
         cert = x509.load_pem_x509_certificates(cert_pem)[0]
     except ValueError as e:
-        raise InvalidArgument(f"--tls-cert {files.cert}: not a PEM certificate ({e})") from None
+        raise InvalidArgument(f"{files.said('cert')}: not a PEM certificate ({e})") from None
     try:
         key = serialization.load_pem_private_key(key_pem, password=None)
     except TypeError:
         raise InvalidArgument(
-            f"--tls-key {files.key}: the key is encrypted; give it unencrypted (mode 0600)"
+            f"{files.said('key')}: the key is encrypted; give it unencrypted (mode 0600)"
         ) from None
     except ValueError as e:
-        raise InvalidArgument(f"--tls-key {files.key}: not a PEM private key ({e})") from None
+        raise InvalidArgument(f"{files.said('key')}: not a PEM private key ({e})") from None
     if _public_bytes(key.public_key()) != _public_bytes(cert.public_key()):
         raise InvalidArgument(
-            f"--tls-key {files.key} is not the key of --tls-cert {files.cert} "
+            f"{files.said('key')} is not the key of {files.said('cert')} "
             "(give the -key.pem file written with that certificate)"
         )
     if not any(_signed_by(cert, ca) for ca in cas):
@@ -233,13 +256,13 @@ def load(files: TLSFiles, *, now: datetime.datetime | None = None) -> LoadedTLS:
         named = any(cert.issuer == c.subject for c in cas)
         same = " (another CA of the same name)" if named else ""
         raise InvalidArgument(
-            f"--tls-cert {files.cert} ({cert.subject.rfc4514_string()}, {issuer}) is not "
-            f"signed by the CA of --tls-ca {files.ca} ({trusted}){same}"
+            f"{files.said('cert')} ({cert.subject.rfc4514_string()}, {issuer}) is not "
+            f"signed by the CA of {files.said('ca')} ({trusted}){same}"
         )
     at = now or datetime.datetime.now(datetime.UTC)
     if not cert.not_valid_before_utc <= at <= cert.not_valid_after_utc:
         raise InvalidArgument(
-            f"--tls-cert {files.cert} is valid from {cert.not_valid_before_utc:%Y-%m-%d %H:%M} "
+            f"{files.said('cert')} is valid from {cert.not_valid_before_utc:%Y-%m-%d %H:%M} "
             f"to {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC, not now: issue a new one"
         )
     try:
@@ -286,6 +309,8 @@ _FIELD_NAMES = {
     "insecure": "ClientConfig(insecure=True)",
 }
 _ENV_NAMES = {"ca": ENV_CA, "cert": ENV_CERT, "key": ENV_KEY}
+# TLSFiles.given of a ClientConfig field: the bare field name
+_GIVEN_AS = {_FIELD_NAMES[k]: f"tls_{k}" for k in ("ca", "cert", "key")}
 
 HOW_TO_GET_SDK = (
     "pass config=ClientConfig(tls_ca='ca.pem', tls_cert='n1.pem', tls_key='n1-key.pem') "
@@ -386,7 +411,13 @@ def resolve(
             f"{', '.join(other[k] for k in missing)}): mutual TLS needs the CA, a certificate "
             f"and its key; given: {', '.join(source[k] for k in values)}"
         )
-    return TLSFiles(Path(str(values["ca"])), Path(str(values["cert"])), Path(str(values["key"])))
+    ca_as, cert_as, key_as = (_GIVEN_AS.get(source[k], source[k]) for k in ("ca", "cert", "key"))
+    return TLSFiles(
+        Path(str(values["ca"])),
+        Path(str(values["cert"])),
+        Path(str(values["key"])),
+        given=(ca_as, cert_as, key_as),
+    )
 
 
 def add_tls_flags(p: argparse.ArgumentParser) -> None:
@@ -411,10 +442,13 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
     :func:`add_tls_flags` (``tls_ca``, ``tls_cert``, ``tls_key``, ``insecure``).
 
     Raises:
-        InvalidArgument: as :func:`resolve`, its message naming the flags (the
-            client would name its ClientConfig fields, which a CLI user never typed).
+        InvalidArgument: as :func:`resolve` and :func:`load`, its message naming
+            the flags and variables the user gave (the client would name its
+            ClientConfig fields, which a CLI user never typed).
     """
-    resolve_args(args)
+    files = resolve_args(args)
+    if files is not None:
+        load(files)  # the files' errors too, in the names the user gave
     return {
         "tls_ca": args.tls_ca,
         "tls_cert": args.tls_cert,

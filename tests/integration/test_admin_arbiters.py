@@ -68,8 +68,12 @@ def test_admin_arbiters_under_mutual_tls_admin_may_node_certificate_is_denied(
         assert r.returncode == 2, (argv, r.stdout, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-        may = "may not read the replicas' status" if argv == ("list",) else "may not administer"
+        may = "may not list the arbiters" if argv == ("list",) else "may not administer"
         assert "PERMISSION_DENIED" in lines[0] and may in lines[0], lines[0]
+        # and which certificate would do (a fresh user's trial: only admin status said it)
+        needs = "an admin or an observer certificate" if argv == ("list",) else "an admin cert"
+        prog = f"membership admin arbiters {argv[0]}"
+        assert lines[0].startswith(f"{prog}: error: ") and f"{prog[11:]} needs {needs}" in lines[0]
     # Nothing changed: the same three voters.
     assert [r["id"] for r in listed() or []] == ["a1", "a2", "a3"]
 

@@ -159,6 +159,10 @@ def test_cluster_same_node_id_twice_newer_takes_over_older_steps_aside(
     # one-line error and exit code 3 (ended by the cluster); the two never flap.
     assert old.popen.wait(15) == 3
     assert "taken over" in old.stderr() and "Traceback" not in old.stderr()
+    # its stdout says the takeover, not "is DEAD" before it (a fresh user's trial)
+    said = old.lines()
+    assert any("taken over by" in line for line in said), said
+    assert not any(line.endswith("is DEAD") for line in said), said
     wait_until(lambda: any("is ALIVE" in line for line in new.lines()), 10, "new n1 ALIVE")
     n1 = changes(w, "n1")
     incarnations = sorted({c["incarnation"] for c in n1})

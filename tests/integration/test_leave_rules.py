@@ -221,7 +221,7 @@ def test_admin_remove_makes_a_live_node_left_and_the_cli_node_exits_three(
         assert r.returncode == 1, (target, r.stdout, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-        assert lines[0].startswith(f"membership admin: error: {code}: "), lines[0]
+        assert lines[0].startswith(f"membership admin remove: error: {code}: "), lines[0]
         assert text in lines[0], lines[0]
     assert [c["state"] for c in changes(watch, "n1")] == ["ALIVE", "LEFT"]
 

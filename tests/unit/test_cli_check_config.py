@@ -3,10 +3,14 @@ that matter printed; the command line's exit codes, global flags and ``--version
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import grpc
 import pytest
 
 from membership.cli import main
+from membership.testing.pki import CertificateAuthority, identity_uri
 
 ARBITERS = "a1:7000,a2:7000,a3:7000"
 
@@ -350,3 +354,108 @@ def test_cli_a_misspelt_flag_is_named_even_when_a_required_one_is_missing(
     assert e.value.code == 2
     assert "required: --id" in err and "unknown --arbitres" in err, err
     assert "did you mean --arbiters?" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("where", ["flag", "variable"])
+def test_cli_endpoints_an_empty_address_in_the_list_is_an_error(
+    where: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A fresh user's trial: MEMBERSHIP_ARBITERS='a:1,,' was taken silently as one arbiter.
+    argv = ["view", "--check-config"]
+    if where == "flag":
+        argv += ["--arbiters", "127.0.0.1:7000,"]
+    else:
+        monkeypatch.setenv("MEMBERSHIP_ARBITERS", "127.0.0.1:7000,,")
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "an empty address in the list" in err, err
+    named = "argument --arbiters" if where == "flag" else "MEMBERSHIP_ARBITERS='127.0.0.1:7000,,'"
+    assert named in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog", "meant"),
+    [(["wathc"], "membership", "watch"), (["admin", "stauts"], "membership admin", "status")],
+)
+def test_cli_a_misspelt_command_gets_the_command_meant(
+    argv: list[str], prog: str, meant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"{prog}: error: argument"), err
+    assert err.rstrip().endswith(f"(did you mean {meant}?)"), err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["view", "--arbiters", ARBITERS],
+        ["admin", "status", "--arbiters", ARBITERS],
+        ["admin", "arbiters", "list", "--arbiters", ARBITERS],
+    ],
+)
+def test_cli_a_tls_file_from_the_environment_is_named_by_its_variable(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    # A fresh user's trial: MEMBERSHIP_TLS_KEY of another certificate, with --tls-cert,
+    # was reported as "--tls-key ... is not the key of --tls-cert ...".
+    ca = CertificateAuthority.create("default")
+    mine = ca.issue([identity_uri("default", "admin", "admin")])
+    other = ca.issue([identity_uri("default", "observer", "w")])
+    (tmp_path / "ca.pem").write_bytes(ca.cert_pem())
+    (tmp_path / "admin.pem").write_bytes(mine.cert_pem)
+    (tmp_path / "w-key.pem").write_bytes(other.key_pem)
+    monkeypatch.setenv("MEMBERSHIP_TLS_CA", str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("MEMBERSHIP_TLS_KEY", str(tmp_path / "w-key.pem"))
+    assert main([*argv, "--tls-cert", str(tmp_path / "admin.pem")]) == 2
+    err = capsys.readouterr().err
+    prog = "membership " + " ".join(w for w in argv if not w.startswith("-") and w != ARBITERS)
+    assert err.startswith(
+        f"{prog}: error: MEMBERSHIP_TLS_KEY={tmp_path / 'w-key.pem'} is not the key of "
+        f"--tls-cert {tmp_path / 'admin.pem'} "
+    ), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def _exit_rows(text: str) -> dict[str, str]:
+    """Exit code -> its text, from --help's table (``  2        usage: ...``) or the
+    Markdown table of docs/using.md (``| 2 | usage: ... |``)."""
+    rows: dict[str, str] = {}
+    code = None
+    for line in text.splitlines():
+        md = re.match(r"\| (\d+|128 \+ N) \| (.*) \|$", line)
+        cli = re.match(r"  (\d+|128\+N)\s{2,}(.*)$", line)
+        if md or cli:
+            m = md or cli
+            assert m is not None
+            code = m.group(1).replace(" ", "")
+            rows[code] = m.group(2)
+        elif code is not None and re.match(r"\s{11}\S", line):
+            rows[code] += " " + line.strip()
+        else:
+            code = None
+    return rows
+
+
+def test_cli_help_and_docs_give_one_table_of_exit_codes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A fresh user's trial: --help and docs/using.md told exit 0 and 1 differently (SIGHUP).
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    helped = _exit_rows(capsys.readouterr().out.split("exit status", 1)[1])
+    docs = _exit_rows((Path(__file__).parents[2] / "docs" / "using.md").read_text())
+    assert set(helped) == set(docs) == {"0", "1", "2", "3", "128+N"}, (helped, docs)
+    facts = {
+        "0": ["SIGINT", "SIGTERM", "SIGHUP", "stopped before joining", "reload the TLS files"],
+        "1": ["--connect-timeout", "--metrics-listen", "not committed", "--restore", "FILE"],
+        "2": ["PERMISSION_DENIED", "--insecure", "two different clusters"],
+        "3": ["--no-rejoin", "LEFT", "admin remove"],
+        "128+N": ["130", "143", "second"],
+    }
+    for code, words in facts.items():
+        for word in words:
+            assert word in helped[code] and word in docs[code], (code, word)

@@ -83,3 +83,23 @@ def test_output_node_lines_while_leaving_leave_out_the_join_that_commits_meanwhi
     assert session_event_line("n1", left, leaving=True) == "n1: incarnation 7 is LEFT"
     fenced = Fenced(fenced=True, epoch=4)
     assert session_event_line("n1", fenced, leaving=True) == "n1: fenced (fencing epoch 4)"
+
+
+def test_output_node_lines_of_a_takeover_say_taken_over_not_dead_first() -> None:
+    # A fresh user's trial: a node taken over printed "is DEAD", then "taken over".
+    from membership._node.session import Fenced, StateChanged, Superseded
+    from membership.cli.output import session_event_line
+
+    events = [
+        Fenced(fenced=True, epoch=5),
+        StateChanged(state=MemberState.DEAD, incarnation=10),
+        Superseded(incarnation=10, by=20),
+    ]  # as the session emits them (tests/unit/test_session.py)
+    lines = [session_event_line("n1", ev, taken_over=True) for ev in events]
+    assert [line for line in lines if line] == [
+        "n1: fenced (fencing epoch 5)",
+        "n1: incarnation 10 taken over by 20; stopping",
+    ]
+    # any other death is still said
+    dead = StateChanged(state=MemberState.DEAD, incarnation=10)
+    assert session_event_line("n1", dead) == "n1: incarnation 10 is DEAD"

@@ -221,7 +221,7 @@ def test_cli_admin_status_exit_one_when_no_replica_answers() -> None:
     lines = [json.loads(line) for line in r.stdout.splitlines()]
     assert [line["arbiter"] for line in lines] == addrs.split(",")
     assert all(line["error"].startswith(("UNAVAILABLE", "DEADLINE_EXCEEDED")) for line in lines)
-    assert r.stderr.strip() == "membership admin: error: none of the 2 arbiter(s) answered"
+    assert r.stderr.strip() == "membership admin status: error: none of the 2 arbiter(s) answered"
 
 
 def test_config_metrics_listen_is_off_by_default_and_validated() -> None:

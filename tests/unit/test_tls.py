@@ -251,3 +251,33 @@ def test_tls_join_reasons_says_a_hint_common_to_every_arbiter_once() -> None:
     mixed = {"a:1": "UNAVAILABLE Socket closed" + hint, "a:2": "DEADLINE_EXCEEDED (deadline)"}
     assert join_reasons(mixed) == "; ".join(f"{a}: {r}" for a, r in mixed.items())
     assert join_reasons({}, "no arbiter tried") == "no arbiter tried"
+
+
+def test_tls_load_names_each_file_as_the_user_gave_it(
+    ca: CertificateAuthority, tmp_path: Path
+) -> None:
+    # A fresh user's trial: MEMBERSHIP_TLS_KEY of another certificate was reported as
+    # "--tls-key ... is not the key of --tls-cert ...", a flag they never typed.
+    good = ca.issue([identity_uri("c1", "node", "n1")])
+    other = ca.issue([identity_uri("c1", "observer", "w")])
+    files = _files(tmp_path, "n1", good.cert_pem, good.key_pem, ca.cert_pem())
+    wrong_key = tmp_path / "w-key.pem"
+    wrong_key.write_bytes(other.key_pem)
+    env = {"MEMBERSHIP_TLS_CA": str(files.ca), "MEMBERSHIP_TLS_KEY": str(wrong_key)}
+    mixed = resolve(cert=files.cert, env=env)
+    assert mixed is not None
+    with pytest.raises(InvalidArgument) as e:
+        load(mixed)
+    assert str(e.value).startswith(
+        f"MEMBERSHIP_TLS_KEY={wrong_key} is not the key of --tls-cert {files.cert} "
+    ), e.value
+    sdk = resolve(ca=files.ca, cert=files.cert, key=wrong_key, env={}, names="config")
+    assert sdk is not None
+    with pytest.raises(InvalidArgument, match=r"^ClientConfig\(tls_key='.*w-key.pem'\) is not"):
+        load(sdk)
+    missing = resolve(cert=files.cert, key=files.key, env={"MEMBERSHIP_TLS_CA": "/no/ca.pem"})
+    assert missing is not None
+    with pytest.raises(InvalidArgument, match=r"^MEMBERSHIP_TLS_CA=/no/ca.pem: no such file$"):
+        load(missing)
+    # how a file was named takes no part in equality
+    assert mixed == TLSFiles(files.ca, files.cert, wrong_key)

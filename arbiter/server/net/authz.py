@@ -91,8 +91,11 @@ class Authorizer(Protocol):
     def admin(self, context: grpc.aio.ServicerContext) -> Refusal | None:
         """May the caller administer the cluster (remove another node)?"""
 
-    def operator(self, context: grpc.aio.ServicerContext) -> Refusal | None:
-        """May the caller read the replicas' standing (Admin.Status): admin or observer?"""
+    def operator(
+        self, context: grpc.aio.ServicerContext, what: str = "read the replicas' status"
+    ) -> Refusal | None:
+        """May the caller read the replicas' standing (Admin.Status, ListArbiters):
+        admin or observer? ``what`` names the read in the refusal."""
 
     def identity(self, context: grpc.aio.ServicerContext) -> str:
         """Who the caller is, for records such as ``removed_by`` ("" when unknown)."""
@@ -113,7 +116,9 @@ class AllowAll:
     def admin(self, context: grpc.aio.ServicerContext) -> Refusal | None:
         return None
 
-    def operator(self, context: grpc.aio.ServicerContext) -> Refusal | None:
+    def operator(
+        self, context: grpc.aio.ServicerContext, what: str = "read the replicas' status"
+    ) -> Refusal | None:
         return None
 
     def identity(self, context: grpc.aio.ServicerContext) -> str:
@@ -186,10 +191,12 @@ class MutualTLS:
             return None
         return self._refuse(identity, f"administer cluster {self.cluster}")
 
-    def operator(self, context: grpc.aio.ServicerContext) -> Refusal | None:
+    def operator(
+        self, context: grpc.aio.ServicerContext, what: str = "read the replicas' status"
+    ) -> Refusal | None:
         identity = self._identity(context)
         if isinstance(identity, Refusal):
             return identity
         if identity.may_operate(self.cluster):
             return None
-        return self._refuse(identity, f"read the replicas' status in cluster {self.cluster}")
+        return self._refuse(identity, f"{what} in cluster {self.cluster}")

@@ -79,7 +79,8 @@ class ArbiterAdmin:
     ) -> None:
         """Rule 1 (``read``: listing, which an observer may do too)."""
         authz = self._authz
-        await deny(context, (authz.operator if read else authz.admin)(context), logging.WARNING)
+        refusal = authz.operator(context, "list the arbiters") if read else authz.admin(context)
+        await deny(context, refusal, logging.WARNING)
         mismatch = cluster_mismatch(self._cluster, self._me, expected, "administrator")
         if mismatch is not None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, mismatch)

@@ -51,8 +51,8 @@ def register(
         "(committed like any view change, with who removed it), the node is told so on its "
         "next heartbeat, logs an ERROR and stops without rejoining (a `membership node` exits "
         "3). Exit 1 with one line when the cluster has no such member (NOT_FOUND), it is "
-        "already DEAD or LEFT (FAILED_PRECONDITION), the caller may not administer "
-        "(PERMISSION_DENIED), or no arbiter answered.",
+        "already DEAD or LEFT (FAILED_PRECONDITION) or no arbiter answered; exit 2 when the "
+        "caller may not administer (PERMISSION_DENIED).",
     )
     p.add_argument("node", metavar="NODE", help="the node id to remove")
     add_arbiters_flag(p, arbiters, arb_help)
@@ -96,6 +96,32 @@ def register(
     from membership.cli.admin import arbiters as admin_arbiters
 
     admin_arbiters.register(admin_sub, arbiters, arb_help)
+    _set_needs(admin_sub, "membership admin")
+
+
+# What certificate each action needs under mutual TLS (reads: an observer's will do),
+# said after a PERMISSION_DENIED (membership.cli.main), as admin status says it.
+_ADMIN_CERT = "an admin certificate of this cluster (spiffe://CLUSTER/admin/NAME; docs/security.md)"
+_READ_CERT = (
+    "an admin or an observer certificate of this cluster (spiffe://CLUSTER/admin/NAME or "
+    "spiffe://CLUSTER/observer/NAME; docs/security.md)"
+)
+_READS = {"membership admin status", "membership admin arbiters list"}
+
+
+def _set_needs(sub: Any, prog: str) -> None:
+    """Sets ``needs_certificate`` on every action parser under ``sub`` (at any depth):
+    "PROG needs ..." with :data:`_READ_CERT` for the reads, :data:`_ADMIN_CERT` else."""
+    for name, parser in sub.choices.items():
+        here = f"{prog} {name}"
+        nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        for action in nested:
+            _set_needs(action, here)
+        if not nested:
+            cert = _READ_CERT if here in _READS else _ADMIN_CERT
+            parser.set_defaults(
+                needs_certificate=f"{here.removeprefix('membership ')} needs {cert}"
+            )
 
 
 def _add_snapshot(
@@ -112,8 +138,8 @@ def _add_snapshot(
         help="save a consistent snapshot (members, epoch) to FILE, for --restore",
         description="Save a consistent snapshot of the cluster's tally, from the leader, to "
         "FILE (written atomically, mode 0600). Restore with `membership arbiter ... --restore "
-        "FILE` on every replica. Exit 1 with one line when FILE exists (without --force), no "
-        "leader answers, or the caller may not administer (PERMISSION_DENIED).",
+        "FILE` on every replica. Exit 1 with one line when FILE exists (without --force) or no "
+        "leader answers; exit 2 when the caller may not administer (PERMISSION_DENIED).",
     )
     p.add_argument("file", metavar="FILE", type=Path, help="the file to write")
     add_arbiters_flag(p, arbiters, arb_help)

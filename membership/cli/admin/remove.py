@@ -68,6 +68,7 @@ def refusal(e: grpc.aio.AioRpcError) -> MembershipError:
         return PermissionDenied(text)
     return RejectedError(text)
 
+
 T = TypeVar("T")
 
 

@@ -202,7 +202,7 @@ async def admin_status(args: argparse.Namespace, interrupt: Interrupt) -> int:
     n = len(lines)
     if denied == n:  # every one answered, and refused: not an outage (exit 2, as a node's)
         print(
-            f"membership admin: error: all {n} arbiter(s) refused this certificate "
+            f"membership admin status: error: all {n} arbiter(s) refused this certificate "
             "(PERMISSION_DENIED): admin status needs an admin or an observer certificate of "
             "this cluster (spiffe://CLUSTER/admin/NAME or spiffe://CLUSTER/observer/NAME; "
             "docs/security.md)",
@@ -210,5 +210,7 @@ async def admin_status(args: argparse.Namespace, interrupt: Interrupt) -> int:
         )
         return EXIT_USAGE
     why = f": {denied} refused this certificate (PERMISSION_DENIED)" if denied else ""
-    print(f"membership admin: error: none of the {n} arbiter(s) answered{why}", file=sys.stderr)
+    print(
+        f"membership admin status: error: none of the {n} arbiter(s) answered{why}", file=sys.stderr
+    )
     return EXIT_FAILURE
