@@ -154,6 +154,7 @@ _LIMITS = (
     ),
     ("--max-nodes", "max_nodes", "node ids one replica tracks; sets the longest interval"),
     ("--max-heartbeat-streams", "max_heartbeat_streams", "heartbeat streams open at once"),
+    ("--max-host-entries", "max_host_entries", "node ids in one request of a host stream"),
     ("--max-subscribers", "max_subscribers", "subscriptions open at once"),
     ("--max-concurrent-streams", "max_concurrent_streams", "streams per client connection"),
     (

@@ -245,6 +245,10 @@ class ArbiterConfig:
     # to some 540 MiB. Beyond it RESOURCE_EXHAUSTED (the node tries again
     # after its backoff; its other replicas are unaffected).
     max_heartbeat_streams: int = 20_000
+    # Entries (node ids) in one request of a host stream (HostHeartbeat, an
+    # agent's): beyond it the request's extra entries are refused alone
+    # (RESOURCE_EXHAUSTED), the first max_host_entries served.
+    max_host_entries: int = 1024
     # Subscribe calls open on one replica at once. Each costs about 44 KiB
     # (bench/limits_memory.py), plus its queue (at most subscriber_queue
     # events, or one snapshot), and a share of every change's fan-out; a
@@ -516,7 +520,7 @@ def check(config: ArbiterConfig) -> None:
             f"max_peer_message_bytes ({config.max_peer_message_bytes}) must be >= "
             f"max_message_bytes ({config.max_message_bytes}): it is the limit of the whole port"
         )
-    for name in ("max_nodes", "max_heartbeat_streams", "max_subscribers"):
+    for name in ("max_nodes", "max_heartbeat_streams", "max_subscribers", "max_host_entries"):
         if getattr(config, name) < 1:
             raise InvalidArgument(f"{name} must be >= 1, got {getattr(config, name)}")
     check_ingest_workers(config.ingest_workers)

@@ -67,6 +67,21 @@ Rules:
    committed window holds back suspicions of its node until it ends here
    (then the node counts as heard at the end), and acks that grant a lease
    carry what is left of it. Synced at each tick (with ``tick``'s ``wall``).
+8. Carriers (host streams, ``HostHeartbeat``): the heartbeats of the nodes an
+   agent carries on one host stream share a :class:`Carrier`. When the
+   detector suspects one of them and the stream has carried nothing since
+   that node's last heartbeat (the whole stream went silent, not one hung
+   process the agent dropped), every other node of the stream that is ALIVE
+   here and holds no lease any more (its detector hold is over) is suspected
+   at the same tick, with the same evidence: the suspicions go in one batch,
+   so an agent that dies takes all its ids DEAD in one committed entry, not
+   one epoch per id. The holds keep it safe: a node is never suspected before
+   its detector hold (the lease it was granted, or the slow start's wait for
+   an ack) runs out. When a stream-mate's hold ends later, by at most
+   :data:`SIBLING_WAIT` (0.1 s: the slow start's hold runs from the ack's
+   send, a moment after the heartbeat's receipt), the first suspicion waits
+   for it, so that both go in one batch; a heartbeat meanwhile refutes it as
+   ever. A node in its grace window is held back as in rule 7.
 """
 
 from __future__ import annotations
@@ -77,16 +92,33 @@ from dataclasses import dataclass
 
 from arbiter.core.batching import BatchPacer, follows, refutes
 from arbiter.core.commands import Observation, Opinion
-from arbiter.core.detection import FailureDetector
+from arbiter.core.detection import DetectorState, FailureDetector
 from arbiter.core.grace_windows import GraceWindows
 from arbiter.core.retry import RetryTimer
 from arbiter.core.tally import HeartbeatVerdict, MembershipState
 from membership.shared.view import MemberState
 
-__all__ = ["HeartbeatVerdict", "Observer"]
+__all__ = ["Carrier", "HeartbeatVerdict", "Observer"]
+
+SIBLING_WAIT = 0.1
+"""Rule 8: seconds a silent stream's first suspicion may wait for a stream-mate's hold."""
 
 # Cap of a suspicion level written to the log (phi can reach infinity).
 _MAX_LEVEL = 1e6
+
+
+class Carrier:
+    """One host stream: the nodes whose last heartbeat it carried (rule 8).
+
+    The shell makes one per stream and passes it with each entry's heartbeat;
+    the observer keeps, per node, the carrier of its last heartbeat.
+    """
+
+    __slots__ = ("last", "nodes")
+
+    def __init__(self) -> None:
+        self.nodes: set[str] = set()
+        self.last = -math.inf  # monotonic seconds of its last heartbeat (of any node)
 
 
 class Observer:
@@ -141,6 +173,8 @@ class Observer:
         self._grace_until = now + restart_grace
         self.unheard_hold = unheard_hold
         self._opinions: dict[str, OpinionRecord] = {}
+        self._carriers: dict[str, Carrier] = {}  # rule 8: node -> its last heartbeat's
+        self._waiting: dict[str, float] = {}  # rule 8: suspicions waiting for stream-mates
         self._owed: set[str] = set()
         # nodes this replica refused (shedding), and until when it told them to stay away
         self._refused: dict[str, float] = {}
@@ -236,8 +270,9 @@ class Observer:
         state: MembershipState,
         interval: float | None = None,
         lease: float | None = None,
+        carrier: Carrier | None = None,
     ) -> HeartbeatVerdict:
-        """Takes one heartbeat received at ``now`` (rules 1, 3, 4).
+        """Takes one heartbeat received at ``now`` (rules 1, 3, 4, 8).
 
         Args:
             node_id: validated node id.
@@ -249,6 +284,8 @@ class Observer:
                 detector's current one for the node).
             lease: seconds of lease this heartbeat may earn (None: the
                 observer's ``lease``); it scales with ``interval``.
+            carrier: the host stream that carried it (rule 8); None for a
+                heartbeat of its own stream.
 
         Returns:
             The verdict to put in the ack.
@@ -284,6 +321,7 @@ class Observer:
             self._detector.remove(node_id)
             current = None
         self._detector.heartbeat(node_id, now, interval)
+        self._carried(node_id, carrier, now)
         if self.windows.active:
             self.windows.heard(node_id)  # rule 7: a held-back suspicion is over
         if current is None or current.opinion is not Opinion.ALIVE or current.assumed:
@@ -360,8 +398,86 @@ class Observer:
                 node_id, op.incarnation, heard_until, self._detector
             ):
                 continue  # rule 7: the node is in its grace window here
-            evidence = self._evidence(node_id, heard_until)
-            self._new_opinion(node_id, op.incarnation, Opinion.SUSPECT, op.labels, now, evidence)
+            carrier = self._carriers.get(node_id)
+            if carrier is not None:
+                wait = self._siblings_held(node_id, carrier, heard_until)
+                if wait > heard_until:
+                    self._waiting[node_id] = wait  # rule 8: suspected with them at ``wait``
+                    continue
+            self._suspect(node_id, op, heard_until, now)
+        if self._waiting:
+            for node_id, until in sorted(self._waiting.items()):
+                if until > heard_until:
+                    continue
+                del self._waiting[node_id]
+                op = self._opinions.get(node_id)
+                suspect = self._detector.state(node_id) is DetectorState.SUSPECT
+                if op is None or op.opinion is not Opinion.ALIVE or not suspect:
+                    continue  # heard meanwhile (the detector is HEALTHY again), or gone
+                self._suspect(node_id, op, heard_until, now)
+
+    def _suspect(self, node_id: str, op: OpinionRecord, heard_until: float, now: float) -> None:
+        """The node's SUSPECT opinion, and its silent stream-mates' (rule 8)."""
+        evidence = self._evidence(node_id, heard_until)
+        self._new_opinion(node_id, op.incarnation, Opinion.SUSPECT, op.labels, now, evidence)
+        carrier = self._carriers.get(node_id)
+        if carrier is not None:
+            self._suspect_siblings(node_id, carrier, heard_until, now, evidence)
+
+    def _siblings_held(self, node_id: str, carrier: Carrier, heard_until: float) -> float:
+        """Rule 8: when the last hold of ``node_id``'s silent stream-mates ends, if within
+        :data:`SIBLING_WAIT` of ``heard_until`` (else ``heard_until``: no wait)."""
+        detector = self._detector
+        last = detector.last_heard(node_id)
+        if last is None or carrier.last > last:
+            return heard_until
+        latest = heard_until
+        for other in carrier.nodes:
+            op = self._opinions.get(other)
+            if other == node_id or op is None or op.opinion is not Opinion.ALIVE:
+                continue
+            held = detector.held_until(other)
+            if heard_until < held <= heard_until + SIBLING_WAIT:
+                latest = max(latest, held)
+        return latest
+
+    def _carried(self, node_id: str, carrier: Carrier | None, now: float = -math.inf) -> None:
+        """Rule 8: ``node_id``'s last heartbeat came with ``carrier`` (None: on its own)."""
+        old = self._carriers.get(node_id)
+        if carrier is not None:
+            carrier.last = max(carrier.last, now)
+        if old is carrier:
+            return
+        if old is not None:
+            old.nodes.discard(node_id)
+        if carrier is None:
+            self._carriers.pop(node_id, None)
+        else:
+            carrier.nodes.add(node_id)
+            self._carriers[node_id] = carrier
+
+    def _suspect_siblings(
+        self,
+        node_id: str,
+        carrier: Carrier,
+        heard_until: float,
+        now: float,
+        evidence: tuple[float, float],
+    ) -> None:
+        """Rule 8: the stream-mates of ``node_id``, suspected now when the stream went silent."""
+        windows, detector = self.windows, self._detector
+        last = detector.last_heard(node_id)
+        if last is None or carrier.last > last:
+            return  # the stream carried others since: only this node went silent
+        for other in sorted(carrier.nodes):
+            op = self._opinions.get(other)
+            if other == node_id or op is None or op.opinion is not Opinion.ALIVE:
+                continue
+            if detector.held_until(other) > heard_until:
+                continue  # it still holds a lease of ours: never suspected before it ends
+            if windows.active and windows.defer(other, op.incarnation, heard_until, detector):
+                continue  # rule 7
+            self._new_opinion(other, op.incarnation, Opinion.SUSPECT, op.labels, now, evidence)
 
     def _evidence(self, node_id: str, now: float) -> tuple[float, float]:
         """(silence, suspicion level) of a node just suspected, rounded for the log."""
@@ -392,6 +508,7 @@ class Observer:
                 # DEAD or LEFT at the tracked life: nothing more to say about it.
                 self._detector.remove(member.node_id)
                 self.windows.forget(member.node_id)
+                self._carried(member.node_id, None)
                 del self._opinions[member.node_id]
                 self._owed.discard(member.node_id)
 
@@ -402,6 +519,7 @@ class Observer:
         if op is None or op.incarnation > floor:
             return False
         self._detector.remove(node_id)
+        self._carried(node_id, None)
         del self._opinions[node_id]
         self._owed.discard(node_id)
         return True
@@ -536,6 +654,8 @@ class Observer:
         g = self.windows.next_deadline()
         if g is not None:
             times.append(max(_later(g, lateness), self._grace_until))  # rule 7: a window's end
+        if self._waiting:
+            times.append(_later(min(self._waiting.values()), lateness))  # rule 8
         if self._fresh:
             times.append(0.0)  # a new opinion may be due at once
         elif self._owed and math.isfinite(self._due_at):

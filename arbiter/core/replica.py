@@ -84,7 +84,7 @@ from arbiter.core.compaction import MIN_COMPACT_BYTES, Compaction
 from arbiter.core.detection import DetectorState, FailureDetector
 from arbiter.core.detection.interval import IntervalGovernor, LoadPolicy, load_cap
 from arbiter.core.gathering import GATHER_RULES, Gather
-from arbiter.core.observer import HeartbeatVerdict, Observer
+from arbiter.core.observer import Carrier, HeartbeatVerdict, Observer
 from arbiter.core.raft import (
     ArbiterConfiguration,
     ConfChange,
@@ -472,6 +472,7 @@ class Replica(Proposals):
         labels: Mapping[str, str],
         now: float,
         interval: float | None = None,
+        carrier: Carrier | None = None,
     ) -> HeartbeatVerdict:
         """Takes a validated heartbeat received at ``now``; returns the verdict for the ack.
 
@@ -483,6 +484,7 @@ class Replica(Proposals):
             interval: seconds the node says it heartbeats at (the interval
                 suggested to it); None: ``settings.heartbeat_interval``. The
                 detector expects this cadence and the lease scales with it.
+            carrier: the host stream that carried it (observer rule 8).
 
         Raises:
             ValueError: ``interval`` is not in (0, settings.ceiling].
@@ -495,7 +497,7 @@ class Replica(Proposals):
                 f"heartbeat interval must be in (0, {s.ceiling:g}] seconds, got {interval!r}"
             )
         verdict = self.observer.heartbeat(
-            node_id, incarnation, labels, now, self.state, interval, s.lease_for(interval)
+            node_id, incarnation, labels, now, self.state, interval, s.lease_for(interval), carrier
         )
         suggested = self.suggested_interval()
         if suggested > interval and verdict.accepted:

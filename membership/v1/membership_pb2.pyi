@@ -330,6 +330,7 @@ class HeartbeatRequest(_message.Message):
     STATUS_FIELD_NUMBER: _builtins.int
     INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
     CLUSTER_FIELD_NUMBER: _builtins.int
+    ENTRIES_FIELD_NUMBER: _builtins.int
     node_id: _builtins.str
     """1 to 128 characters of [A-Za-z0-9._-], starting with a letter or digit;
     the same on every heartbeat of a stream (INVALID_ARGUMENT otherwise).
@@ -366,6 +367,15 @@ class HeartbeatRequest(_message.Message):
 
     @_builtins.property
     def status(self) -> Global___NodeStatus: ...
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeartbeatEntry]:
+        """A host stream's heartbeats (HostHeartbeat; INVALID_ARGUMENT on
+        Heartbeat): at most max_host_entries
+        (1,024) per request; node_id, incarnation, labels, status and
+        interval_seconds above are then unset, and seq numbers the request (any
+        value; its ack carries it back).
+        """
+
     def __init__(
         self,
         *,
@@ -377,14 +387,128 @@ class HeartbeatRequest(_message.Message):
         status: Global___NodeStatus | None = ...,
         interval_seconds: _builtins.float = ...,
         cluster: _builtins.str = ...,
+        entries: _abc.Iterable[Global___HeartbeatEntry] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "incarnation", b"incarnation", "interval_seconds", b"interval_seconds", "labels", b"labels", "node_id", b"node_id", "send_time_unix", b"send_time_unix", "seq", b"seq", "status", b"status"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cluster", b"cluster", "entries", b"entries", "incarnation", b"incarnation", "interval_seconds", b"interval_seconds", "labels", b"labels", "node_id", b"node_id", "send_time_unix", b"send_time_unix", "seq", b"seq", "status", b"status"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___HeartbeatRequest: _TypeAlias = HeartbeatRequest  # noqa: Y015
+
+@_typing.final
+class HeartbeatEntry(_message.Message):
+    """One node id's heartbeat in a host stream: the fields of a single-id
+    HeartbeatRequest, with their rules, for this node id.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class LabelsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    LABELS_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    INTERVAL_SECONDS_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    incarnation: _builtins.int
+    seq: _builtins.int
+    """strictly increasing per node id within the stream"""
+    interval_seconds: _builtins.float
+    @_builtins.property
+    def labels(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def status(self) -> Global___NodeStatus: ...
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        incarnation: _builtins.int = ...,
+        seq: _builtins.int = ...,
+        labels: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        status: Global___NodeStatus | None = ...,
+        interval_seconds: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "interval_seconds", b"interval_seconds", "labels", b"labels", "node_id", b"node_id", "seq", b"seq", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeartbeatEntry: _TypeAlias = HeartbeatEntry  # noqa: Y015
+
+@_typing.final
+class HeartbeatEntryAck(_message.Message):
+    """The answer to one HeartbeatEntry: the per-node fields of a HeartbeatAck
+    (the shared ones, epoch to config_index, are the enclosing ack's).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NODE_ID_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    LEASE_SECONDS_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    GRACE_SECONDS_FIELD_NUMBER: _builtins.int
+    GRACE_ID_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    node_id: _builtins.str
+    seq: _builtins.int
+    lease_seconds: _builtins.float
+    state: Global___MemberState.ValueType
+    incarnation: _builtins.int
+    grace_seconds: _builtins.float
+    grace_id: _builtins.int
+    error_code: _builtins.int
+    """0 (OK), or the gRPC status code (google.rpc.Code numbering) of this
+    entry's refusal, with its message: 7 PERMISSION_DENIED (the certificate
+    may not speak for node_id), 3 INVALID_ARGUMENT (a field or stream rule),
+    8 RESOURCE_EXHAUSTED (max_nodes, shedding). A refused entry has no lease.
+    """
+    error_message: _builtins.str
+    def __init__(
+        self,
+        *,
+        node_id: _builtins.str = ...,
+        seq: _builtins.int = ...,
+        lease_seconds: _builtins.float = ...,
+        state: Global___MemberState.ValueType = ...,
+        incarnation: _builtins.int = ...,
+        grace_seconds: _builtins.float = ...,
+        grace_id: _builtins.int = ...,
+        error_code: _builtins.int = ...,
+        error_message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "error_message", b"error_message", "grace_id", b"grace_id", "grace_seconds", b"grace_seconds", "incarnation", b"incarnation", "lease_seconds", b"lease_seconds", "node_id", b"node_id", "seq", b"seq", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeartbeatEntryAck: _TypeAlias = HeartbeatEntryAck  # noqa: Y015
 
 @_typing.final
 class HeartbeatAck(_message.Message):
@@ -406,6 +530,7 @@ class HeartbeatAck(_message.Message):
     CONFIG_INDEX_FIELD_NUMBER: _builtins.int
     GRACE_SECONDS_FIELD_NUMBER: _builtins.int
     GRACE_ID_FIELD_NUMBER: _builtins.int
+    ENTRIES_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     """the request this answers"""
     epoch: _builtins.int
@@ -443,6 +568,12 @@ class HeartbeatAck(_message.Message):
         follows the highest config_index it has seen.
         """
 
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeartbeatEntryAck]:
+        """A host stream's acks: one per entry of the request (seq above is the
+        request's seq; the per-node fields above are unset).
+        """
+
     def __init__(
         self,
         *,
@@ -462,10 +593,11 @@ class HeartbeatAck(_message.Message):
         config_index: _builtins.int = ...,
         grace_seconds: _builtins.float = ...,
         grace_id: _builtins.int = ...,
+        entries: _abc.Iterable[Global___HeartbeatEntryAck] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "arbiters", b"arbiters", "cluster", b"cluster", "cluster_size", b"cluster_size", "config_index", b"config_index", "epoch", b"epoch", "grace_id", b"grace_id", "grace_seconds", b"grace_seconds", "in_quorum", b"in_quorum", "incarnation", b"incarnation", "instance", b"instance", "leader_id", b"leader_id", "lease_seconds", b"lease_seconds", "next_interval_seconds", b"next_interval_seconds", "seq", b"seq", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arbiter_id", b"arbiter_id", "arbiters", b"arbiters", "cluster", b"cluster", "cluster_size", b"cluster_size", "config_index", b"config_index", "entries", b"entries", "epoch", b"epoch", "grace_id", b"grace_id", "grace_seconds", b"grace_seconds", "in_quorum", b"in_quorum", "incarnation", b"incarnation", "instance", b"instance", "leader_id", b"leader_id", "lease_seconds", b"lease_seconds", "next_interval_seconds", b"next_interval_seconds", "seq", b"seq", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -44,6 +44,11 @@ class MembershipStub:
                 request_serializer=membership_dot_v1_dot_membership__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=membership_dot_v1_dot_membership__pb2.HeartbeatAck.FromString,
                 _registered_method=True)
+        self.HostHeartbeat = channel.stream_stream(
+                '/membership.v1.Membership/HostHeartbeat',
+                request_serializer=membership_dot_v1_dot_membership__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=membership_dot_v1_dot_membership__pb2.HeartbeatAck.FromString,
+                _registered_method=True)
         self.Subscribe = channel.unary_stream(
                 '/membership.v1.Membership/Subscribe',
                 request_serializer=membership_dot_v1_dot_membership__pb2.SubscribeRequest.SerializeToString,
@@ -85,6 +90,24 @@ class MembershipServicer:
         has max_heartbeat_streams open (10,000), or tracks max_nodes (5,000)
         and the node_id is new to it. Every refusal's message starts with the
         name of the rule or limit ("seq: ...", "max_nodes: ...").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def HostHeartbeat(self, request_iterator, context):
+        """A host stream (an agent's, `membership agent`): one stream per (host,
+        replica) speaks for several node ids at once. Each request carries
+        `entries`, one per node id the sender vouches for now, and leaves node_id
+        empty; each ack carries one HeartbeatEntryAck per entry, in order. Each
+        entry obeys the rules of a Heartbeat stream for its node id (seq
+        increasing per node id; a new incarnation of a node id starts that id
+        afresh); an entry that breaks one, or that the caller's certificate may
+        not speak for, is refused alone (its ack's error_code) and the stream
+        goes on. A node id absent from a request is silent to the replica's
+        failure detector, as a Heartbeat stream that sends nothing; its state in
+        the stream is dropped (its next entry may start at any seq). The
+        stream's rate and max_heartbeat_streams are counted as for Heartbeat.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -150,6 +173,11 @@ def add_MembershipServicer_to_server(servicer, server):
                     request_deserializer=membership_dot_v1_dot_membership__pb2.HeartbeatRequest.FromString,
                     response_serializer=membership_dot_v1_dot_membership__pb2.HeartbeatAck.SerializeToString,
             ),
+            'HostHeartbeat': grpc.stream_stream_rpc_method_handler(
+                    servicer.HostHeartbeat,
+                    request_deserializer=membership_dot_v1_dot_membership__pb2.HeartbeatRequest.FromString,
+                    response_serializer=membership_dot_v1_dot_membership__pb2.HeartbeatAck.SerializeToString,
+            ),
             'Subscribe': grpc.unary_stream_rpc_method_handler(
                     servicer.Subscribe,
                     request_deserializer=membership_dot_v1_dot_membership__pb2.SubscribeRequest.FromString,
@@ -201,6 +229,33 @@ class Membership:
             request_iterator,
             target,
             '/membership.v1.Membership/Heartbeat',
+            membership_dot_v1_dot_membership__pb2.HeartbeatRequest.SerializeToString,
+            membership_dot_v1_dot_membership__pb2.HeartbeatAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def HostHeartbeat(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/membership.v1.Membership/HostHeartbeat',
             membership_dot_v1_dot_membership__pb2.HeartbeatRequest.SerializeToString,
             membership_dot_v1_dot_membership__pb2.HeartbeatAck.FromString,
             options,

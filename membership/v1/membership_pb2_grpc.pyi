@@ -59,6 +59,20 @@ class MembershipStub:
     and the node_id is new to it. Every refusal's message starts with the
     name of the rule or limit ("seq: ...", "max_nodes: ...").
     """
+    HostHeartbeat: _grpc.StreamStreamMultiCallable[_membership_pb2.HeartbeatRequest, _membership_pb2.HeartbeatAck]
+    """A host stream (an agent's, `membership agent`): one stream per (host,
+    replica) speaks for several node ids at once. Each request carries
+    `entries`, one per node id the sender vouches for now, and leaves node_id
+    empty; each ack carries one HeartbeatEntryAck per entry, in order. Each
+    entry obeys the rules of a Heartbeat stream for its node id (seq
+    increasing per node id; a new incarnation of a node id starts that id
+    afresh); an entry that breaks one, or that the caller's certificate may
+    not speak for, is refused alone (its ack's error_code) and the stream
+    goes on. A node id absent from a request is silent to the replica's
+    failure detector, as a Heartbeat stream that sends nothing; its state in
+    the stream is dropped (its next entry may start at any seq). The
+    stream's rate and max_heartbeat_streams are counted as for Heartbeat.
+    """
     Subscribe: _grpc.UnaryStreamMultiCallable[_membership_pb2.SubscribeRequest, _membership_pb2.MembershipEvent]
     """The view as a stream: a snapshot (or, when resuming, the changes after
     since_epoch), then every committed change, quorum transitions and
@@ -116,6 +130,20 @@ class MembershipAsyncStub(MembershipStub):
     has max_heartbeat_streams open (10,000), or tracks max_nodes (5,000)
     and the node_id is new to it. Every refusal's message starts with the
     name of the rule or limit ("seq: ...", "max_nodes: ...").
+    """
+    HostHeartbeat: _aio.StreamStreamMultiCallable[_membership_pb2.HeartbeatRequest, _membership_pb2.HeartbeatAck]  # type: ignore[assignment]
+    """A host stream (an agent's, `membership agent`): one stream per (host,
+    replica) speaks for several node ids at once. Each request carries
+    `entries`, one per node id the sender vouches for now, and leaves node_id
+    empty; each ack carries one HeartbeatEntryAck per entry, in order. Each
+    entry obeys the rules of a Heartbeat stream for its node id (seq
+    increasing per node id; a new incarnation of a node id starts that id
+    afresh); an entry that breaks one, or that the caller's certificate may
+    not speak for, is refused alone (its ack's error_code) and the stream
+    goes on. A node id absent from a request is silent to the replica's
+    failure detector, as a Heartbeat stream that sends nothing; its state in
+    the stream is dropped (its next entry may start at any seq). The
+    stream's rate and max_heartbeat_streams are counted as for Heartbeat.
     """
     Subscribe: _aio.UnaryStreamMultiCallable[_membership_pb2.SubscribeRequest, _membership_pb2.MembershipEvent]  # type: ignore[assignment]
     """The view as a stream: a snapshot (or, when resuming, the changes after
@@ -177,6 +205,26 @@ class MembershipServicer(metaclass=_abc_1.ABCMeta):
         has max_heartbeat_streams open (10,000), or tracks max_nodes (5,000)
         and the node_id is new to it. Every refusal's message starts with the
         name of the rule or limit ("seq: ...", "max_nodes: ...").
+        """
+
+    @_abc_1.abstractmethod
+    def HostHeartbeat(
+        self,
+        request_iterator: _MaybeAsyncIterator[_membership_pb2.HeartbeatRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_membership_pb2.HeartbeatAck], _abc.AsyncIterator[_membership_pb2.HeartbeatAck]]:
+        """A host stream (an agent's, `membership agent`): one stream per (host,
+        replica) speaks for several node ids at once. Each request carries
+        `entries`, one per node id the sender vouches for now, and leaves node_id
+        empty; each ack carries one HeartbeatEntryAck per entry, in order. Each
+        entry obeys the rules of a Heartbeat stream for its node id (seq
+        increasing per node id; a new incarnation of a node id starts that id
+        afresh); an entry that breaks one, or that the caller's certificate may
+        not speak for, is refused alone (its ack's error_code) and the stream
+        goes on. A node id absent from a request is silent to the replica's
+        failure detector, as a Heartbeat stream that sends nothing; its state in
+        the stream is dropped (its next entry may start at any seq). The
+        stream's rate and max_heartbeat_streams are counted as for Heartbeat.
         """
 
     @_abc_1.abstractmethod

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping
 
 from arbiter.core.commands import Opinion
 from arbiter.core.floors import Floors
-from arbiter.core.observer import HeartbeatVerdict, Observer
+from arbiter.core.observer import Carrier, HeartbeatVerdict, Observer
 from arbiter.core.raft import ArbiterConfiguration
 from arbiter.core.tally import ApplyResult, MembershipState
 from tests.sim.world import Mutants
@@ -70,8 +70,9 @@ def _lease_before_commit() -> Iterator[None]:
         state: MembershipState,
         interval: float | None = None,
         lease: float | None = None,
+        carrier: Carrier | None = None,
     ) -> HeartbeatVerdict:
-        v = original(self, node_id, incarnation, labels, now, state, interval, lease)
+        v = original(self, node_id, incarnation, labels, now, state, interval, lease, carrier)
         op = self._opinions.get(node_id)
         if v.accepted and v.lease == 0.0 and op is not None and op.opinion is Opinion.ALIVE:
             # Grant as if the ALIVE opinion were committed already.

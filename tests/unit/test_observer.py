@@ -190,3 +190,80 @@ def test_observer_retired_incarnation_is_answered_left_and_forgotten() -> None:
     # Its next life is heard as usual.
     v = obs.heartbeat("n1", 2, {}, 0.2, log.state)
     assert v.accepted and v.state is MemberState.JOINING
+
+
+def test_observer_an_agents_silent_stream_suspects_its_nodes_in_one_tick() -> None:
+    # Rule 8: n3 declares a longer interval, so its detector is due later than n1's and
+    # n2's: without the rule the agent's three ids are suspected at two ticks, so in two
+    # batches and two epochs.
+    from arbiter.core.observer import Carrier
+
+    log, obs = Log(), _observer()
+    carrier = Carrier()
+    for n in ("n1", "n2", "n3"):
+        _admit(log, n)
+    t = 0.0
+    for step in range(10):
+        t = step * INTERVAL
+        for n in ("n1", "n2", "n3"):
+            interval = 0.2 if n == "n3" else INTERVAL
+            obs.heartbeat(n, 1, {}, t, log.state, interval, carrier=carrier)
+        log.commit("a1", obs.observations(t, log.state))
+    # silence: n1's detector is due first (its hold and its 5 missed intervals)
+    suspected: list[set[str]] = []
+    now = t
+    while now < t + 3.0 and len(set().union(*suspected)) < 3:
+        now += 0.01
+        obs.tick(now, log.state)
+        new = set(obs.suspects()) - set().union(*suspected)
+        if new:
+            suspected.append(new)
+    assert suspected == [{"n1", "n2", "n3"}], suspected
+
+
+def test_observer_a_hung_node_on_a_live_stream_suspects_no_other_node() -> None:
+    # Rule 8: the agent dropped a hung n2; n1 and n3 go on heartbeating on the same stream.
+    from arbiter.core.observer import Carrier
+
+    log, obs = Log(), _observer()
+    carrier = Carrier()
+    for n in ("n1", "n2", "n3"):
+        _admit(log, n)
+    for step in range(40):
+        t = step * INTERVAL
+        for n in ("n1", "n2", "n3"):
+            if n == "n2" and step >= 10:
+                continue  # hung: the agent no longer vouches for it
+            obs.heartbeat(n, 1, {}, t, log.state, carrier=carrier)
+        log.commit("a1", obs.observations(t, log.state))
+        obs.tick(t + 0.05, log.state)
+    assert obs.suspects() == ["n2"]
+
+
+def test_observer_a_silent_streams_suspicion_waits_for_a_mate_held_a_moment_longer() -> None:
+    # Rule 8: n2's detector hold ends 50 ms after n1's (a slow start's hold runs from the
+    # ack's send): n1's suspicion waits for it, and both are suspected at one tick.
+    from arbiter.core.observer import Carrier
+
+    log, obs = Log(), _observer()
+    carrier = Carrier()
+    for n in ("n1", "n2"):
+        _admit(log, n)
+    t = 0.0
+    for step in range(10):
+        t = step * INTERVAL
+        for n in ("n1", "n2"):
+            obs.heartbeat(n, 1, {}, t, log.state, carrier=carrier)
+        log.commit("a1", obs.observations(t, log.state))
+    obs.detector.hold("n2", t + LEASE + 0.05)
+    ticks: list[tuple[float, list[str]]] = []
+    now = t
+    while now < t + 2.0 and len(obs.suspects()) < 2:
+        deadline = obs.next_deadline()
+        assert deadline is not None
+        now = max(now + 0.001, deadline)
+        obs.tick(now, log.state)
+        if obs.suspects():
+            ticks.append((now, obs.suspects()))
+    assert [names for _, names in ticks] == [["n1", "n2"]], ticks
+    assert ticks[0][0] >= t + LEASE + 0.05  # never before n2's hold ends

@@ -182,6 +182,11 @@ class FailureDetector(Protocol):
         """
         ...
 
+    def held_until(self, node_id: str) -> float:
+        """Until when :meth:`hold` promised the node is not suspected (seconds; -inf
+        without a hold; +inf for an untracked node: nothing may be concluded of it)."""
+        ...
+
     def inter_arrival(self, node_id: str) -> InterArrival | None:
         """The node's inter-arrival statistics (rule 7), or None if it is not tracked."""
         ...
@@ -356,6 +361,11 @@ class DeadlineDetector(Generic[TrackT]):
         if until > track.hold_until:
             track.hold_until = until
             self._arm(node_id, track)
+
+    def held_until(self, node_id: str) -> float:
+        """See :meth:`FailureDetector.held_until`."""
+        track = self._nodes.get(node_id)
+        return math.inf if track is None else track.hold_until
 
     def inter_arrival(self, node_id: str) -> InterArrival | None:
         """See :meth:`FailureDetector.inter_arrival` (rule 7)."""

@@ -199,8 +199,10 @@ class HeartbeatChecks:
         """The stream's incarnation, as the int of its first heartbeat (rule 5; 0 before)."""
         return self.rules.incarnation
 
-    def check(self, req: pb.HeartbeatRequest, now: float) -> tuple[float, bool]:
-        """Checks one heartbeat read at ``now`` (monotonic seconds).
+    def check(self, req: pb.HeartbeatRequest | pb.HeartbeatEntry, now: float) -> tuple[float, bool]:
+        """Checks one heartbeat read at ``now`` (monotonic seconds): a Heartbeat stream's
+        request, or one entry of a host stream (which names no cluster: its request does,
+        :mod:`arbiter.server.api.host_stream`).
 
         Returns:
             (seconds to wait before handling it, the throttle's; True for the
@@ -235,7 +237,7 @@ class HeartbeatChecks:
         first = rules.check(node_id, incarnation, req.seq)
         if first:
             self.node_id = rules.node_id = sys.intern(node_id)
-        if req.cluster:
+        if isinstance(req, pb.HeartbeatRequest) and req.cluster:
             refusal = cluster_mismatch(
                 self._cluster, self._replica_id, req.cluster, f"node {node_id}"
             )
@@ -285,6 +287,19 @@ class AckBuilder:
             self._wire = self._template.SerializeToString()
             self._standing, self._arbiters = standing, arbiters
         return self._template
+
+    def host_ack(
+        self,
+        seq: int,
+        entries: list[pb.HeartbeatEntryAck],
+        standing: Standing,
+        arbiters: ArbiterSet,
+    ) -> bytes:
+        """The ack of a host stream's request ``seq``: the template's shared fields and
+        one ``HeartbeatEntryAck`` per entry, serialised (module rule 4)."""
+        if standing is not self._standing or arbiters is not self._arbiters:
+            self.template(standing, arbiters)
+        return self._wire + pb.HeartbeatAck(seq=seq, entries=entries).SerializeToString()
 
     def ack(
         self, seq: int, verdict: HeartbeatVerdict, standing: Standing, arbiters: ArbiterSet

@@ -32,11 +32,13 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from arbiter.core.labelsets import LabelSets
+from arbiter.core.observer import Carrier
 from arbiter.core.tally import ViewChange
 from arbiter.server.api import limits
 from arbiter.server.api.decoding import Undecodable, checks_requests, refuse
 from arbiter.server.api.grace_api import grace_call
 from arbiter.server.api.heartbeat_path import AckBuilder, ClusterMismatch, HeartbeatChecks
+from arbiter.server.api.host_stream import HostEntries, SlowStart
 from arbiter.server.api.limits import LimitExceeded
 from arbiter.server.api.replies import cluster_mismatch, committed, deny, refusal_status
 from arbiter.server.api.shedding import Shed, check_shedding
@@ -207,6 +209,104 @@ class MembershipServicer(pb_grpc.MembershipServicer):
                 yield ack
                 if slow_start:  # resumed once the ack is sent: the node waited for it
                     driver.acked(node_id, incarnation, req.interval_seconds or None, monotonic())
+        finally:
+            self.heartbeat_streams -= 1
+
+    async def HostHeartbeat(  # type: ignore[override]  # writes bytes, as Heartbeat
+        self,
+        request_iterator: AsyncIterator[pb.HeartbeatRequest],  # or an Undecodable
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[bytes]:
+        """A host's heartbeat stream: one request per interval with an entry per node id
+        the agent vouches for, one ack with an entry ack each
+        (:mod:`arbiter.server.api.host_stream`); each entry is given to the driver as
+        one heartbeat of its node id, as :meth:`Heartbeat` gives its requests.
+        """
+        cfg = self._config
+        driver = self._driver
+        refusal = limits.stream_slot(
+            "max_heartbeat_streams", self.heartbeat_streams, cfg, driver.replica_id
+        )
+        if refusal is not None:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+        authz = self.authz
+        secure = not isinstance(authz, AllowAll)
+
+        def may_speak(node_id: str) -> str | None:
+            why = authz.node(context, node_id)
+            return None if why is None else str(why)
+
+        host = HostEntries(
+            cfg, self.cluster, driver.replica_id, self._labelsets, may_speak if secure else None
+        )
+        self.heartbeat_streams += 1
+        counters, last_at = driver.counters, None
+        board, acks, closing, monotonic = self.board, self._acks, self._closing, time.monotonic
+        read_lag, base, wall = self.read_lag, StreamBase(), time.time
+        peer = context.peer()
+        lag_host = self.host_bases.of(peer, monotonic())
+        first = True
+        carrier = Carrier()  # this stream's nodes (observer rule 8)
+        try:
+            async for req in request_iterator:
+                if req.__class__ is Undecodable:  # type: ignore[comparison-overlap]
+                    await refuse(context, req)
+                if first and secure:  # a caller without a certificate ends here
+                    first = False
+                    no_cert = authz.node(context, "")
+                    if no_cert is not None and no_cert.code != grpc.StatusCode.PERMISSION_DENIED:
+                        await self._deny(context, no_cert)
+                now = monotonic()
+                if 0.0 < req.send_time_unix < math.inf:  # readlag rule 1 (NaN: no)
+                    read_lag.add(
+                        base.queued(wall() - req.send_time_unix, now, read_lag, lag_host), now
+                    )
+                if closing.is_set():
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, "arbiter shutting down")
+                try:
+                    host.check_request(req)
+                except InvalidArgument as e:
+                    log.info("host heartbeat refused from %s: %s", peer, e)
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+                except ClusterMismatch as e:
+                    log.info("host heartbeat refused from %s: %s", peer, e)
+                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+                entries, wait = host.check_entries(req, driver, now)
+                if wait > 0:
+                    await asyncio.sleep(wait)  # throttled (host_stream rule 6)
+                    now = monotonic()
+                if last_at is not None:
+                    counters.interarrival.observe(now - last_at)
+                last_at = now
+                slow: list[SlowStart] = []
+                answers = []
+                standing = None
+                for entry, checks, ack in entries:
+                    answers.append(ack)
+                    if checks is None:
+                        continue  # refused alone (host_stream rule 2)
+                    counters.heartbeats += 1
+                    node_id, incarnation = checks.node_id, checks.incarnation
+                    interval = entry.interval_seconds or None
+                    verdict, standing = driver.heartbeat(
+                        node_id, incarnation, checks.labels, interval, now, carrier
+                    )
+                    if verdict.accepted:
+                        board.update(node_id, incarnation, entry.status, now)
+                        if not verdict.lease:
+                            slow.append((node_id, incarnation, interval))
+                    HostEntries.answer(ack, verdict)
+                    counters.acks += 1
+                if standing is None:
+                    standing = driver.standings.now(now)
+                if now - self._pruned_at > 10.0:
+                    self._pruned_at = now
+                    board.prune(now)
+                frame = acks.host_ack(req.seq, answers, standing, self.arbiters())
+                del entries, answers, standing
+                yield frame
+                for node_id, incarnation, interval in slow:  # slow start, as Heartbeat
+                    driver.acked(node_id, incarnation, interval, monotonic())
         finally:
             self.heartbeat_streams -= 1
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from arbiter.config import ArbiterConfig
-from arbiter.core.observer import HeartbeatVerdict
+from arbiter.core.observer import Carrier, HeartbeatVerdict
 from arbiter.core.raft import ConflictingState, Message, RaftError, Ready, Role
 from arbiter.core.replica import Replica, must_persist
 from arbiter.core.tally import ApplyResult, GraceOutcome, LeaveOutcome, MembershipState, ViewChange
@@ -306,6 +306,7 @@ class Driver(Proposing):
         labels: Mapping[str, str],
         interval: Interval,
         now: float,
+        carrier: Carrier | None = None,
     ) -> tuple[HeartbeatVerdict, Standing]:
         """Takes a validated heartbeat received at ``now``: everything its ack needs, in
         one call (arbiter/server/api/heartbeat_path.py).
@@ -314,6 +315,7 @@ class Driver(Proposing):
             node_id, incarnation, labels: the node's, validated.
             interval: seconds the node heartbeats at (None: the configured one).
             now: monotonic seconds at receipt (the caller's one clock reading).
+            carrier: the host stream that carried it (observer rule 8).
 
         Returns:
             The core's verdict, and the :class:`Standing` now
@@ -323,7 +325,7 @@ class Driver(Proposing):
         """
         observer = self.observer
         owed = observer.owed()
-        verdict = self.replica.heartbeat(node_id, incarnation, labels, now, interval)
+        verdict = self.replica.heartbeat(node_id, incarnation, labels, now, interval, carrier)
         if observer.owed() != owed:
             self._wake.set()
         return verdict, self.standings.now(now)

@@ -182,7 +182,7 @@ def add_membership_service(servicer: Any, server: grpc.aio.Server) -> None:
 
 
 # The methods whose handlers write serialised responses.
-_BYTES = frozenset({"Subscribe", "Heartbeat"})
+_BYTES = frozenset({"Subscribe", "Heartbeat", "HostHeartbeat"})
 
 # (client streaming, server streaming) -> gRPC's handler constructor.
 _HANDLER_KINDS: dict[tuple[bool, bool], Callable[..., grpc.RpcMethodHandler]] = {
