@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import os
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -306,6 +308,9 @@ class MembershipClient(NodeState):
             only stops (the cluster declares the node DEAD after D).
         cluster: the cluster name the arbiters must have (None: any, as long
             as they all have the same identity).
+        via_agent: the unix socket of this host's agent (``membership agent``):
+            every call goes through it and its host streams carry this node's
+            heartbeats (docs/agent.md); the same as ``config.via_agent``.
 
     Raises:
         InvalidArgument: a malformed address, node id, label, config or TLS (Channels.of).
@@ -323,8 +328,11 @@ class MembershipClient(NodeState):
         status: StatusCollector | None = None,
         leave_on_exit: bool = True,
         cluster: str | None = None,
+        via_agent: str | os.PathLike[str] | None = None,
     ) -> None:
         self.arbiters = parse_arbiters(arbiters)
+        if via_agent is not None:
+            config = dataclasses.replace(config or ClientConfig(), via_agent=os.fspath(via_agent))
         if incarnation is not None and not 1 <= incarnation <= MAX_INCARNATION:
             raise InvalidArgument(f"incarnation must be in 1..{MAX_INCARNATION}, got {incarnation}")
         if cluster is not None:

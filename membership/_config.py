@@ -140,6 +140,12 @@ class ClientConfig:
     # environment does the same). Neither TLS files nor this: MembershipClient
     # raises InvalidArgument (secure by default).
     insecure: bool = False
+    # The unix socket of this host's agent (`membership agent --socket PATH`): every
+    # call goes through it, named to the arbiter it is for, and the agent's host
+    # stream carries this node's heartbeats (docs/agent.md). The socket is
+    # plaintext (its file mode is the boundary): the TLS settings are the agent's,
+    # and these fields are not read. "" = talk to the arbiters directly.
+    via_agent: str = ""
 
     def validate(self) -> ClientConfig:
         """Checks every value and relation; returns self.
@@ -209,12 +215,16 @@ class ClientConfig:
         """The TLS files to use, or None for plaintext: these fields first, then
         the environment (:func:`membership.shared.tls.resolve`).
 
+        None also with ``via_agent``.
+
         Raises:
             InvalidArgument: neither TLS files nor insecure (secure by
                 default), both, or only some of the three files.
         """
         from membership.shared.tls import resolve
 
+        if self.via_agent:
+            return None  # the agent's socket: plaintext, the agent holds the TLS files
         return resolve(
             ca=self.tls_ca,
             cert=self.tls_cert,

@@ -341,9 +341,7 @@ async def get_view(
         iter(usable.values()), None
     )
     if best is None:
-        raise UnavailableError(
-            "no arbiter answered: " + tls.join_reasons(errors)
-        )
+        raise UnavailableError("no arbiter answered: " + tls.join_reasons(errors))
     return view_info(best)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -28,7 +28,48 @@ from membership.v1 import membership_pb2_grpc as pb_grpc
 if TYPE_CHECKING:
     from membership._config import ClientConfig
 
-__all__ = ["Channels"]
+__all__ = ["ARBITER_KEY", "Channels", "via_agent"]
+
+ARBITER_KEY = "membership-arbiter"
+"""The metadata key naming, on a call to a host agent's socket, the arbiter it is for."""
+
+
+class _Named:
+    """Adds ``membership-arbiter: ADDRESS`` to a call's metadata."""
+
+    def __init__(self, address: str) -> None:
+        self._pair = (ARBITER_KEY, address)
+
+    def _details(self, d: Any) -> Any:
+        return d._replace(metadata=grpc.aio.Metadata(*(d.metadata or ()), self._pair))
+
+
+# grpc.aio sorts a channel's interceptors by kind with an if/elif chain: one object
+# per kind (their classes are untyped: Any).
+class _UnaryUnary(_Named, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_unary(self, cont: Any, details: Any, request: Any) -> Any:
+        return await cont(self._details(details), request)
+
+
+class _UnaryStream(_Named, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_stream(self, cont: Any, details: Any, request: Any) -> Any:
+        return await cont(self._details(details), request)
+
+
+class _StreamUnary(_Named, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_unary(self, cont: Any, details: Any, requests: Any) -> Any:
+        return await cont(self._details(details), requests)
+
+
+class _StreamStream(_Named, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_stream(self, cont: Any, details: Any, requests: Any) -> Any:
+        return await cont(self._details(details), requests)
+
+
+def via_agent(address: str) -> list[Any]:
+    """The interceptors of a channel to a host agent's socket for the arbiter ``address``."""
+    return [k(address) for k in (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)]
+
 
 _OWN_CONNECTION = ("grpc.use_local_subchannel_pool", 1)
 
@@ -46,9 +87,11 @@ class Channels:
         self,
         options: Sequence[tuple[str, int]],
         credentials: grpc.ChannelCredentials | None = None,
+        via_agent: str = "",
     ) -> None:
         self._options = [*options, _OWN_CONNECTION]
         self._credentials = credentials
+        self._via = via_agent
         self.tls: tls.LoadedTLS | None = None
         """The TLS files in use (checked), or None for plaintext."""
         self._cached: dict[str, grpc.aio.Channel] = {}
@@ -70,6 +113,7 @@ class Channels:
         channels = cls(
             config.channel_options(),
             None if loaded is None else tls.channel_credentials(loaded),
+            config.via_agent,
         )
         channels.tls = loaded
         return channels
@@ -93,6 +137,11 @@ class Channels:
         return ch, pb_grpc.MembershipStub(ch)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
+        if self._via:
+            # every call to the agent's socket names the arbiter it is for (docs/agent.md)
+            return grpc.aio.insecure_channel(
+                f"unix:{self._via}", options=self._options, interceptors=via_agent(address)
+            )
         if self._credentials is None:
             return grpc.aio.insecure_channel(address, options=self._options)
         return grpc.aio.secure_channel(address, self._credentials, options=self._options)

@@ -51,7 +51,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import NoReturn
 
-from membership.cli import admin, certs, commands, ctl, filters, top
+from membership.cli import admin, agent, certs, commands, ctl, filters, top
 from membership.cli.endpoints import add_arbiters_flag, fill_from_env
 from membership.cli.output import event_lines, session_event_line, view_json
 from membership.shared.errors import InvalidArgument, MembershipError, PermissionDenied
@@ -355,6 +355,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="seconds to wait for the leave to commit on shutdown (default 5)",
     )
+    p.add_argument(
+        "--via-agent",
+        type=_path,
+        metavar="PATH",
+        default=None,
+        help="join through this host's agent (`membership agent --socket PATH`): its "
+        "streams carry this node's heartbeats; no TLS flags here (the agent holds them)",
+    )
     _add_check_config(p)
     add_tls_flags(p)
     p.set_defaults(func=commands.node, signal_exit=EXIT_OK)
@@ -408,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=commands.view)
 
     admin.register(sub, arbiters=_arbiters, positive=positive, whole=_whole, arb_help=arb_help)
+    agent.register(sub, arbiters=_arbiters, path=_path, arb_help=arb_help)
     ctl.register(sub, positive=positive)
     top.register(
         sub,

@@ -187,7 +187,11 @@ async def node(args: argparse.Namespace, interrupt: Interrupt) -> int:
             auto_rejoin=not args.no_rejoin,
             follow_view=bool(args.control_socket),  # the control socket tells the rank
             collect_status=not args.no_status_probes,
-            **tls.config_fields(args),
+            **(
+                {"via_agent": args.via_agent}  # the agent holds the TLS files
+                if args.via_agent
+                else tls.config_fields(args)
+            ),
         ),
         on_event=on_event,
     )
