@@ -70,8 +70,9 @@ Rules:
 8. Carriers (host streams, ``HostHeartbeat``): the heartbeats of the nodes an
    agent carries on one host stream share a :class:`Carrier`. When the
    detector suspects one of them and the stream has carried nothing since
-   that node's last heartbeat (the whole stream went silent, not one hung
-   process the agent dropped), every other node of the stream that is ALIVE
+   that node's last heartbeat, give or take :data:`SIBLING_WAIT` (the whole
+   stream went silent, not one hung process the agent dropped: that one's
+   stream goes on for a lease and more after it), every other node of the stream that is ALIVE
    here and holds no lease any more (its detector hold is over) is suspected
    at the same tick, with the same evidence: the suspicions go in one batch,
    so an agent that dies takes all its ids DEAD in one committed entry, not
@@ -429,7 +430,7 @@ class Observer:
         :data:`SIBLING_WAIT` of ``heard_until`` (else ``heard_until``: no wait)."""
         detector = self._detector
         last = detector.last_heard(node_id)
-        if last is None or carrier.last > last:
+        if last is None or carrier.last > last + SIBLING_WAIT:
             return heard_until
         latest = heard_until
         for other in carrier.nodes:
@@ -467,7 +468,7 @@ class Observer:
         """Rule 8: the stream-mates of ``node_id``, suspected now when the stream went silent."""
         windows, detector = self.windows, self._detector
         last = detector.last_heard(node_id)
-        if last is None or carrier.last > last:
+        if last is None or carrier.last > last + SIBLING_WAIT:
             return  # the stream carried others since: only this node went silent
         for other in sorted(carrier.nodes):
             op = self._opinions.get(other)

@@ -130,7 +130,9 @@ class _Uplink:
             await asyncio.sleep(backoff.delay(max(1, failures)))
 
     async def _stream(self) -> None:
-        channel = self.agent.channel(self.address)
+        # a channel of its own each attempt: a channel that failed to connect may sit in
+        # gRPC's reconnect backoff (seconds) while the arbiter is back already
+        channel = self.agent.new_channel(self.address)
         call = channel.stream_stream(
             HOST_HEARTBEAT,
             request_serializer=pb.HeartbeatRequest.SerializeToString,
@@ -158,6 +160,7 @@ class _Uplink:
         finally:
             reader.cancel()
             call.cancel()
+            await channel.close(grace=None)
 
     async def _read(self, call: Any) -> None:
         async for ack in call:
@@ -218,15 +221,18 @@ class HostAgent:
     # --- arbiters ----------------------------------------------------------------------
 
     def channel(self, address: str) -> grpc.aio.Channel:
-        """The agent's channel to ``address`` (created on first use)."""
+        """The agent's channel to ``address`` for forwarded calls (created on first use)."""
         ch = self._channels.get(address)
         if ch is None:
-            if self._credentials is None:
-                ch = grpc.aio.insecure_channel(address, options=self._options)
-            else:
-                ch = grpc.aio.secure_channel(address, self._credentials, options=self._options)
-            self._channels[address] = ch
+            ch = self._channels[address] = self.new_channel(address)
         return ch
+
+    def new_channel(self, address: str) -> grpc.aio.Channel:
+        """A new channel to ``address`` with a connection of its own; the caller closes it."""
+        options = [*self._options, ("grpc.use_local_subchannel_pool", 1)]
+        if self._credentials is None:
+            return grpc.aio.insecure_channel(address, options=options)
+        return grpc.aio.secure_channel(address, self._credentials, options=options)
 
     def learn(self, ack: pb.HeartbeatAck) -> None:
         """Rule 3: the arbiters of a configuration an ack carries may be reached too."""
