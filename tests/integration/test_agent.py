@@ -64,7 +64,9 @@ def test_agent_under_mutual_tls_kill_stop_foreign_id_and_the_agents_death(
     wait_until(lambda: "w1" not in alive_set(w), 10, "w1 DEAD")
     took = _took("SIGKILL w1 -> DEAD", t0)
     assert took < 2.0, took
-    assert [ch["state"] for ch in changes(w, "w1")] == ["ALIVE", "DEAD"]
+    # (its ALIVE may be in the watch's snapshot, or a change after it)
+    assert [ch["state"] for ch in changes(w, "w1")][-1:] == ["DEAD"], changes(w, "w1")
+    assert [ch["state"] for ch in changes(w, "w1")].count("DEAD") == 1
 
     # a certificate that may not speak for x1: that entry alone is refused
     x1 = _node(c, "x1", sock)
@@ -84,8 +86,11 @@ def test_agent_under_mutual_tls_kill_stop_foreign_id_and_the_agents_death(
     assert after[0].startswith("w2: fenced"), after
     assert "w3" in alive_set(w)
 
-    # SIGKILL of the agent: every id it carried is DEAD, at one epoch
+    # SIGKILL of the agent: every id it carried is DEAD, at one epoch. (w2 first holds its
+    # leases again: a node still in its join's slow start heartbeats less often, and may
+    # be suspected a moment before the others, at an epoch of its own: docs/agent.md.)
     wait_until(lambda: {"w2", "w3"} <= alive_set(w), 20, "w2 rejoined through the agent")
+    wait_until(lambda: nodes["w2"].lines()[-1].startswith("w2: unfenced"), 20, "w2 holding leases")
     before = {nid: len(changes(w, nid)) for nid in ("w2", "w3")}
     agent.kill()
     t0 = time.monotonic()
@@ -114,7 +119,8 @@ def test_agent_insecure_join_leave_and_restart_on_the_same_socket(
     # SIGTERM: the leave goes through the agent, LEFT (never DEAD)
     n1.signal(signal.SIGTERM)
     assert n1.popen.wait(15) == 0, n1.stderr()
-    assert [ch["state"] for ch in changes(w, "w1")] == ["ALIVE", "LEFT"]
+    w1 = [ch["state"] for ch in changes(w, "w1")]
+    assert w1[-1:] == ["LEFT"] and "DEAD" not in w1, w1
     # the agent restarted on the same socket (its file left behind by SIGKILL): w2
     # reconnects; back within the detection time, nothing is declared
     up = agent.stderr().count(") is up")
