@@ -112,9 +112,13 @@ def _arbiters(value: str) -> list[str]:
             "host:port[,host:port...]"
         )
     try:
-        return [parse_address(a) for a in items]
+        addrs = [parse_address(a) for a in items]
     except MembershipError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+    twice = sorted({a for a in addrs if addrs.count(a) > 1})
+    if twice:  # here, so that the error names the flag or MEMBERSHIP_ARBITERS
+        raise argparse.ArgumentTypeError(f"arbiter address listed twice: {', '.join(twice)}")
+    return addrs
 
 
 def _label(value: str) -> tuple[str, str]:

@@ -205,6 +205,7 @@ async def test_tls_a_client_of_another_ca_is_told_so_not_given_a_raw_handshake_e
     other = CertificateAuthority.create("default")
     cert = other.issue([identity_uri("default", "node", "n9")])
     files = _write(tmp_path / "other", "n9", cert.cert_pem, cert.key_pem, other.cert_pem())
+
     def view() -> subprocess.CompletedProcess[str] | None:
         r = _cli(
             "view", "--timeout", "2", "--arbiters", tls_cluster.addresses[0],

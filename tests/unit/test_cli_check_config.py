@@ -74,12 +74,9 @@ def test_cli_check_config_valid_flags_print_ok_and_exit_zero(
     ("argv", "expect"),
     [
         (["node", "--id", "bad id", "--arbiters", ARBITERS], "node_id"),
-        (["node", "--id", "n1", "--arbiters", "a1:7000,a1:7000"], "listed twice"),
         (["node", "--id", "n1", "--arbiters", ARBITERS, "--label", "/x=1"], "label key"),
         (["node", "--id", "n1", "--arbiters", ARBITERS, "--label", "k=\x01"], "non-printable"),
         (["node", "--id", "n1", "--arbiters", ARBITERS, "--incarnation", "0"], "incarnation"),
-        (["watch", "--arbiters", "a1:7000,a1:7000"], "listed twice"),
-        (["view", "--arbiters", "a1:7000,a1:7000"], "listed twice"),
     ],
 )
 def test_cli_check_config_invalid_value_one_line_error_exit_two(
@@ -102,6 +99,9 @@ def test_cli_check_config_invalid_value_one_line_error_exit_two(
         (["watch", "--arbiters", "a1:0"], "valid port"),
         (["watch", "--arbiters", ARBITERS, "--since-epoch", "-1"], ">= 0"),
         (["view", "--arbiters", ARBITERS, "--timeout", "inf"], "finite number"),
+        (["node", "--id", "n1", "--arbiters", "a1:7000,a1:7000"], "listed twice"),
+        (["watch", "--arbiters", "a1:7000,a1:7000"], "listed twice"),
+        (["view", "--arbiters", "a1:7000,a1:7000"], "listed twice"),
     ],
 )
 def test_cli_check_config_malformed_flag_is_a_usage_error(
@@ -459,3 +459,34 @@ def test_cli_help_and_docs_give_one_table_of_exit_codes(
     for code, words in facts.items():
         for word in words:
             assert word in helped[code] and word in docs[code], (code, word)
+
+
+def test_cli_endpoints_a_duplicate_in_the_variable_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # helper-11's trial: "arbiter address listed twice" did not say where it came from.
+    monkeypatch.setenv("MEMBERSHIP_ARBITERS", "127.0.0.1:7000,127.0.0.1:7000")
+    with pytest.raises(SystemExit) as e:
+        main(["view", "--check-config"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    assert "MEMBERSHIP_ARBITERS='127.0.0.1:7000,127.0.0.1:7000'" in err and "listed twice" in err
+
+
+def test_cli_arbiter_certificate_of_the_environment_is_named_by_its_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # helper-11's trial: the replica's identity check said --tls-cert for MEMBERSHIP_TLS_CERT.
+    ca = CertificateAuthority.create("default")
+    node = ca.issue([identity_uri("default", "node", "n1")])
+    (tmp_path / "ca.pem").write_bytes(ca.cert_pem())
+    (tmp_path / "n1.pem").write_bytes(node.cert_pem)
+    (tmp_path / "n1-key.pem").write_bytes(node.key_pem)
+    for var, name in (("CA", "ca.pem"), ("CERT", "n1.pem"), ("KEY", "n1-key.pem")):
+        monkeypatch.setenv(f"MEMBERSHIP_TLS_{var}", str(tmp_path / name))
+    monkeypatch.delenv("MEMBERSHIP_INSECURE", raising=False)
+    argv = ["arbiter", "--id", "a1", "--listen", "127.0.0.1:7000", "--peers",
+            "a1=127.0.0.1:7000", "--data-dir", str(tmp_path / "d"), "--check-config"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"MEMBERSHIP_TLS_CERT={tmp_path / 'n1.pem'} names spiffe://default/node/n1" in err, err

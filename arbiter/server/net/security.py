@@ -32,7 +32,7 @@ def check_replica_cert(loaded: LoadedTLS, cluster: str, replica_id: str) -> None
     ident = loaded.identity
     if not ident.may_replica(cluster, replica_id) or not loaded.server:
         raise InvalidArgument(
-            f"--tls-cert {loaded.files.cert} names {ident.names()}"
+            f"{loaded.files.said('cert')} names {ident.names()}"
             f"{'' if loaded.server else ' without serverAuth'}: replica {replica_id} of cluster "
             f"{cluster} needs an arbiter certificate for spiffe://{cluster}/arbiter/{replica_id} "
             f"(membership certs init DIR --cluster {cluster} --arbiters {replica_id},...)"
