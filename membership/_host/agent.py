@@ -101,8 +101,6 @@ class _Uplink:
         self.interval = DEFAULT_INTERVAL
         self.task: asyncio.Task[None] | None = None
         self.connected = False
-        self.requests = 0
-        self.acks = 0
 
     async def run(self) -> None:
         backoff = Backoff(0.05, 2.0)
@@ -154,7 +152,6 @@ class _Uplink:
                             entries=entries,
                         )
                     )
-                    self.requests += 1
                 await asyncio.wait({reader}, timeout=self.interval)
             await reader  # raises its error
         finally:
@@ -172,7 +169,6 @@ class _Uplink:
             if ack.cluster and not self.agent.cluster:
                 self.agent.cluster = ack.cluster
             self.agent.learn(ack)
-            self.acks += 1
             self.table.on_ack(ack)
         raise grpc.aio.AioRpcError(
             grpc.StatusCode.UNAVAILABLE,

@@ -92,7 +92,6 @@ class HostTable:
     def __init__(self, vouch_factor: float = VOUCH_FACTOR) -> None:
         self.links: dict[str, LocalLink] = {}
         self._factor = vouch_factor
-        self._shared: tuple[bytes, bytes] = (b"", b"")  # (ack without entries, its bytes)
 
     def open(self, link: LocalLink) -> None:
         """A new local link; an older one of the same node id is closed (rule 5)."""
